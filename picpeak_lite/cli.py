@@ -1,0 +1,171 @@
+"""The ``picpeak-lite`` command. Flags become Settings; every problem is one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import click
+import trio
+
+from . import bootstrap, db, security
+from .config import FIELDS, load_settings
+from .errors import ConfigError
+from .queries import admin as admin_q
+
+CONFIG_HELP = "Path to a picpeak.toml (default: $PICPEAK_CONFIG, else built-in defaults)."
+
+
+def _settings(config: str | None, **overrides: Any) -> Any:
+    return load_settings(config or os.environ.get("PICPEAK_CONFIG"), overrides=overrides)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Self-hosted photo sharing for event photographers."""
+
+
+@cli.command()
+@click.option("--host", help=FIELDS["host"].metadata["help"] + " [default: 127.0.0.1]")
+@click.option("--port", type=int, help=FIELDS["port"].metadata["help"] + " [default: 8080]")
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+@click.option("--config", "config", help=CONFIG_HELP)
+def serve(host: str | None, port: int | None, data_dir: str | None, config: str | None) -> None:
+    """Run the web server (with its photo workers) until SIGINT or SIGTERM."""
+    from . import server
+
+    settings = _settings(config, host=host, port=port, data_dir=data_dir)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    bootstrap.prepare(settings)
+    password = bootstrap.ensure_admin(settings)
+    if password is not None:
+        click.echo(f"Created the admin account '{settings.admin_username}' with the password: {password}")
+        click.echo("This password is shown only once. Change it with `picpeak-lite admin set-password`.")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(server.run, settings)
+            click.echo(f"PicPeak is running at {running.url}/admin  (data in {settings.data_path.resolve()})")
+
+    trio.run(main)
+    click.echo("Stopped.")
+
+
+@cli.group()
+def admin() -> None:
+    """Manage the admin account and API tokens."""
+
+
+@admin.command("set-password")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+@click.option("--password-stdin", is_flag=True, help="Read the new password from standard input.")
+def set_password(config: str | None, data_dir: str | None, password_stdin: bool) -> None:
+    """Set the admin password; every admin session is logged out."""
+    settings = _settings(config, data_dir=data_dir)
+    bootstrap.prepare(settings)
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass("New admin password: ")
+        if getpass.getpass("Repeat it: ") != password:
+            raise click.ClickException("the two passwords differ")
+    if len(password) < security.MIN_PASSWORD_LENGTH:
+        raise click.ClickException(f"the password needs at least {security.MIN_PASSWORD_LENGTH} characters")
+    conn = db.connect(settings.database_path)
+    try:
+        with db.transaction(conn):
+            user = admin_q.get_user_by_name(conn, settings.admin_username)
+            now = time.time()
+            if user is None:
+                admin_q.create_user(conn, settings.admin_username, security.hash_password(password), now)
+            else:
+                admin_q.set_password(conn, user["id"], security.hash_password(password), now)
+    finally:
+        conn.close()
+    click.echo(f"Password changed for '{settings.admin_username}'.")
+
+
+@admin.group()
+def token() -> None:
+    """API tokens for scripts: `Authorization: Bearer <token>`."""
+
+
+@token.command("create")
+@click.option("--name", required=True, help="A name to recognise the token by, e.g. 'lightroom'.")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+def token_create(name: str, config: str | None, data_dir: str | None) -> None:
+    """Create a token and print it once; only its hash is stored."""
+    settings = _settings(config, data_dir=data_dir)
+    bootstrap.prepare(settings)
+    value = security.new_token("ppk_")
+    conn = db.connect(settings.database_path)
+    try:
+        with db.transaction(conn):
+            admin_q.create_token(conn, name, security.token_hash(value), time.time())
+    except db.ConstraintError:
+        raise click.ClickException(f"a token named {name!r} exists already") from None
+    finally:
+        conn.close()
+    click.echo(value)
+    click.echo(f"Token '{name}' created. It is shown only once.", err=True)
+
+
+@token.command("revoke")
+@click.option("--name", required=True, help="The name of the token to revoke.")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+def token_revoke(name: str, config: str | None, data_dir: str | None) -> None:
+    """Revoke a token at once."""
+    settings = _settings(config, data_dir=data_dir)
+    bootstrap.prepare(settings)
+    conn = db.connect(settings.database_path)
+    try:
+        with db.transaction(conn):
+            revoked = admin_q.revoke_token(conn, name, time.time())
+    finally:
+        conn.close()
+    if not revoked:
+        raise click.ClickException(f"no active token named {name!r}")
+    click.echo(f"Token '{name}' revoked.")
+
+
+@token.command("list")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+def token_list(config: str | None, data_dir: str | None) -> None:
+    """List tokens (never their values)."""
+    settings = _settings(config, data_dir=data_dir)
+    bootstrap.prepare(settings)
+    conn = db.connect(settings.database_path)
+    try:
+        rows = admin_q.list_tokens(conn)
+    finally:
+        conn.close()
+    for row in rows:
+        state = "revoked" if row["revoked_at"] else "active"
+        click.echo(f"{row['name']}\t{state}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: no tracebacks for the user's mistakes, one line naming the problem instead."""
+    try:
+        cli.main(args=argv, prog_name="picpeak-lite", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(1)
+    except click.ClickException as error:
+        click.echo(f"picpeak-lite: error: {error.format_message()}", err=True)
+        sys.exit(2)
+    except ConfigError as error:
+        click.echo(f"picpeak-lite: error: {error}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,227 @@
+"""Settings: every key with its default and a line of help, in one frozen dataclass.
+
+Precedence, highest first: command-line flags, environment variables (``PICPEAK_<KEY>`` in upper case), the
+TOML file, the defaults below. An unknown key anywhere is an error that names it: a typo must never fall back
+to a default silently. ``picpeak.toml`` at the repository root documents every key; a test keeps it in step
+with this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+ENV_PREFIX = "PICPEAK_"
+WEBHOOK_EVENTS = ("photo.uploaded", "photo.failed", "photo.deleted", "upload.completed")
+WATERMARK_POSITIONS = ("top-left", "top-right", "bottom-left", "bottom-right", "center")
+
+
+@dataclass(frozen=True)
+class WebhookEndpoint:
+    """One receiver of webhooks, from a ``[[webhooks]]`` table."""
+
+    url: str
+    secret: str
+    events: tuple[str, ...] = WEBHOOK_EVENTS
+
+
+def _setting(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Server
+    host: str = _setting("127.0.0.1", "Address to listen on.")
+    port: int = _setting(8080, "Port to listen on; 0 picks a free port and prints it.")
+    data_dir: str = _setting("./picpeak-data", "Folder for the SQLite database and the photo storage.")
+    public_url: str = _setting("", "Base URL for share links (https://photos.example.com); empty: from the request.")
+    secure_cookies: bool = _setting(False, "Mark cookies Secure; set this when the server is reached over HTTPS.")
+    shutdown_grace_seconds: float = _setting(10.0, "How long in-flight requests may finish after SIGTERM.")
+    log_level: str = _setting("info", "One of debug, info, warning, error.")
+    # Admin
+    admin_username: str = _setting("admin", "The admin account's user name.")
+    session_days: int = _setting(14, "How long an admin login lasts.")
+    login_attempts: int = _setting(5, "Failed password attempts allowed per client IP and target in one window.")
+    login_window_seconds: int = _setting(900, "The throttling window for failed password attempts.")
+    # Galleries
+    default_expiry_days: int = _setting(30, "Expiry for new galleries, in days (1-365).")
+    # Uploads
+    admin_max_file_mb: int = _setting(2048, "Largest file an admin may upload, in MB.")
+    admin_max_files: int = _setting(500, "Most files in one admin upload request.")
+    guest_max_file_mb: int = _setting(50, "Largest file a guest may upload, in MB.")
+    guest_max_files: int = _setting(20, "Most files in one guest upload request.")
+    gallery_photo_cap: int = _setting(10000, "Most photos in one gallery, unless the gallery sets its own cap.")
+    temp_max_age_seconds: int = _setting(3600, "Temp files older than this are swept away.")
+    # Processing
+    processing_enabled: bool = _setting(True, "Process photos here; off: they wait for `picpeak-lite worker`.")
+    workers: int = _setting(0, "Worker tasks; 0 means one per CPU core.")
+    lease_seconds: float = _setting(60.0, "How long a claim lasts without renewal; a crash is recovered after this.")
+    max_attempts: int = _setting(3, "Attempts before a photo that keeps failing or crashing is given up.")
+    max_pixels: int = _setting(150_000_000, "Largest image accepted, in pixels.")
+    grid_px: int = _setting(400, "Long edge of the grid image.")
+    view_px: int = _setting(1600, "Long edge of the view image.")
+    jpeg_quality: int = _setting(85, "JPEG quality of derivatives (60-95).")
+    # Watermark
+    watermark_text: str = _setting("", "Watermark text for galleries that ask for one; empty uses the gallery name.")
+    watermark_logo: str = _setting("", "Path to a PNG logo used as the watermark instead of text.")
+    watermark_position: str = _setting("bottom-right", "One of " + ", ".join(WATERMARK_POSITIONS) + ".")
+    watermark_opacity: float = _setting(0.5, "Watermark opacity, 0.05-1.")
+    watermark_size: float = _setting(0.2, "Watermark width as a share of the image width, 0.02-1.")
+    # Webhooks
+    webhook_allow_private: bool = _setting(False, "Allow webhook targets on private or loopback addresses.")
+    webhooks: tuple[WebhookEndpoint, ...] = _setting((), "Receivers, as [[webhooks]] tables with url, secret, events.")
+    # Disk
+    low_disk_mb: int = _setting(1024, "Warn on the dashboard when free disk space falls below this, in MB.")
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir)
+
+    @property
+    def database_path(self) -> Path:
+        return self.data_path / "picpeak.sqlite3"
+
+    @property
+    def worker_count(self) -> int:
+        return self.workers or (os.cpu_count() or 1)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build Settings from file, environment and flags (``overrides``), highest precedence last."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(_read_file(Path(config_file)))
+    values.update(_read_environ(os.environ if environ is None else environ))
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for key in values:
+        if key not in FIELDS:
+            raise ConfigError(f"unknown setting {key!r}")
+    converted = {key: _convert(key, value) for key, value in values.items()}
+    settings = Settings(**converted)
+    _validate(settings)
+    return settings
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} not found") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {error}") from None
+    for key, value in data.items():
+        if key not in FIELDS:
+            raise ConfigError(f"unknown setting {key!r} in {str(path)!r}")
+        if isinstance(value, dict):
+            raise ConfigError(f"setting {key!r} in {str(path)!r} must be a value, not a table")
+    return data
+
+
+def _read_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name in _NOT_SETTINGS:
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key not in FIELDS or key == "webhooks":
+            raise ConfigError(f"unknown setting in environment variable {name}")
+        values[key] = value
+    return values
+
+
+# Environment variables with our prefix that are not settings.
+_NOT_SETTINGS = {"PICPEAK_ADMIN_PASSWORD", "PICPEAK_CONFIG"}
+
+
+def _convert(key: str, value: Any) -> Any:
+    kind = FIELDS[key].type
+    try:
+        if key == "webhooks":
+            return _convert_webhooks(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError("expected a whole number")
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError("expected a number")
+            return float(value)
+        if kind == "str":
+            if not isinstance(value, str):
+                raise ValueError("expected a string")
+            return value
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"setting {key!r}: {error} (got {value!r})") from None
+    raise AssertionError(f"no converter for {key}")
+
+
+def _convert_webhooks(value: Any) -> tuple[WebhookEndpoint, ...]:
+    if not isinstance(value, list):
+        raise ValueError("expected [[webhooks]] tables")
+    endpoints = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise ValueError("expected [[webhooks]] tables")
+        unknown = set(item) - {"url", "secret", "events"}
+        if unknown:
+            raise ValueError(f"unknown key {sorted(unknown)[0]!r} in a [[webhooks]] table")
+        url, secret = item.get("url"), item.get("secret")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError("each webhook needs an http(s) url")
+        if not isinstance(secret, str) or len(secret) < 16:
+            raise ValueError("each webhook needs a secret of at least 16 characters")
+        events = tuple(item.get("events", WEBHOOK_EVENTS))
+        bad = [e for e in events if e not in WEBHOOK_EVENTS]
+        if bad:
+            raise ValueError(f"unknown webhook event {bad[0]!r}")
+        endpoints.append(WebhookEndpoint(url=url, secret=secret, events=events))
+    return tuple(endpoints)
+
+
+def _validate(s: Settings) -> None:
+    def require(ok: bool, key: str, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"setting {key!r} {what} (got {getattr(s, key)!r})")
+
+    require(0 <= s.port <= 65535, "port", "must be between 0 and 65535")
+    require(s.log_level in ("debug", "info", "warning", "error"), "log_level", "must be debug, info, warning or error")
+    require(1 <= s.default_expiry_days <= 365, "default_expiry_days", "must be between 1 and 365")
+    for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files",
+                "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds"):
+        require(getattr(s, key) >= 1, key, "must be at least 1")
+    require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
+    require(s.lease_seconds >= 5, "lease_seconds", "must be at least 5")
+    require(s.max_pixels >= 100, "max_pixels", "must be at least 100")
+    require(64 <= s.grid_px <= s.view_px <= 8192, "grid_px", "must be between 64 and view_px (at most 8192)")
+    require(60 <= s.jpeg_quality <= 95, "jpeg_quality", "must be between 60 and 95")
+    require(s.watermark_position in WATERMARK_POSITIONS, "watermark_position",
+            "must be one of " + ", ".join(WATERMARK_POSITIONS))
+    require(0.05 <= s.watermark_opacity <= 1, "watermark_opacity", "must be between 0.05 and 1")
+    require(0.02 <= s.watermark_size <= 1, "watermark_size", "must be between 0.02 and 1")
+    require(s.public_url == "" or s.public_url.startswith(("http://", "https://")), "public_url",
+            "must start with http:// or https://")

@@ -1,0 +1,121 @@
+"""One exception hierarchy for everything a client can be told.
+
+Each error carries its HTTP status and a message meant for people. ``app.py`` has the one handler that renders
+them as an HTML page or JSON, whichever the client asked for. Anything that is not an :class:`AppError` is a bug:
+it is logged with its traceback and answered 500 without internals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AppError(Exception):
+    status = 500
+    title = "Something went wrong"
+
+    def __init__(self, message: str | None = None, **extra: Any) -> None:
+        super().__init__(message or self.title)
+        self.message = message or self.title
+        self.extra = extra
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.message, **self.extra}
+
+
+class BadRequest(AppError):
+    status = 400
+    title = "Bad request"
+
+
+class ValidationError(BadRequest):
+    """Per-field messages: ``{"name": "Please give the gallery a name."}``."""
+
+    title = "Please correct the highlighted fields."
+
+    def __init__(self, fields: dict[str, str], message: str | None = None) -> None:
+        super().__init__(message, fields=fields)
+        self.fields = fields
+
+
+class Unauthorized(AppError):
+    status = 401
+    title = "Please log in"
+
+
+class Forbidden(AppError):
+    status = 403
+    title = "Forbidden"
+
+
+class NotFound(AppError):
+    status = 404
+    title = "Not found"
+
+
+class Conflict(AppError):
+    status = 409
+    title = "Conflict"
+
+
+class Gone(AppError):
+    status = 410
+    title = "This gallery has expired"
+
+
+class TooLarge(AppError):
+    status = 413
+    title = "Too large"
+
+
+class UnsupportedMedia(AppError):
+    status = 415
+    title = "Unsupported file type"
+
+
+class Unprocessable(AppError):
+    status = 422
+    title = "Could not process"
+
+
+class TooManyRequests(AppError):
+    status = 429
+    title = "Too many attempts"
+
+    def __init__(self, retry_after: int, message: str | None = None) -> None:
+        super().__init__(message or f"Too many attempts. Try again in {max(1, retry_after // 60)} minutes.")
+        self.retry_after = max(1, int(retry_after))
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class NotReady(AppError):
+    """A photo that is still waiting or processing."""
+
+    status = 503
+    title = "Not ready yet"
+
+    def __init__(self, message: str | None = None, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class InsufficientStorage(AppError):
+    status = 507
+    title = "The server's disk is full"
+
+
+class DatabaseError(AppError):
+    status = 500
+    title = "Database error"
+
+
+class ConfigError(Exception):
+    """A bad config file, environment variable or flag. The CLI prints it as one line and exits 2."""

@@ -1,0 +1,136 @@
+"""Creating and changing galleries: the steps around the SQL (slugs, tokens, password hashes) that the admin
+pages and the JSON API share."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import secrets
+import unicodedata
+from typing import Any
+
+from .errors import NotFound
+from .gallery_input import parse_gallery_input
+from .queries import galleries as gallery_q
+from .services import Services
+
+Row = dict[str, Any]
+
+_SLUG_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
+
+
+def make_slug(name: str) -> str:
+    """Readable and unguessable: ``anna-and-ben-k7x2m9qp`` (40 random bits in the suffix)."""
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    words = re.sub(r"[^a-z0-9]+", "-", ascii_name.lower()).strip("-")[:48].strip("-")
+    suffix = "".join(secrets.choice(_SLUG_ALPHABET) for _ in range(8))
+    return f"{words}-{suffix}" if words else f"gallery-{suffix}"
+
+
+def _today(svc: Services) -> dt.date:
+    return dt.datetime.fromtimestamp(svc.clock(), dt.UTC).date()
+
+
+def default_expiry(svc: Services) -> dt.date:
+    return _today(svc) + dt.timedelta(days=svc.settings.default_expiry_days)
+
+
+async def create_gallery(svc: Services, data: dict[str, Any]) -> Row:
+    values = parse_gallery_input(
+        data, partial=False, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days
+    )
+    password_hash = await svc.hash_password(values["password"]) if "password" in values else None
+
+    def insert(conn: Any) -> Row:
+        while True:
+            slug = make_slug(values["name"])
+            if not gallery_q.slug_taken(conn, slug):
+                break
+        gallery_id = gallery_q.create(
+            conn, values, slug=slug, share_token=secrets.token_hex(16), password_hash=password_hash,
+            now=svc.clock(),
+        )
+        row = gallery_q.get(conn, gallery_id)
+        assert row is not None
+        return row
+
+    return await svc.db.write(insert)
+
+
+async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *, partial: bool) -> Row:
+    values = parse_gallery_input(
+        data, partial=partial, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days
+    )
+    if "password" in values:
+        values["password_hash"] = await svc.hash_password(values["password"])
+    elif values.get("clear_password"):
+        values["password_hash"] = None
+
+    def change(conn: Any) -> Row:
+        if not gallery_q.update(conn, gallery_id, values, svc.clock()):
+            raise NotFound("There is no such gallery.")
+        row = gallery_q.get(conn, gallery_id)
+        assert row is not None
+        return row
+
+    return await svc.db.write(change)
+
+
+async def get_gallery(svc: Services, gallery_id: int) -> Row:
+    row = await svc.db.read(gallery_q.get, gallery_id)
+    if row is None:
+        raise NotFound("There is no such gallery.")
+    return row
+
+
+async def set_published(svc: Services, gallery_id: int, published: bool) -> Row:
+    def change(conn: Any) -> Row:
+        if not gallery_q.set_draft(conn, gallery_id, not published, svc.clock()):
+            raise NotFound("There is no such gallery.")
+        row = gallery_q.get(conn, gallery_id)
+        assert row is not None
+        return row
+
+    return await svc.db.write(change)
+
+
+async def delete_gallery(svc: Services, gallery_id: int) -> None:
+    """Delete the gallery and, through the foreign keys, its photos, uploads and grants."""
+    if not await svc.db.write(gallery_q.delete, gallery_id):
+        raise NotFound("There is no such gallery.")
+
+
+def expires_on(row: Row) -> str | None:
+    if row["expires_at"] is None:
+        return None
+    return dt.datetime.fromtimestamp(row["expires_at"], dt.UTC).date().isoformat()
+
+
+def to_json(row: Row, share_url: str) -> dict[str, Any]:
+    """The API shape of a gallery. Never includes the password hash."""
+    return {
+        "id": row["id"],
+        "slug": row["slug"],
+        "name": row["name"],
+        "event_type": row["event_type"],
+        "event_date": row["event_date"],
+        "customer_name": row["customer_name"],
+        "customer_email": row["customer_email"],
+        "welcome_message": row["welcome_message"],
+        "has_password": row["password_hash"] is not None,
+        "expires_on": expires_on(row),
+        "is_draft": bool(row["is_draft"]),
+        "allow_guest_uploads": bool(row["allow_guest_uploads"]),
+        "allow_downloads": bool(row["allow_downloads"]),
+        "watermark": bool(row["watermark"]),
+        "photo_cap": row["photo_cap"],
+        "share_url": share_url,
+        "counts": {
+            "complete": row.get("complete_count", 0),
+            "waiting": row.get("waiting_count", 0),
+            "failed": row.get("failed_count", 0),
+            "guest": row.get("guest_count", 0),
+        },
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }

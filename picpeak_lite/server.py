@@ -1,0 +1,96 @@
+"""``run(settings, *, task_status)``: the one place that wires up all concurrency.
+
+It opens the database, opens our own nursery for the long-lived tasks (worker pool, janitor, webhook sender),
+starts each with ``nursery.start`` so that it is really ready, then serves HTTP with ``hypercorn.trio.serve``.
+On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight requests get
+``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their photos back)
+and the database is closed cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from . import bootstrap
+from .app import create_app
+from .config import Settings
+from .db import Database
+from .services import Services
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """What ``run`` reports once it is serving: the real bound URL (port 0 resolved) and a way to stop it."""
+
+    url: str
+    services: Services
+    _shutdown: trio.Event
+
+    def stop(self) -> None:
+        self._shutdown.set()
+
+
+async def run(
+    settings: Settings,
+    *,
+    services: Services | None = None,
+    task_status: trio.TaskStatus[RunningServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    bootstrap.prepare(settings)
+    db = services.db if services is not None else Database(settings.database_path)
+    svc = services or Services(settings=settings, db=db)
+    shutdown = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signals, shutdown)
+            # Long-lived tasks join here, each with `await nursery.start(task.run)`.
+            binds = await nursery.start(_serve, svc, shutdown, nursery.cancel_scope)
+            task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown))
+    finally:
+        db.close()
+
+
+async def _serve(
+    svc: Services,
+    shutdown: trio.Event,
+    cancel_when_done: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until ``shutdown`` is set and in-flight requests have drained, then stop the other tasks."""
+    app = create_app(svc)
+    config = HypercornConfig()
+    host = svc.settings.host
+    config.bind = [f"[{host}]:{svc.settings.port}" if ":" in host else f"{host}:{svc.settings.port}"]
+    config.graceful_timeout = svc.settings.shutdown_grace_seconds
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    # Phones upload slowly; the read timeout only applies between bytes, keep it generous.
+    config.read_timeout = 120
+    config.h11_max_incomplete_size = 64 * 1024
+    await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
+    cancel_when_done.cancel()
+
+
+async def _stop_on_signals(shutdown: trio.Event) -> None:
+    try:
+        receiver = trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+    except RuntimeError:
+        # Not in the main thread (an embedding test harness): rely on RunningServer.stop().
+        await trio.sleep_forever()
+        return
+    with receiver as signals:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            shutdown.set()
+            break
+    await trio.sleep_forever()
+

@@ -1,0 +1,41 @@
+"""The long-lived objects a request or task needs, passed explicitly rather than found in globals."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from . import security
+from .config import Settings
+from .db import Database
+from .throttle import Throttle
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    # Wall-clock time for rows (epoch seconds). Tests may pass another clock.
+    clock: Callable[[], float] = time.time
+    # Monotonic clock for throttling windows; tests pass trio.current_time to use autojump_clock.
+    monotonic: Callable[[], float] = time.monotonic
+    # argon2 uses 64 MiB and ~50 ms of CPU per check: bound how many run at once.
+    hash_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
+    login_throttle: Throttle = field(init=False)
+    gallery_throttle: Throttle = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.login_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
+        self.gallery_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
+
+    async def hash_password(self, password: str) -> str:
+        return await trio.to_thread.run_sync(security.hash_password, password, limiter=self.hash_limiter)
+
+    async def verify_password(self, password_hash: str | None, password: str) -> bool:
+        return await trio.to_thread.run_sync(
+            security.verify_password, password_hash, password, limiter=self.hash_limiter
+        )

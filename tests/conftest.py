@@ -1,0 +1,104 @@
+"""Fixtures: real settings in a temp dir, a real SQLite file, the real app, and an auth helper."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import apsw
+import PIL
+import pytest
+import trio
+
+from picpeak_lite import bootstrap
+from picpeak_lite.app import create_app
+from picpeak_lite.config import Settings, load_settings
+from picpeak_lite.db import Database
+from picpeak_lite.services import Services
+
+ADMIN_PASSWORD = "correct horse battery"
+
+
+def pytest_report_header(config: Any) -> list[str]:
+    return [f"SQLite {apsw.sqlite_lib_version()}, apsw {apsw.apsw_version()}, Pillow {PIL.__version__}"]
+
+
+def make_settings(tmp_path: Any, **overrides: Any) -> Settings:
+    values = {"data_dir": str(tmp_path / "data"), "port": 0, "workers": 2}
+    values.update(overrides)
+    return load_settings(environ={}, overrides=values)
+
+
+@pytest.fixture
+def settings(tmp_path: Any) -> Settings:
+    return make_settings(tmp_path)
+
+
+@pytest.fixture
+async def services(settings: Settings) -> AsyncIterator[Services]:
+    bootstrap.prepare(settings)
+    bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
+    db = Database(settings.database_path)
+    # trio.current_time drives the throttles, so that autojump_clock tests can skip the windows.
+    svc = Services(settings=settings, db=db, monotonic=trio.current_time)
+    yield svc
+    db.close()
+
+
+@pytest.fixture
+def app(services: Services) -> Any:
+    return create_app(services)
+
+
+@pytest.fixture
+def client(app: Any) -> Any:
+    return app.test_client()
+
+
+@pytest.fixture
+def guest(app: Any) -> Any:
+    """A second browser, for the guest: its own cookie jar."""
+    return app.test_client()
+
+
+CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+class AuthActions:
+    """Logs the admin in through the real login form and finds the CSRF token on a real page."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.csrf: str | None = None
+
+    async def login(self, password: str = ADMIN_PASSWORD, username: str = "admin") -> Any:
+        response = await self.client.post(
+            "/admin/login", form={"username": username, "password": password}
+        )
+        if response.status_code == 302:
+            page = await self.client.get("/admin/galleries/new")
+            self.csrf = CSRF_INPUT.search(await page.get_data(as_text=True)).group(1)
+        return response
+
+    def headers(self) -> dict[str, str]:
+        assert self.csrf, "log in first"
+        return {"X-CSRF-Token": self.csrf}
+
+    async def create_gallery(self, **fields: Any) -> dict[str, Any]:
+        body = {"name": "Anna & Ben", **fields}
+        response = await self.client.post("/api/admin/galleries", json=body, headers=self.headers())
+        assert response.status_code == 201, await response.get_data(as_text=True)
+        return await response.get_json()
+
+
+@pytest.fixture
+async def auth(client: Any) -> AuthActions:
+    return AuthActions(client)
+
+
+@pytest.fixture
+async def admin(auth: AuthActions) -> AuthActions:
+    response = await auth.login()
+    assert response.status_code == 302
+    return auth

@@ -1,0 +1,150 @@
+"""Admin login, sessions, CSRF and origin checks, API tokens, throttling."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import trio
+
+from picpeak_lite import db, security
+from picpeak_lite.queries import admin as admin_q
+
+from .conftest import ADMIN_PASSWORD, AuthActions
+
+
+async def test_pages_need_login(client: Any) -> None:
+    response = await client.get("/admin/")
+    assert response.status_code == 302
+    assert response.headers["Location"].startswith("/admin/login?next=/admin/")
+    api = await client.get("/api/admin/galleries")
+    assert api.status_code == 401
+    assert "error" in await api.get_json()
+
+
+async def test_login_sets_a_hardened_cookie_and_logout_revokes_it(client: Any, auth: AuthActions) -> None:
+    response = await auth.login()
+    assert response.status_code == 302
+    cookie = response.headers["Set-Cookie"]
+    assert "pp_admin=" in cookie and "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    assert "Secure" not in cookie  # not configured for HTTPS in tests
+    assert (await client.get("/admin/")).status_code == 200
+    token = cookie.split("pp_admin=")[1].split(";")[0]
+
+    logout = await client.post("/admin/logout", form={"csrf_token": auth.csrf})
+    assert logout.status_code == 302
+    # The server-side session is gone: replaying the old cookie does not work.
+    client.cookie_jar.clear()
+    replay = await client.get("/api/admin/galleries", headers={"Cookie": f"pp_admin={token}"})
+    assert replay.status_code == 401
+
+
+async def test_wrong_password_is_refused(client: Any, auth: AuthActions) -> None:
+    response = await auth.login(password="wrong password")
+    assert response.status_code == 401
+    assert "Wrong user name or password" in await response.get_data(as_text=True)
+    unknown = await auth.login(username="root")
+    assert unknown.status_code == 401
+
+
+async def test_state_change_without_csrf_token_is_refused(client: Any, admin: AuthActions) -> None:
+    no_token = await client.post("/api/admin/galleries", json={"name": "X"})
+    assert no_token.status_code == 403
+    assert "security token" in (await no_token.get_json())["error"]
+    form = await client.post("/admin/galleries/new", form={"name": "X"})
+    assert form.status_code == 403
+    ok = await client.post("/api/admin/galleries", json={"name": "X"}, headers=admin.headers())
+    assert ok.status_code == 201
+
+
+async def test_foreign_origin_is_refused(client: Any, admin: AuthActions) -> None:
+    headers = {**admin.headers(), "Origin": "https://evil.example"}
+    response = await client.post("/api/admin/galleries", json={"name": "X"}, headers=headers)
+    assert response.status_code == 403
+    cross = {**admin.headers(), "Sec-Fetch-Site": "cross-site"}
+    assert (await client.post("/api/admin/galleries", json={"name": "X"}, headers=cross)).status_code == 403
+    same = {**admin.headers(), "Origin": "http://localhost", "Sec-Fetch-Site": "same-origin"}
+    assert (await client.post("/api/admin/galleries", json={"name": "X"}, headers=same)).status_code == 201
+    login = await client.post("/admin/login", form={"password": "x"}, headers={"Origin": "https://evil.example"})
+    assert login.status_code == 403
+
+
+async def test_login_throttled_per_ip_then_released(client: Any, auth: AuthActions, autojump_clock: Any) -> None:
+    for _ in range(5):
+        assert (await auth.login(password="nope nope")).status_code == 401
+    blocked = await auth.login()  # even the right password: the IP is out of attempts
+    assert blocked.status_code == 429
+    assert 0 < int(blocked.headers["Retry-After"]) <= 900
+    # Another IP is not affected: no global lockout.
+    other = await client.post(
+        "/admin/login", form={"username": "admin", "password": ADMIN_PASSWORD},
+        scope_base={"client": ("10.9.9.9", 5000)},
+    )
+    assert other.status_code == 302
+    await trio.sleep(901)
+    assert (await auth.login()).status_code == 302
+
+
+async def test_throttle_skips_the_hash_check(services: Any, client: Any, auth: AuthActions) -> None:
+    """Past the limit no password hash is computed: 1,000 guesses cost 5 hash checks."""
+    calls = 0
+    original = services.verify_password
+
+    async def counting(password_hash: str | None, password: str) -> bool:
+        nonlocal calls
+        calls += 1
+        return await original(password_hash, password)
+
+    services.verify_password = counting
+    statuses = [(await auth.login(password=f"guess {i}")).status_code for i in range(40)]
+    assert statuses.count(401) == 5 and statuses.count(429) == 35
+    assert calls == 5
+
+
+async def test_password_change_revokes_sessions(client: Any, admin: AuthActions) -> None:
+    bad = await client.post("/admin/password", form={"csrf_token": admin.csrf, "current": "x", "new": "short",
+                                                     "confirm": "short"})
+    assert bad.status_code == 400
+    text = await bad.get_data(as_text=True)
+    assert "not your current password" in text and "At least 8 characters" in text
+    ok = await client.post("/admin/password", form={
+        "csrf_token": admin.csrf, "current": ADMIN_PASSWORD, "new": "a new long password", "confirm":
+        "a new long password"})
+    assert ok.status_code == 302
+    assert (await client.get("/api/admin/galleries")).status_code == 401
+    assert (await admin.login()).status_code == 401
+    assert (await admin.login(password="a new long password")).status_code == 302
+
+
+async def test_api_token_works_without_csrf_and_dies_when_revoked(services: Any, client: Any) -> None:
+    token = security.new_token("ppk_")
+    conn = db.connect(services.settings.database_path)
+    with db.transaction(conn):
+        admin_q.create_token(conn, "script", security.token_hash(token), time.time())
+    headers = {"Authorization": f"Bearer {token}"}
+    response = await client.post("/api/admin/galleries", json={"name": "From a script"}, headers=headers)
+    assert response.status_code == 201
+    with db.transaction(conn):
+        assert admin_q.revoke_token(conn, "script", time.time())
+    conn.close()
+    revoked = await client.get("/api/admin/galleries", headers=headers)
+    assert revoked.status_code == 401
+    assert "revoked" in (await revoked.get_json())["error"]
+    garbage = await client.get("/api/admin/galleries", headers={"Authorization": "Basic abc"})
+    assert garbage.status_code == 401
+
+
+async def test_security_headers_on_every_response(client: Any) -> None:
+    for path in ("/admin/login", "/healthz", "/no/such/page", "/static/app.css"):
+        response = await client.get(path)
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        csp = response.headers["Content-Security-Policy"]
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
+        assert response.headers["Referrer-Policy"]
+
+
+async def test_unknown_route_renders_html_or_json(client: Any) -> None:
+    page = await client.get("/no/such/page", headers={"Accept": "text/html"})
+    assert page.status_code == 404 and "<h1>Not found</h1>" in await page.get_data(as_text=True)
+    api = await client.get("/api/admin/nope")
+    assert api.status_code == 404 and (await api.get_json())["error"]

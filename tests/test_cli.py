@@ -1,0 +1,128 @@
+"""The `picpeak-lite` command in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "picpeak_lite", *args], capture_output=True, text=True, timeout=60,
+        env={**os.environ, **(env or {})}, input=stdin, cwd=cwd,
+    )
+
+
+def start_serve(
+    data_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str, list[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(data_dir), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        match = re.search(r"running at (http://127\.0\.0\.1:\d+)/admin", line)
+        if match:
+            return proc, match.group(1), lines
+    proc.kill()
+    raise AssertionError("server did not print its URL:\n" + "".join(lines))
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_serve_port_zero_prints_url_health_and_clean_sigterm(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, url, lines = start_serve(data)
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
+            assert json.load(response) == {"status": "ok"}
+    finally:
+        out = stop(proc)
+    printed = "".join(lines) + out
+    match = re.search(r"the password: (\S+)", printed)
+    assert match, printed
+    assert "Traceback" not in printed and "Stopped." in printed
+    # Second start: the password is never printed again.
+    proc, _, lines = start_serve(data)
+    assert "password" not in "".join(lines) + stop(proc)
+
+
+def test_admin_password_from_environment(tmp_path: Path) -> None:
+    proc, _, lines = start_serve(tmp_path / "d", env={"PICPEAK_ADMIN_PASSWORD": "from the environment"})
+    out = stop(proc)
+    assert "password:" not in "".join(lines) + out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["serve", "--bogus"], "No such option"),
+        (["serve", "--port", "abc"], "'abc' is not a valid integer"),
+        (["serve", "--port", "99999"], "between 0 and 65535"),
+        (["serve", "--config", "/nonexistent.toml"], "not found"),
+        (["frobnicate"], "No such command"),
+    ],
+)
+def test_bad_flags_print_one_line_and_exit_non_zero(args: list[str], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_unknown_config_key(tmp_path: Path) -> None:
+    config = tmp_path / "picpeak.toml"
+    config.write_text("guest_max_filez = 3\n")
+    result = run_cli("serve", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"picpeak-lite: error: unknown setting 'guest_max_filez' in '{config}'"
+
+
+def test_help_on_every_option() -> None:
+    for command in (["serve"], ["admin", "set-password"], ["admin", "token", "create"],
+                    ["admin", "token", "revoke"]):
+        result = run_cli(*command, "--help")
+        assert result.returncode == 0
+        options = re.findall(r"^\s+(--[\w-]+)(.*)$", result.stdout, re.MULTILINE)
+        assert options, result.stdout
+        for name, rest in options:
+            assert rest.strip(), f"{command} {name} has no help text"
+
+
+def test_tokens_and_password_commands(tmp_path: Path) -> None:
+    data = str(tmp_path / "d")
+    created = run_cli("admin", "token", "create", "--name", "lightroom", "--data-dir", data)
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip()
+    assert token.startswith("ppk_") and len(token) > 40
+    db_bytes = (tmp_path / "d" / "picpeak.sqlite3").read_bytes()
+    assert token.encode() not in db_bytes  # only the hash is stored
+    again = run_cli("admin", "token", "create", "--name", "lightroom", "--data-dir", data)
+    assert again.returncode == 2 and "exists already" in again.stderr
+    listed = run_cli("admin", "token", "list", "--data-dir", data)
+    assert "lightroom\tactive" in listed.stdout
+    revoked = run_cli("admin", "token", "revoke", "--name", "lightroom", "--data-dir", data)
+    assert revoked.returncode == 0
+    assert run_cli("admin", "token", "revoke", "--name", "lightroom", "--data-dir", data).returncode == 2
+    short = run_cli("admin", "set-password", "--password-stdin", "--data-dir", data, stdin="short\n")
+    assert short.returncode == 2 and "at least 8" in short.stderr
+    ok = run_cli("admin", "set-password", "--password-stdin", "--data-dir", data, stdin="a long password\n")
+    assert ok.returncode == 0, ok.stderr

@@ -1,0 +1,107 @@
+"""Gallery create, edit, publish, delete through the pages and the JSON API."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .conftest import AuthActions
+
+
+async def test_api_create_validates_per_field(client: Any, admin: AuthActions) -> None:
+    response = await client.post(
+        "/api/admin/galleries",
+        json={"name": "  ", "customer_email": "nope", "event_type": "rodeo", "event_date": "20-06-2026",
+              "photo_cap": 0, "password": "ab", "expires_on": "2001-01-01"},
+        headers=admin.headers(),
+    )
+    assert response.status_code == 400
+    fields = (await response.get_json())["fields"]
+    assert set(fields) == {"name", "customer_email", "event_type", "event_date", "photo_cap", "password",
+                           "expires_on"}
+    not_json = await client.post("/api/admin/galleries", data="name=x", headers=admin.headers())
+    assert not_json.status_code == 400
+
+
+async def test_api_lifecycle(client: Any, admin: AuthActions) -> None:
+    created = await admin.create_gallery(name="Anna & Ben’s Wedding", event_type="wedding",
+                                         event_date="2026-06-20", password="secret1")
+    assert created["is_draft"] is True and created["has_password"] is True
+    assert re.fullmatch(r"anna-bens-wedding-[a-z2-9]{8}", created["slug"])
+    assert created["share_url"].endswith("/g/" + created["slug"])
+    assert created["expires_on"] and created["allow_downloads"] is True
+    assert "password_hash" not in created
+    gid = created["id"]
+
+    patched = await client.patch(f"/api/admin/galleries/{gid}", json={"welcome_message": "Hello!\nEnjoy."},
+                                 headers=admin.headers())
+    body = await patched.get_json()
+    assert patched.status_code == 200 and body["welcome_message"] == "Hello!\nEnjoy."
+    assert body["name"] == "Anna & Ben’s Wedding"  # PATCH leaves other fields alone
+
+    published = await client.post(f"/api/admin/galleries/{gid}/publish", headers=admin.headers())
+    assert (await published.get_json())["is_draft"] is False
+    listing = await (await client.get("/api/admin/galleries")).get_json()
+    assert [g["id"] for g in listing["galleries"]] == [gid]
+
+    deleted = await client.delete(f"/api/admin/galleries/{gid}", headers=admin.headers())
+    assert deleted.status_code == 204
+    assert (await client.get(f"/api/admin/galleries/{gid}")).status_code == 404
+    assert (await client.delete(f"/api/admin/galleries/{gid}", headers=admin.headers())).status_code == 404
+
+
+async def test_slugs_are_unique_and_unguessable(client: Any, admin: AuthActions) -> None:
+    slugs = {(await admin.create_gallery(name="Party"))["slug"] for _ in range(5)}
+    assert len(slugs) == 5
+    emoji = await admin.create_gallery(name="🎉🎉")
+    assert re.fullmatch(r"gallery-[a-z2-9]{8}", emoji["slug"])
+
+
+async def test_form_keeps_input_and_shows_errors_next_to_fields(client: Any, admin: AuthActions) -> None:
+    response = await client.post("/admin/galleries/new", form={
+        "csrf_token": admin.csrf, "name": "", "customer_name": "Anna Smith", "customer_email": "bad",
+        "expires_on": "2099-01-01",
+    })
+    assert response.status_code == 400
+    html = await response.get_data(as_text=True)
+    assert 'value="Anna Smith"' in html and 'value="bad"' in html
+    assert 'id="name-error"' in html and "Please give the gallery a name." in html
+    assert 'id="customer_email-error"' in html
+
+
+async def test_form_create_edit_publish_delete(client: Any, admin: AuthActions) -> None:
+    created = await client.post("/admin/galleries/new", form={
+        "csrf_token": admin.csrf, "name": "Summer Party", "event_type": "party", "allow_downloads": "on",
+        "expires_on": "2027-12-31",
+    })
+    assert created.status_code == 302, await created.get_data(as_text=True)
+    page_url = created.headers["Location"]
+    gid = int(page_url.rsplit("/", 1)[1])
+    page = await (await client.get(page_url)).get_data(as_text=True)
+    assert "Summer Party" in page and "Draft" in page
+
+    edit = await client.get(f"/admin/galleries/{gid}/edit")
+    assert 'value="2027-12-31"' in await edit.get_data(as_text=True)
+    saved = await client.post(f"/admin/galleries/{gid}/edit", form={
+        "csrf_token": admin.csrf, "name": "Summer Party 2026", "event_type": "party", "expires_on": "2027-12-31",
+        "allow_guest_uploads": "on",
+    })
+    assert saved.status_code == 302
+    data = await (await client.get(f"/api/admin/galleries/{gid}")).get_json()
+    assert data["name"] == "Summer Party 2026"
+    assert data["allow_guest_uploads"] is True and data["allow_downloads"] is False  # unchecked box = off
+
+    assert (await client.post(f"/admin/galleries/{gid}/publish", form={"csrf_token": admin.csrf})).status_code == 302
+    published = await (await client.get(f"/admin/galleries/{gid}")).get_data(as_text=True)
+    assert "Copy link" in published and f"/g/{data['slug']}" in published
+    dashboard = await (await client.get("/admin/")).get_data(as_text=True)
+    assert "Summer Party 2026" in dashboard and "Published" in dashboard
+
+    wrong = await client.post(f"/admin/galleries/{gid}/delete", form={"csrf_token": admin.csrf,
+                                                                       "confirm_name": "nope"})
+    assert wrong.status_code == 400
+    assert (await client.get(f"/api/admin/galleries/{gid}")).status_code == 200
+    gone = await client.post(f"/admin/galleries/{gid}/delete", form={"csrf_token": admin.csrf,
+                                                                      "confirm_name": "Summer Party 2026"})
+    assert gone.status_code == 302
+    assert (await client.get(f"/api/admin/galleries/{gid}")).status_code == 404

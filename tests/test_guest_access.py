@@ -1,0 +1,92 @@
+"""What a guest gets for open, password, draft, expired and unknown galleries."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import trio
+
+from .conftest import AuthActions
+
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+async def _published(admin: AuthActions, **fields: Any) -> dict[str, Any]:
+    gallery = await admin.create_gallery(**fields)
+    response = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
+    return await response.get_json()
+
+
+async def test_open_gallery(guest: Any, admin: AuthActions) -> None:
+    gallery = await _published(admin, name="Open House", welcome_message="Welcome, everyone!")
+    response = await guest.get(f"/g/{gallery['slug']}")
+    assert response.status_code == 200
+    html = await response.get_data(as_text=True)
+    assert "Open House" in html and "Welcome, everyone!" in html
+
+
+async def test_draft_and_unknown_are_404(guest: Any, admin: AuthActions) -> None:
+    draft = await admin.create_gallery(name="Secret draft")
+    assert (await guest.get(f"/g/{draft['slug']}")).status_code == 404
+    assert (await guest.get("/g/no-such-gallery-abcdefgh")).status_code == 404
+
+
+async def test_expired_is_410_with_a_friendly_page(guest: Any, admin: AuthActions, services: Any) -> None:
+    gallery = await _published(admin, name="Old party")
+    await services.db.write(lambda conn: conn.execute("UPDATE galleries SET expires_at = 1000"))
+    response = await guest.get(f"/g/{gallery['slug']}")
+    assert response.status_code == 410
+    assert "expired" in await response.get_data(as_text=True)
+
+
+async def test_password_gallery(guest: Any, admin: AuthActions) -> None:
+    gallery = await _published(admin, name="Private", password="letmein")
+    form_page = await guest.get(f"/g/{gallery['slug']}")
+    assert form_page.status_code == 401
+    html = await form_page.get_data(as_text=True)
+    assert 'type="password"' in html and "Private" in html
+    csrf = CSRF.search(html).group(1)
+    url = f"/g/{gallery['slug']}/password"
+
+    no_csrf = await guest.post(url, form={"password": "letmein"})
+    assert no_csrf.status_code == 403
+    wrong = await guest.post(url, form={"password": "nope", "csrf_token": csrf})
+    assert wrong.status_code == 401
+    assert "not right" in await wrong.get_data(as_text=True)
+    right = await guest.post(url, form={"password": "letmein", "csrf_token": csrf})
+    assert right.status_code == 302
+    assert (await guest.get(f"/g/{gallery['slug']}")).status_code == 200
+
+    # Changing the password locks out everyone who entered the old one.
+    await admin.client.patch(f"/api/admin/galleries/{gallery['id']}", json={"password": "newpass"},
+                             headers=admin.headers())
+    assert (await guest.get(f"/g/{gallery['slug']}")).status_code == 401
+
+
+async def test_gallery_password_throttled_per_gallery_and_ip(guest: Any, admin: AuthActions,
+                                                             autojump_clock: Any) -> None:
+    gallery = await _published(admin, name="Private", password="letmein")
+    other = await _published(admin, name="Other", password="letmein")
+    csrf = CSRF.search(await (await guest.get(f"/g/{gallery['slug']}")).get_data(as_text=True)).group(1)
+    url = f"/g/{gallery['slug']}/password"
+    statuses = [(await guest.post(url, form={"password": f"x{i}", "csrf_token": csrf})).status_code
+                for i in range(8)]
+    assert statuses == [401] * 5 + [429] * 3
+    blocked = await guest.post(url, form={"password": "letmein", "csrf_token": csrf})
+    assert blocked.status_code == 429 and int(blocked.headers["Retry-After"]) > 0
+    # Another gallery and another IP are unaffected.
+    other_ok = await guest.post(f"/g/{other['slug']}/password", form={"password": "letmein", "csrf_token": csrf})
+    assert other_ok.status_code == 302
+    second_ip = await guest.post(url, form={"password": "letmein", "csrf_token": csrf},
+                                  scope_base={"client": ("10.1.1.1", 1)})
+    assert second_ip.status_code == 302
+    await trio.sleep(900)
+
+
+async def test_password_form_for_draft_is_404(guest: Any, admin: AuthActions) -> None:
+    draft = await admin.create_gallery(name="Draft", password="letmein")
+    page = await guest.get("/admin/login")  # any page; the guest has no session yet
+    assert page.status_code == 200
+    response = await guest.post(f"/g/{draft['slug']}/password", form={"password": "letmein"})
+    assert response.status_code in (403, 404)

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import apsw
+import pytest
+
+from picpeak_lite import db, schema
+from picpeak_lite.errors import ConfigError, InsufficientStorage
+
+
+def _tables(conn: apsw.Connection) -> set[str]:
+    rows = conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'").fetchall()
+    return {r["name"] for r in rows}
+
+
+def _version(conn: apsw.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchall()[0]["user_version"]
+
+
+def test_connection_setup(tmp_path: Path) -> None:
+    conn = db.connect(tmp_path / "x.sqlite3")
+    pragma = lambda name: next(iter(conn.execute(f"PRAGMA {name}").fetchall()[0].values()))  # noqa: E731
+    assert pragma("journal_mode") == "wal"
+    assert pragma("synchronous") == 2  # FULL
+    assert pragma("foreign_keys") == 1
+    assert pragma("busy_timeout") >= 5000
+    # Double-quoted strings are identifiers only: a typo'd column is an error, not a string.
+    conn.execute("CREATE TABLE t (a)")
+    with pytest.raises(apsw.SQLError, match="no such column"):
+        conn.execute('SELECT "nope" FROM t').fetchall()
+
+
+@pytest.mark.parametrize("start", range(len(schema.MIGRATIONS)))
+def test_every_migration_from_its_previous_version(tmp_path: Path, start: int) -> None:
+    conn = db.connect(tmp_path / "x.sqlite3")
+    schema.migrate(conn, target=start)
+    assert _version(conn) == start
+    if start:
+        # Leave a row behind so that the later steps run against data, not an empty file.
+        conn.execute(
+            "INSERT INTO galleries (slug, share_token, name, created_at, updated_at) VALUES ('a-1', 't', 'A', 0, 0)"
+        )
+    assert schema.migrate(conn) == start
+    assert _version(conn) == schema.SCHEMA_VERSION
+    assert {"galleries", "admin_users", "photos", "webhook_deliveries"} <= _tables(conn)
+    assert conn.execute("PRAGMA application_id").fetchall()[0]["application_id"] == schema.APPLICATION_ID
+    assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [{"integrity_check": "ok"}]
+
+
+def test_migrating_twice_is_a_no_op(tmp_path: Path) -> None:
+    conn = db.connect(tmp_path / "x.sqlite3")
+    schema.migrate(conn)
+    assert schema.migrate(conn) == schema.SCHEMA_VERSION
+
+
+def test_newer_database_is_refused(tmp_path: Path) -> None:
+    conn = db.connect(tmp_path / "x.sqlite3")
+    schema.migrate(conn)
+    conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
+    with pytest.raises(ConfigError, match="newer than this picpeak-lite"):
+        schema.migrate(conn)
+
+
+def test_foreign_database_is_refused(tmp_path: Path) -> None:
+    conn = db.connect(tmp_path / "x.sqlite3")
+    conn.execute("PRAGMA application_id = 1234")
+    with pytest.raises(ConfigError, match="not a picpeak-lite database"):
+        schema.migrate(conn)
+
+
+def test_failed_migration_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = db.connect(tmp_path / "x.sqlite3")
+    broken = (*schema.MIGRATIONS, "CREATE TABLE extra (a); SELECT no_such_function();")
+    monkeypatch.setattr(schema, "MIGRATIONS", broken)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", len(broken))
+    with pytest.raises(apsw.SQLError):
+        schema.migrate(conn)
+    assert _version(conn) == 0
+    assert "galleries" not in _tables(conn)
+
+
+def test_disk_full_surfaces_the_real_cause(tmp_path: Path) -> None:
+    """SQLite rolls back by itself on SQLITE_FULL; we report the full disk, not 'cannot rollback'."""
+    conn = db.connect(tmp_path / "x.sqlite3")
+    schema.migrate(conn)
+    conn.execute("CREATE TABLE big (b BLOB)")
+    page_count = conn.execute("PRAGMA page_count").fetchall()[0]["page_count"]
+    conn.execute(f"PRAGMA max_page_count = {page_count + 2}")
+    with pytest.raises(InsufficientStorage), db.transaction(conn):
+        conn.execute("INSERT INTO big VALUES (zeroblob(1000000))")
+    assert not conn.in_transaction
