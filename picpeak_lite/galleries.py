@@ -9,9 +9,12 @@ import secrets
 import unicodedata
 from typing import Any
 
+import trio
+
 from .errors import NotFound
 from .gallery_input import parse_gallery_input
 from .queries import galleries as gallery_q
+from .queries import photos as photo_q
 from .services import Services
 
 Row = dict[str, Any]
@@ -95,9 +98,20 @@ async def set_published(svc: Services, gallery_id: int, published: bool) -> Row:
 
 
 async def delete_gallery(svc: Services, gallery_id: int) -> None:
-    """Delete the gallery and, through the foreign keys, its photos, uploads and grants."""
-    if not await svc.db.write(gallery_q.delete, gallery_id):
+    """Delete the gallery and, through the foreign keys, its photos, uploads and grants; then the files.
+
+    Rows go first: a crash before the files are gone leaves orphans for the reconciler, never rows without files.
+    """
+
+    def delete(conn: Any) -> list[str] | None:
+        keys = photo_q.keys_of_gallery(conn, gallery_id)
+        return keys if gallery_q.delete(conn, gallery_id) else None
+
+    keys = await svc.db.write(delete)
+    if keys is None:
         raise NotFound("There is no such gallery.")
+    storage = svc.storage
+    await trio.to_thread.run_sync(lambda: [storage.remove_photo_files(key) for key in keys])
 
 
 def expires_on(row: Row) -> str | None:

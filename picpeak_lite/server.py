@@ -21,7 +21,10 @@ from . import bootstrap
 from .app import create_app
 from .config import Settings
 from .db import Database
+from .pipeline.janitor import Janitor
+from .pipeline.worker import WorkerPool
 from .services import Services
+from .webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +54,41 @@ async def run(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signals, shutdown)
-            # Long-lived tasks join here, each with `await nursery.start(task.run)`.
+            await start_background_tasks(nursery, svc, workers=settings.processing_enabled)
             binds = await nursery.start(_serve, svc, shutdown, nursery.cancel_scope)
             task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown))
+    finally:
+        db.close()
+
+
+async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, workers: bool) -> None:
+    """Start the webhook sender, the janitor and (unless processing is off) the worker pool, each ready before
+    the next. Shared by ``run`` and by ``picpeak-lite worker``."""
+    svc.storage.create_dirs()
+    sender = WebhookSender(svc.db, svc.settings, clock=svc.clock)
+    await nursery.start(sender.run)
+    svc.wake_webhooks = sender.wake
+    await nursery.start(Janitor(svc, svc.storage).run)
+    if workers:
+        pool = WorkerPool(svc, svc.storage)
+        await nursery.start(pool.run)
+        svc.wake_workers = pool.wake
+
+
+async def run_workers(settings: Settings, *, task_status: trio.TaskStatus[Services] = trio.TASK_STATUS_IGNORED
+                      ) -> None:
+    """``picpeak-lite worker``: the workers, janitor and webhook sender without the web server, until a signal."""
+    bootstrap.prepare(settings)
+    db = Database(settings.database_path)
+    svc = Services(settings=settings, db=db)
+    shutdown = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signals, shutdown)
+            await start_background_tasks(nursery, svc, workers=True)
+            task_status.started(svc)
+            await shutdown.wait()
+            nursery.cancel_scope.cancel()
     finally:
         db.close()
 

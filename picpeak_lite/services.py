@@ -11,6 +11,7 @@ import trio
 from . import security
 from .config import Settings
 from .db import Database
+from .storage import Storage
 from .throttle import Throttle
 
 
@@ -24,6 +25,10 @@ class Services:
     monotonic: Callable[[], float] = time.monotonic
     # argon2 uses 64 MiB and ~50 ms of CPU per check: bound how many run at once.
     hash_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
+    # Set by server.run once the worker pool and the webhook sender run; no-ops until then (and in tests that
+    # do not start them). Both are sync, non-blocking, and safe to call after a commit.
+    wake_workers: Callable[[], None] = lambda: None
+    wake_webhooks: Callable[[], None] = lambda: None
     login_throttle: Throttle = field(init=False)
     gallery_throttle: Throttle = field(init=False)
 
@@ -31,6 +36,10 @@ class Services:
         s = self.settings
         self.login_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
         self.gallery_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
+
+    @property
+    def storage(self) -> Storage:
+        return Storage(self.settings.data_path)
 
     async def hash_password(self, password: str) -> str:
         return await trio.to_thread.run_sync(security.hash_password, password, limiter=self.hash_limiter)

@@ -1,0 +1,166 @@
+"""The worker pool: N tasks that claim pending photos and turn each into derivatives and metadata.
+
+A worker claims with one guarded statement, renews its lease while it works, and records the result only
+if it still holds the claim (the token). Image work runs in threads, one step per thread hop (decode, view,
+watermark, grid, encode), so that cancellation lands between steps. A bad file fails that photo with a
+readable reason; the worker goes on. On shutdown a worker hands its photo back to ``pending``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+from typing import Any
+
+import trio
+
+from .. import exif, images
+from ..errors import InsufficientStorage
+from ..queries import galleries as gallery_q
+from ..queries import photos as photo_q
+from ..services import Services
+from ..storage import Storage
+from . import queue
+
+log = logging.getLogger(__name__)
+
+SAFETY_POLL_SECONDS = 5.0
+
+
+class WorkerPool:
+    def __init__(self, svc: Services, storage: Storage, *, count: int | None = None,
+                 poll_seconds: float = SAFETY_POLL_SECONDS) -> None:
+        self.svc = svc
+        self.storage = storage
+        self.count = count or svc.settings.worker_count
+        self.poll_seconds = poll_seconds
+        # Image work is CPU-bound and Pillow releases the GIL: one thread per worker.
+        self.image_limiter = trio.CapacityLimiter(self.count)
+        self._wakeup = trio.Event()
+
+    def wake(self) -> None:
+        """Tell idle workers there is new work. Sync and non-blocking; call it after the commit."""
+        self._wakeup.set()
+        self._wakeup = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for index in range(self.count):
+                await nursery.start(self._work, index)
+            task_status.started()
+
+    async def _work(self, index: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            wakeup = self._wakeup  # taken before claiming, so a wake() during the claim is not lost
+            try:
+                busy = await self.process_one()
+            except InsufficientStorage:
+                log.error("worker %d: the disk is full; pausing before the next photo", index)
+                busy = False
+            if not busy:
+                with trio.move_on_after(self.poll_seconds):
+                    await wakeup.wait()
+
+    async def process_one(self) -> bool:
+        """Claim and process one photo. False when there was nothing to claim."""
+        svc = self.svc
+        token = secrets.token_hex(16)
+        row = await svc.db.write(photo_q.claim_next, token, svc.clock(), svc.settings.lease_seconds)
+        if row is None:
+            return False
+        claim = _Claim(row["id"], token)
+        outcome: dict[str, Any] | str | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._renew_lease, claim, nursery.cancel_scope)
+                outcome = await self._process(row)
+                nursery.cancel_scope.cancel()
+        except BaseException:
+            # Cancelled (shutdown) or a bug outside the per-photo handling: hand the photo back so that it is
+            # processed again, then let the exception propagate.
+            with trio.CancelScope(shield=True):
+                await svc.db.write(photo_q.release, row["id"], token)
+            raise
+        if claim.lost or outcome is None:
+            log.warning("photo %s: lost its claim while processing; result discarded", row["id"])
+            return True
+        endpoints = svc.settings.webhooks
+        if isinstance(outcome, str):
+            result = await svc.db.write(queue.fail_photo, endpoints, row["id"], token, outcome, svc.clock())
+        else:
+            result = await svc.db.write(queue.complete_photo, endpoints, row["id"], token, outcome, svc.clock())
+        if result is None:
+            log.warning("photo %s: claim expired before the result was saved; discarded", row["id"])
+        else:
+            svc.wake_webhooks()
+        return True
+
+    async def _process(self, row: dict[str, Any]) -> dict[str, Any] | str:
+        """Metadata values for a complete photo, or the reason it failed."""
+        path = self.storage.original_path(row["storage_key"])
+        if not path.exists():
+            return "The original file is missing from storage."
+        spec = await self._spec(row["gallery_id"])
+        run = self._in_thread
+        try:
+            decoded = await run(images.decode, path, spec)
+            view = await run(images.make_view, decoded, spec)
+            del decoded
+            grid = await run(images.make_grid, view, spec)
+            if spec.watermark is not None:
+                view = await run(images.add_watermark, view, spec.watermark)
+            view_jpeg = await run(images.encode, view, spec)
+            grid_jpeg = await run(images.encode, grid, spec)
+            metadata = exif.read_metadata(view.exif)
+        except images.InvalidImage as error:
+            log.info("photo %s failed: %s %s", row["id"], error.reason, error.detail)
+            return error.reason
+        except MemoryError:
+            log.exception("photo %s: out of memory", row["id"])
+            return "The image needs more memory than this server has."
+        except Exception as error:  # a bug or a decoder crash: fail this photo, keep the worker alive
+            log.exception("photo %s: unexpected error while processing", row["id"])
+            return f"Processing failed unexpectedly ({type(error).__name__})."
+        try:
+            await run(self.storage.write_derivative, row["storage_key"], "view", view_jpeg)
+            await run(self.storage.write_derivative, row["storage_key"], "grid", grid_jpeg)
+        except (InsufficientStorage, OSError) as error:
+            log.error("photo %s: could not save derivatives: %s", row["id"], error)
+            return "Could not save the thumbnails: " + (
+                "the server's disk is full." if isinstance(error, InsufficientStorage) else "a storage error.")
+        return {"width": view.width, "height": view.height, **dataclasses.asdict(metadata)}
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.image_limiter)
+
+    async def _spec(self, gallery_id: int) -> images.RenderSpec:
+        s = self.svc.settings
+        gallery = await self.svc.db.read(gallery_q.get, gallery_id)
+        watermark = None
+        if gallery is not None and gallery["watermark"]:
+            watermark = images.Watermark(
+                text=s.watermark_text or gallery["name"], logo_path=s.watermark_logo or None,
+                position=s.watermark_position, opacity=s.watermark_opacity, size=s.watermark_size,
+            )
+        return images.RenderSpec(grid_px=s.grid_px, view_px=s.view_px, quality=s.jpeg_quality,
+                                 max_pixels=s.max_pixels, watermark=watermark)
+
+    async def _renew_lease(self, claim: _Claim, processing: trio.CancelScope) -> None:
+        """Extend the lease every third of its length; if the claim is gone, stop the processing."""
+        svc = self.svc
+        lease = svc.settings.lease_seconds
+        while True:
+            await trio.sleep(lease / 3)
+            if not await svc.db.write(photo_q.renew_lease, claim.photo_id, claim.token, svc.clock() + lease):
+                claim.lost = True
+                processing.cancel()
+                return
+
+
+@dataclasses.dataclass
+class _Claim:
+    photo_id: int
+    token: str
+    lost: bool = False

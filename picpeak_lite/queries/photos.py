@@ -1,0 +1,207 @@
+"""SQL for photos, upload groups and the processing queue.
+
+The queue's rules live here, in the statements themselves:
+
+* a claim is one guarded ``UPDATE ... WHERE id = (SELECT ...) AND status = 'pending' RETURNING *``: it takes the
+  oldest pending photo, sets ``processing``, a fresh claim token, ``attempts + 1`` and a lease deadline;
+* every later write for that photo (renew, complete, fail, release) has ``AND claim_token = ? AND status =
+  'processing'`` in its WHERE clause, so a worker that lost its claim changes nothing, and learns so from the
+  row count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..db import Connection
+
+Row = dict[str, Any]
+
+MAX_ERROR_LENGTH = 1000
+TERMINAL = ("complete", "failed")
+
+
+def create_upload(conn: Connection, upload_id: str, gallery_id: int, uploaded_by: str,
+                  guest_session_id: int | None, guest_name: str | None, now: float) -> None:
+    conn.execute(
+        "INSERT INTO uploads (id, gallery_id, uploaded_by, guest_session_id, guest_name, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (upload_id, gallery_id, uploaded_by, guest_session_id, guest_name, now),
+    )
+
+
+def get_upload(conn: Connection, upload_id: str) -> Row | None:
+    rows = conn.execute("SELECT * FROM uploads WHERE id = ?", (upload_id,)).fetchall()
+    return rows[0] if rows else None
+
+
+def insert_photo(conn: Connection, *, gallery_id: int, upload_id: str, storage_key: str, sha256: str,
+                 display_name: str, size: int, format: str, uploaded_by: str, guest_name: str | None,
+                 width: int, height: int, now: float) -> int:
+    conn.execute(
+        "INSERT INTO photos (gallery_id, upload_id, storage_key, sha256, display_name, size, format, uploaded_by, "
+        "guest_name, width, height, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (gallery_id, upload_id, storage_key, sha256, display_name, size, format, uploaded_by, guest_name,
+         width, height, now),
+    )
+    return conn.last_insert_rowid()
+
+
+def find_by_sha(conn: Connection, gallery_id: int, sha256: str) -> Row | None:
+    rows = conn.execute(
+        "SELECT id, display_name, size, status FROM photos WHERE gallery_id = ? AND sha256 = ?",
+        (gallery_id, sha256),
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def count_in_gallery(conn: Connection, gallery_id: int) -> int:
+    return conn.execute("SELECT count(*) AS n FROM photos WHERE gallery_id = ?", (gallery_id,)).fetchall()[0]["n"]
+
+
+def get(conn: Connection, photo_id: int) -> Row | None:
+    rows = conn.execute("SELECT * FROM photos WHERE id = ?", (photo_id,)).fetchall()
+    return rows[0] if rows else None
+
+
+def claim_next(conn: Connection, token: str, now: float, lease_seconds: float) -> Row | None:
+    rows = conn.execute(
+        "UPDATE photos SET status = 'processing', claim_token = ?, attempts = attempts + 1, lease_until = ?, "
+        "processing_started_at = ?, error = NULL "
+        "WHERE id = (SELECT id FROM photos WHERE status = 'pending' ORDER BY id LIMIT 1) AND status = 'pending' "
+        "RETURNING *",
+        (token, now + lease_seconds, now),
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def renew_lease(conn: Connection, photo_id: int, token: str, lease_until: float) -> bool:
+    conn.execute(
+        "UPDATE photos SET lease_until = ? WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (lease_until, photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any], now: float) -> bool:
+    """Record a finished photo, if ``token`` still holds its claim."""
+    columns = ("width", "height", "taken_at", "camera_make", "camera_model", "lens", "focal_length", "aperture",
+               "exposure", "iso", "has_gps")
+    assignments = ", ".join(f"{c} = ?" for c in columns)
+    conn.execute(
+        f"UPDATE photos SET status = 'complete', claim_token = NULL, lease_until = NULL, error = NULL, "
+        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (now, *(values.get(c) for c in columns), photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def fail(conn: Connection, photo_id: int, token: str, error: str, now: float) -> bool:
+    conn.execute(
+        "UPDATE photos SET status = 'failed', claim_token = NULL, lease_until = NULL, error = ?, completed_at = ? "
+        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (error[:MAX_ERROR_LENGTH], now, photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def release(conn: Connection, photo_id: int, token: str) -> bool:
+    """Hand a claimed photo back (shutdown): it is pending again and this attempt does not count."""
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
+        "attempts = max(attempts - 1, 0) WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def expired_claims(conn: Connection, now: float) -> list[Row]:
+    return conn.execute(
+        "SELECT id, attempts, claim_token, upload_id, gallery_id FROM photos "
+        "WHERE status = 'processing' AND lease_until < ?",
+        (now,),
+    ).fetchall()
+
+
+def requeue(conn: Connection, photo_id: int, token: str) -> bool:
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL "
+        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def retry(conn: Connection, photo_id: int) -> bool:
+    """``failed`` -> ``pending`` with a fresh attempt budget; nothing else moves."""
+    conn.execute(
+        "UPDATE photos SET status = 'pending', error = NULL, attempts = 0, completed_at = NULL "
+        "WHERE id = ? AND status = 'failed'",
+        (photo_id,),
+    )
+    if conn.changes() == 1:
+        conn.execute("UPDATE uploads SET completed_at = NULL WHERE id = (SELECT upload_id FROM photos WHERE id = ?)",
+                     (photo_id,))
+        return True
+    return False
+
+
+def mark_missing_original(conn: Connection, photo_id: int, now: float) -> bool:
+    conn.execute(
+        "UPDATE photos SET status = 'failed', claim_token = NULL, lease_until = NULL, completed_at = ?, "
+        "error = 'The original file is missing from storage.' WHERE id = ? AND status != 'failed'",
+        (now, photo_id),
+    )
+    return conn.changes() == 1
+
+
+def upload_counts(conn: Connection, upload_id: str) -> Row:
+    return conn.execute(
+        "SELECT count(*) AS total, "
+        "coalesce(sum(status = 'pending'), 0) AS pending, coalesce(sum(status = 'processing'), 0) AS processing, "
+        "coalesce(sum(status = 'complete'), 0) AS complete, coalesce(sum(status = 'failed'), 0) AS failed "
+        "FROM photos WHERE upload_id = ?",
+        (upload_id,),
+    ).fetchall()[0]
+
+
+def upload_photos(conn: Connection, upload_id: str) -> list[Row]:
+    return conn.execute(
+        "SELECT id, display_name, status, error, width, height, size FROM photos WHERE upload_id = ? ORDER BY id",
+        (upload_id,),
+    ).fetchall()
+
+
+def finish_upload_if_terminal(conn: Connection, upload_id: str, now: float) -> bool:
+    """Mark the upload group completed when every photo is terminal. True only the first time."""
+    conn.execute(
+        "UPDATE uploads SET completed_at = ? WHERE id = ? AND completed_at IS NULL AND NOT EXISTS "
+        "(SELECT 1 FROM photos WHERE upload_id = ? AND status NOT IN ('complete', 'failed'))",
+        (now, upload_id, upload_id),
+    )
+    return conn.changes() == 1
+
+
+def delete(conn: Connection, photo_id: int) -> Row | None:
+    rows = conn.execute("DELETE FROM photos WHERE id = ? RETURNING *", (photo_id,)).fetchall()
+    return rows[0] if rows else None
+
+
+def storage_keys(conn: Connection) -> set[str]:
+    return {r["storage_key"] for r in conn.execute("SELECT storage_key FROM photos").fetchall()}
+
+
+def keys_of_gallery(conn: Connection, gallery_id: int) -> list[str]:
+    rows = conn.execute("SELECT storage_key FROM photos WHERE gallery_id = ?", (gallery_id,)).fetchall()
+    return [r["storage_key"] for r in rows]
+
+
+def rows_with_keys(conn: Connection) -> list[Row]:
+    return conn.execute("SELECT id, storage_key, status FROM photos").fetchall()
+
+
+def queue_counts(conn: Connection) -> Row:
+    return conn.execute(
+        "SELECT coalesce(sum(status = 'pending'), 0) AS pending, "
+        "coalesce(sum(status = 'processing'), 0) AS processing FROM photos"
+    ).fetchall()[0]

@@ -1,0 +1,412 @@
+"""The queue, the worker pool and the janitor against a real SQLite file and real images."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from picpeak_lite import db
+from picpeak_lite.pipeline import queue
+from picpeak_lite.pipeline.janitor import Janitor
+from picpeak_lite.pipeline.worker import WorkerPool
+from picpeak_lite.queries import photos as photo_q
+from picpeak_lite.queries import webhooks as webhook_q
+from picpeak_lite.services import Services
+from picpeak_lite.storage import new_key
+
+from . import imagefactory
+from .conftest import AuthActions, make_settings
+
+
+def create_gallery(conn: Any, name: str = "G", watermark: int = 0) -> int:
+    conn.execute(
+        "INSERT INTO galleries (slug, share_token, name, is_draft, watermark, created_at, updated_at) "
+        "VALUES (?, ?, ?, 0, ?, 0, 0)",
+        (f"g-{secrets.token_hex(4)}", secrets.token_hex(16), name, watermark),
+    )
+    return conn.last_insert_rowid()
+
+
+def stage_photo(svc: Services, gallery_id: int, data: bytes, *, name: str = "p.jpg", upload_id: str | None = None,
+                fmt: str = "jpeg") -> tuple[int, str]:
+    """Store bytes and insert a pending row with the same primitives the upload path uses."""
+    storage = svc.storage
+    storage.create_dirs()
+    temp = storage.new_temp_path()
+    temp.write_bytes(data)
+    key = new_key()
+    storage.commit_original(temp, key)
+    upload_id = upload_id or secrets.token_hex(16)
+    conn = db.connect(svc.settings.database_path)
+    try:
+        with db.transaction(conn):
+            if photo_q.get_upload(conn, upload_id) is None:
+                photo_q.create_upload(conn, upload_id, gallery_id, "admin", None, None, time.time())
+            photo_id = photo_q.insert_photo(
+                conn, gallery_id=gallery_id, upload_id=upload_id, storage_key=key,
+                sha256=hashlib.sha256(data).hexdigest(), display_name=name, size=len(data), format=fmt,
+                uploaded_by="admin", guest_name=None, width=1, height=1, now=time.time(),
+            )
+    finally:
+        conn.close()
+    return photo_id, upload_id
+
+
+@pytest.fixture
+def conn(services: Services) -> Any:
+    connection = db.connect(services.settings.database_path)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def gallery_id(conn: Any) -> int:
+    with db.transaction(conn):
+        return create_gallery(conn)
+
+
+def jpeg(seed: int = 0, size: tuple[int, int] = (640, 480), **kwargs: Any) -> bytes:
+    return imagefactory.save(imagefactory.photo(*size, seed=seed), "jpeg", **kwargs)
+
+
+def status_of(conn: Any, photo_id: int) -> dict[str, Any]:
+    row = photo_q.get(conn, photo_id)
+    assert row is not None
+    return row
+
+
+# --- the claim ---------------------------------------------------------------------------------------------
+
+async def test_concurrent_claims_from_many_threads_never_claim_twice(services: Services, conn: Any,
+                                                               gallery_id: int) -> None:
+    """Twelve connections in twelve threads race for 60 photos; each photo is claimed exactly once."""
+    upload = secrets.token_hex(16)
+    ids = {stage_photo(services, gallery_id, b"x%d" % i, upload_id=upload)[0] for i in range(60)}
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def claimer() -> None:
+        mine = db.connect(services.settings.database_path)
+        try:
+            while True:
+                row = photo_q.claim_next(mine, secrets.token_hex(8), time.time(), 60)
+                if row is None:
+                    return
+                with lock:
+                    claimed.append(row["id"])
+        finally:
+            mine.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(claimed) == sorted(ids)
+    assert all(status_of(conn, i)["attempts"] == 1 for i in ids)
+
+
+CLAIM_SCRIPT = textwrap.dedent("""
+    import secrets, sys, time
+    from picpeak_lite import db
+    from picpeak_lite.queries import photos
+    conn = db.connect(sys.argv[1])
+    got = []
+    while True:
+        row = photos.claim_next(conn, secrets.token_hex(8), time.time(), 60)
+        if row is None:
+            break
+        got.append(row["id"])
+    print(",".join(map(str, got)))
+""")
+
+
+async def test_two_processes_claim_disjoint_sets(services: Services, gallery_id: int) -> None:
+    upload = secrets.token_hex(16)
+    ids = {stage_photo(services, gallery_id, b"y%d" % i, upload_id=upload)[0] for i in range(200)}
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIM_SCRIPT, str(services.settings.database_path)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        results.append({int(x) for x in out.strip().split(",") if x})
+    assert results[0].isdisjoint(results[1])
+    assert results[0] | results[1] == ids
+
+
+async def test_stale_worker_cannot_overwrite_after_its_lease_expired(services: Services, conn: Any,
+                                                               gallery_id: int) -> None:
+    photo_id, _ = stage_photo(services, gallery_id, b"z")
+    now = time.time()
+    with db.transaction(conn):
+        slow = photo_q.claim_next(conn, "token-slow", now, 60)
+    assert slow is not None and slow["id"] == photo_id
+    with db.transaction(conn):  # the slow worker's lease runs out; the janitor requeues
+        requeued, failed = queue.requeue_expired(conn, (), now + 61, max_attempts=3)
+    assert (requeued, failed) == ([photo_id], [])
+    with db.transaction(conn):
+        fresh = photo_q.claim_next(conn, "token-fresh", now + 62, 60)
+    assert fresh is not None and fresh["attempts"] == 2
+    with db.transaction(conn):
+        assert queue.fail_photo(conn, (), photo_id, "token-slow", "late failure", now + 63) is None
+        assert not photo_q.renew_lease(conn, photo_id, "token-slow", now + 200)
+        done = queue.complete_photo(conn, (), photo_id, "token-fresh", {"width": 10, "height": 10}, now + 64)
+    assert done is not None and done["status"] == "complete"
+    with db.transaction(conn):
+        # A late completion from the slow worker after the fresh one finished changes nothing either.
+        assert queue.complete_photo(conn, (), photo_id, "token-slow", {"width": 1, "height": 1}, now + 65) is None
+    assert status_of(conn, photo_id)["width"] == 10
+
+
+async def test_attempts_are_bounded(services: Services, conn: Any, gallery_id: int) -> None:
+    photo_id, _ = stage_photo(services, gallery_id, b"poison")
+    now = time.time()
+    for attempt in range(1, 4):
+        with db.transaction(conn):
+            assert photo_q.claim_next(conn, f"t{attempt}", now, 60)["attempts"] == attempt
+        now += 61
+        with db.transaction(conn):
+            requeued, failed = queue.requeue_expired(conn, (), now, max_attempts=3)
+        assert (requeued, failed) == (([photo_id], []) if attempt < 3 else ([], [photo_id]))
+    row = status_of(conn, photo_id)
+    assert row["status"] == "failed" and row["error"] == "Gave up after 3 attempts: processing did not finish."
+    with db.transaction(conn):
+        assert photo_q.claim_next(conn, "t4", now, 60) is None
+
+
+async def test_status_is_checked_by_the_database(conn: Any, services: Services, gallery_id: int) -> None:
+    photo_id, _ = stage_photo(services, gallery_id, b"q")
+    with pytest.raises(db.ConstraintError), db.transaction(conn):
+        conn.execute("UPDATE photos SET status = 'done' WHERE id = ?", (photo_id,))
+    with pytest.raises(db.ConstraintError), db.transaction(conn):
+        conn.execute("UPDATE photos SET status = 'processing' WHERE id = ?", (photo_id,))  # no claim token
+
+
+# --- the worker pool ---------------------------------------------------------------------------------------
+
+async def run_pool_until_idle(svc: Services, count: int = 2) -> None:
+    pool = WorkerPool(svc, svc.storage, count=count, poll_seconds=0.05)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        while True:
+            counts = await svc.db.read(photo_q.queue_counts)
+            if counts["pending"] == 0 and counts["processing"] == 0:
+                break
+            await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+
+async def test_pool_processes_good_and_bad_photos(services: Services, conn: Any, gallery_id: int) -> None:
+    exif = imagefactory.make_exif(orientation=6, make="Canon", model="EOS R5", date_original="2024:06:20 14:03:00")
+    good, upload = stage_photo(services, gallery_id, jpeg(1, (800, 600), exif=exif))
+    png, _ = stage_photo(services, gallery_id, imagefactory.save(imagefactory.photo(300, 200), "png"),
+                         upload_id=upload, fmt="png")
+    truncated, _ = stage_photo(services, gallery_id, jpeg(2)[:3000], upload_id=upload)
+    await run_pool_until_idle(services)
+
+    row = status_of(conn, good)
+    assert row["status"] == "complete" and row["attempts"] == 1
+    assert (row["width"], row["height"]) == (600, 800)  # orientation 6 swaps the sides
+    assert row["camera_make"] == "Canon" and row["camera_model"] == "EOS R5"
+    assert row["taken_at"] == "2024-06-20T14:03:00"
+    assert services.storage.derived_path(row["storage_key"], "grid").exists()
+    assert services.storage.derived_path(row["storage_key"], "view").exists()
+    assert status_of(conn, png)["status"] == "complete"
+    bad = status_of(conn, truncated)
+    assert bad["status"] == "failed" and "truncated" in bad["error"].lower()
+    upload_row = photo_q.get_upload(conn, upload)
+    assert upload_row["completed_at"] is not None
+
+
+async def test_webhook_outbox_written_once_per_event(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, webhooks=[{"url": "https://hooks.example.com/x",
+                                                  "secret": "0123456789abcdef"}])
+    from picpeak_lite import bootstrap
+    from picpeak_lite.db import Database
+
+    bootstrap.prepare(settings)
+    svc = Services(settings=settings, db=Database(settings.database_path))
+    try:
+        gid = await svc.db.write(create_gallery)
+        _, upload = stage_photo(svc, gid, jpeg(3))
+        bad, _ = stage_photo(svc, gid, b"\xff\xd8\xff garbage", upload_id=upload)
+        await run_pool_until_idle(svc)
+        # Reprocess the failed one (it fails again): no second delivery id appears.
+        assert await svc.db.write(photo_q.retry, bad)
+        await run_pool_until_idle(svc)
+        rows = await svc.db.read(lambda c: webhook_q.list_deliveries(c, limit=100))
+        types = sorted(r["event_type"] for r in rows)
+        assert types == ["photo.failed", "photo.uploaded", "upload.completed"]
+        assert len({r["event_id"] for r in rows}) == 3
+    finally:
+        svc.db.close()
+
+
+async def test_worker_hands_photo_back_on_shutdown(services: Services, conn: Any, gallery_id: int) -> None:
+    big, _ = stage_photo(services, gallery_id, jpeg(4, (3000, 2000)))
+    pool = WorkerPool(services, services.storage, count=1, poll_seconds=0.05)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        while status_of(conn, big)["status"] != "processing":
+            await trio.sleep(0.005)
+        nursery.cancel_scope.cancel()
+    row = status_of(conn, big)
+    assert row["status"] == "pending" and row["attempts"] == 0 and row["claim_token"] is None
+
+
+async def test_lease_is_renewed_while_working(tmp_path: Path) -> None:
+    """A photo that takes longer than its lease is not stolen from a live worker."""
+    from picpeak_lite import bootstrap
+    from picpeak_lite.db import Database
+
+    settings = make_settings(tmp_path, lease_seconds=5)
+    bootstrap.prepare(settings)
+    svc = Services(settings=settings, db=Database(settings.database_path))
+    try:
+        gid = await svc.db.write(create_gallery)
+        photo_id, _ = stage_photo(svc, gid, jpeg(5))
+        pool = WorkerPool(svc, svc.storage, count=1)
+        token = secrets.token_hex(8)
+        row = await svc.db.write(photo_q.claim_next, token, svc.clock(), 5)
+        from picpeak_lite.pipeline.worker import _Claim
+
+        claim = _Claim(photo_id, token)
+        with trio.move_on_after(4):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pool._renew_lease, claim, nursery.cancel_scope)
+                await trio.sleep(3.9)
+        after = await svc.db.read(photo_q.get, photo_id)
+        assert after["lease_until"] > row["lease_until"] and not claim.lost
+    finally:
+        svc.db.close()
+
+
+# --- janitor and reconciler --------------------------------------------------------------------------------
+
+async def test_reconciler_removes_orphans_and_fails_missing_originals(services: Services, conn: Any,
+                                                                      gallery_id: int) -> None:
+    storage = services.storage
+    kept, _ = stage_photo(services, gallery_id, b"kept")
+    lost, _ = stage_photo(services, gallery_id, b"lost")
+    os.unlink(storage.original_path(status_of(conn, lost)["storage_key"]))
+    orphan_key = new_key()
+    orphan = storage.original_path(orphan_key)
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(b"crash between rename and commit")
+    fresh_key = new_key()
+    fresh = storage.original_path(fresh_key)
+    fresh.parent.mkdir(parents=True, exist_ok=True)
+    fresh.write_bytes(b"an upload about to commit")
+    old = time.time() - 3600
+    os.utime(orphan, (old, old))
+    stale_temp = storage.new_temp_path()
+    stale_temp.write_bytes(b"cut off")
+    os.utime(stale_temp, (time.time() - 7200,) * 2)
+
+    counts = await Janitor(services, storage).reconcile()
+    assert counts == {"temp_swept": 1, "orphans_removed": 1, "missing_failed": 1}
+    assert not orphan.exists() and fresh.exists()  # within the grace period: left alone
+    assert status_of(conn, lost)["error"] == "The original file is missing from storage."
+    assert status_of(conn, kept)["status"] == "pending"
+
+
+async def test_janitor_recovers_a_dead_workers_photo_within_one_lease(tmp_path: Path) -> None:
+    """A worker dies holding a claim: about one lease later the photo is pending again (real time, 5 s lease)."""
+    from picpeak_lite import bootstrap
+    from picpeak_lite.db import Database
+
+    settings = make_settings(tmp_path, lease_seconds=5)
+    bootstrap.prepare(settings)
+    svc = Services(settings=settings, db=Database(settings.database_path))
+    try:
+        gid = await svc.db.write(create_gallery)
+        photo_id, _ = stage_photo(svc, gid, b"w")
+        started = trio.current_time()
+        await svc.db.write(photo_q.claim_next, "dead-worker", svc.clock(), 5)
+        janitor = Janitor(svc, svc.storage)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(janitor.run)
+            with trio.fail_after(5 + 2 * janitor.interval):
+                while (await svc.db.read(photo_q.get, photo_id))["status"] != "pending":
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        assert trio.current_time() - started < 5 + 2 * janitor.interval
+    finally:
+        svc.db.close()
+
+
+# --- routes ------------------------------------------------------------------------------------------------
+
+async def test_status_retry_and_image_routes(services: Services, client: Any, admin: AuthActions, conn: Any,
+                                             gallery_id: int) -> None:
+    good, upload = stage_photo(services, gallery_id, jpeg(6), name="Anna’s photo.jpg")
+    bad, _ = stage_photo(services, gallery_id, b"\x89PNG\r\n\x1a\n broken", upload_id=upload, fmt="png")
+    status = await (await client.get(f"/api/admin/uploads/{upload}")).get_json()
+    assert (status["total"], status["pending"], status["complete"]) == (2, 2, 0)
+    assert status["photos"][0]["filename"] == "Anna’s photo.jpg" and status["photos"][0]["thumb_url"] is None
+
+    waiting = await client.get(f"/api/admin/photos/{good}/grid")
+    assert waiting.status_code == 503 and waiting.headers["Retry-After"]
+    conflict = await client.post(f"/api/admin/photos/{good}/retry", headers=admin.headers())
+    assert conflict.status_code == 409
+
+    await run_pool_until_idle(services)
+    status = await (await client.get(f"/api/admin/uploads/{upload}")).get_json()
+    assert (status["complete"], status["failed"], status["done"]) == (1, 1, True)
+    failed_entry = next(p for p in status["photos"] if p["id"] == bad)
+    assert failed_entry["status"] == "failed" and failed_entry["error"]
+
+    grid = await client.get(status["photos"][0]["thumb_url"])
+    assert grid.status_code == 200 and grid.headers["Content-Type"] == "image/jpeg"
+    assert grid.headers["ETag"] and "max-age" in grid.headers["Cache-Control"]
+    again = await client.get(status["photos"][0]["thumb_url"], headers={"If-None-Match": grid.headers["ETag"]})
+    assert again.status_code == 304
+    unprocessable = await client.get(f"/api/admin/photos/{bad}/view")
+    assert unprocessable.status_code == 422 and (await unprocessable.get_json())["error"] == failed_entry["error"]
+    original = await client.get(f"/api/admin/photos/{good}/original")
+    assert original.status_code == 200 and original.headers["Content-Type"] == "image/jpeg"
+    assert original.headers["Content-Disposition"].startswith("attachment;")
+    assert "filename*=UTF-8''Anna%E2%80%99s%20photo.jpg" in original.headers["Content-Disposition"]
+
+    retried = await client.post(f"/api/admin/photos/{bad}/retry", headers=admin.headers())
+    assert retried.status_code == 200 and await retried.get_json() == {"id": bad, "status": "pending"}
+    assert (await client.get("/api/admin/uploads/" + "0" * 32)).status_code == 404
+    assert (await client.get("/api/admin/uploads/not-an-id")).status_code == 404
+    assert (await client.post("/api/admin/photos/999999/retry", headers=admin.headers())).status_code == 404
+
+
+async def test_guests_see_only_complete_photos(services: Services, client: Any, guest: Any, admin: AuthActions,
+                                               conn: Any) -> None:
+    gallery = await admin.create_gallery(name="Party")
+    await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
+    done, upload = stage_photo(services, gallery["id"], jpeg(7))
+    await run_pool_until_idle(services)
+    waiting, _ = stage_photo(services, gallery["id"], jpeg(8), upload_id=upload)
+    slug = gallery["slug"]
+    assert (await guest.get(f"/g/{slug}/photos/{done}/grid")).status_code == 200
+    assert (await guest.get(f"/g/{slug}/photos/{waiting}/grid")).status_code == 404
+    # The admin's upload status is not the guest's to read, and the admin routes need the admin.
+    assert (await guest.get(f"/api/g/{slug}/uploads/{upload}")).status_code == 404
+    assert (await guest.get(f"/api/admin/photos/{done}/grid")).status_code == 401
+    # Another gallery's photo through this gallery's URL: 404.
+    other = await admin.create_gallery(name="Other")
+    await client.post(f"/api/admin/galleries/{other['id']}/publish", headers=admin.headers())
+    assert (await guest.get(f"/g/{other['slug']}/photos/{done}/grid")).status_code == 404
+    # Deleting removes the row and the files.
+    key = status_of(conn, done)["storage_key"]
+    assert (await client.delete(f"/api/admin/photos/{done}", headers=admin.headers())).status_code == 204
+    assert not services.storage.original_path(key).exists()
+    assert not services.storage.derived_path(key, "grid").exists()
+    assert (await guest.get(f"/g/{slug}/photos/{done}/grid")).status_code == 404
