@@ -1,0 +1,375 @@
+"""images.py: the upload header check, derivatives (orientation, size, colour, no metadata), watermarks."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageChops
+
+from picpeak_lite import images
+from picpeak_lite.exif import read_metadata
+from picpeak_lite.images import InvalidImage, RenderSpec, Watermark
+from tests.imagefactory import (
+    RED,
+    XMP,
+    XMP_NS,
+    jpeg_segments,
+    make_exif,
+    marked,
+    photo,
+    png_claiming,
+    save,
+    srgb_icc,
+)
+
+CORPUS = Path("/work/shared/corpus/piexif_oom_655b.jpg")
+MIMES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp", "heif": "image/heic"}
+
+
+def opened(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
+def is_red(pixel: tuple[int, ...]) -> bool:
+    return pixel[0] > 170 and pixel[1] < 90 and pixel[2] < 90
+
+
+# --- sniff ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["jpeg", "png", "webp", "heif"])
+def test_sniff_each_format(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / "upload.bin"  # the name says nothing: the bytes decide
+    save(photo(64, 48), fmt, path)
+    assert images.sniff(path) == images.ImageHeader(fmt, MIMES[fmt], 64, 48)
+    assert images.sniff(path.read_bytes()) == images.ImageHeader(fmt, MIMES[fmt], 64, 48)
+
+
+def test_sniff_reports_the_upright_size(tmp_path: Path) -> None:
+    path = tmp_path / "portrait.jpg"
+    save(marked(40, 20), "jpeg", path, exif=make_exif(orientation=6))
+    header = images.sniff(path)
+    assert (header.width, header.height) == (20, 40)
+
+
+BAD_UPLOADS = {
+    "empty": (b"", "The file is empty"),
+    "html": (b"<!DOCTYPE html><html><body>hello</body></html>", images.UNSUPPORTED),
+    "svg": (b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+            images.UNSUPPORTED),
+    "text": (b"just some text\n" * 20, images.UNSUPPORTED),
+    "garbage": (bytes(range(256)) * 4, images.UNSUPPORTED),
+    "jpeg magic only": (b"\xff\xd8\xff", images.CORRUPT),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_UPLOADS))
+def test_sniff_refuses(tmp_path: Path, name: str) -> None:
+    data, reason = BAD_UPLOADS[name]
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(data)
+    with pytest.raises(InvalidImage) as caught:
+        images.sniff(path)
+    assert caught.value.reason == reason
+
+
+def test_sniff_refuses_gif_named_jpg(tmp_path: Path) -> None:
+    path = tmp_path / "photo.jpg"
+    photo(32, 32).save(path, "GIF")
+    with pytest.raises(InvalidImage, match="Not a supported image"):
+        images.sniff(path)
+
+
+def test_sniff_refuses_tiny_images() -> None:
+    with pytest.raises(InvalidImage) as caught:
+        images.sniff(save(photo(8, 8), "png"))
+    assert caught.value.reason == "Image is too small (8x8); at least 10x10 pixels"
+    assert images.sniff(save(photo(10, 10), "png")).width == 10
+
+
+def test_sniff_refuses_a_png_bomb_from_its_header_alone() -> None:
+    """100000x100000 would be 30 GB decoded: refused in milliseconds, and never allocated."""
+    bomb = png_claiming(100_000, 100_000)
+    started = time.perf_counter()
+    with pytest.raises(InvalidImage) as caught:
+        images.sniff(bomb)
+    assert caught.value.reason == "Image is too large (10,000 megapixels; the limit is 150)"
+    # Even allowed, the header check reads the header only: 30 GB is never asked for.
+    assert images.sniff(bomb, max_pixels=10**11).width == 100_000
+    assert time.perf_counter() - started < 0.5
+    with pytest.raises(InvalidImage, match="too large"):
+        images.render(bomb, RenderSpec())
+
+
+def test_too_large_message_names_both_sizes() -> None:
+    with pytest.raises(InvalidImage) as caught:
+        images.sniff(png_claiming(13_000, 12_000))
+    assert caught.value.reason == "Image is too large (156 megapixels; the limit is 150)"
+
+
+# --- failures while decoding ---------------------------------------------------------------------------------
+
+
+def test_truncated_jpeg_passes_the_header_check_but_fails_render() -> None:
+    data = save(photo(300, 200), "jpeg")
+    truncated = data[: len(data) // 2]
+    assert images.sniff(truncated).width == 300  # cheap check by design: no decode in the request
+    with pytest.raises(InvalidImage) as caught:
+        images.render(truncated, RenderSpec())
+    assert caught.value.reason == "The image file is truncated or corrupt"
+    assert "truncated" in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    ("fmt", "damage"),
+    [(fmt, "cut") for fmt in ("jpeg", "png", "webp", "heif")] + [(fmt, "flip") for fmt in ("jpeg", "png", "heif")],
+)
+def test_damaged_files_fail_with_a_readable_reason(fmt: str, damage: str) -> None:
+    """(libwebp paints garbage pixels for flipped bytes rather than failing, so WebP is only cut.)"""
+    data = save(photo(300, 200), fmt)
+    bad = data[: len(data) // 2] if damage == "cut" else data[:60] + bytes(b ^ 0x5A for b in data[60:])
+    with pytest.raises(InvalidImage) as caught:
+        images.render(bad, RenderSpec())
+    assert caught.value.reason == images.CORRUPT
+
+
+# Pillow's own bounded EXIF reader (for the JPEG dpi) warns about the corpus file's impossible GPS pointer.
+@pytest.mark.filterwarnings("ignore:Tag data larger than file")
+def test_piexif_oom_corpus_file_ends_promptly() -> None:
+    """The 655-byte file that sends piexif.load into unbounded memory: here it is refused or read, quickly."""
+    data = CORPUS.read_bytes()
+    variants = {"as is": data, "without JFIF": data[:2] + data[20:]}  # Pillow then reads EXIF for the dpi
+    for name, variant in variants.items():
+        started = time.perf_counter()
+        for step in (images.sniff, lambda d: images.render(d, RenderSpec())):
+            with contextlib.suppress(InvalidImage):
+                step(variant)
+        assert time.perf_counter() - started < 1, name
+    # The same hostile EXIF block inside a valid JPEG: the photo is processed, the block does no harm.
+    app1 = next(body for marker, body in jpeg_segments(data) if marker == 0xE1)
+    rendered = images.render(save(photo(60, 40), "jpeg", exif=app1), RenderSpec())
+    assert (rendered.width, rendered.height) == (40, 60)  # its orientation tag (6) is intact and used
+    assert read_metadata(rendered.exif).camera_make == "Cam"
+
+
+# --- orientation ---------------------------------------------------------------------------------------------
+
+# EXIF orientation -> where the stored top-left corner is shown, and whether width and height swap.
+SHOWN_AT = {1: ("top-left", False), 2: ("top-right", False), 3: ("bottom-right", False),
+            4: ("bottom-left", False), 5: ("top-left", True), 6: ("top-right", True),
+            7: ("bottom-right", True), 8: ("bottom-left", True)}
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_orientation_gives_the_right_pixels_and_size(orientation: int) -> None:
+    source = save(marked(80, 40), "png", exif=make_exif(orientation=orientation))
+    rendered = images.render(source, RenderSpec())
+    corner, swapped = SHOWN_AT[orientation]
+    width, height = (40, 80) if swapped else (80, 40)
+    assert (rendered.width, rendered.height) == (width, height)
+    view = opened(rendered.view_jpeg).convert("RGB")
+    assert view.size == (width, height)
+    corners = {"top-left": (2, 2), "top-right": (width - 3, 2), "bottom-left": (2, height - 3),
+               "bottom-right": (width - 3, height - 3)}
+    red = {name for name, xy in corners.items() if is_red(view.getpixel(xy))}
+    assert red == {corner}, f"orientation {orientation}: red at {red}, expected {corner}"
+
+
+def test_orientation_from_jpeg_exif() -> None:
+    rendered = images.render(save(marked(80, 40), "jpeg", exif=make_exif(orientation=8)), RenderSpec())
+    view = opened(rendered.view_jpeg).convert("RGB")
+    assert view.size == (40, 80)
+    assert is_red(view.getpixel((2, 77)))
+
+
+def test_heic_orientation_is_applied_once() -> None:
+    """libheif applies the HEIF rotation itself and pillow_heif resets the EXIF tag: no second rotation."""
+    rendered = images.render(save(marked(80, 40), "heif", exif=make_exif(orientation=6)), RenderSpec())
+    view = opened(rendered.view_jpeg).convert("RGB")
+    assert (rendered.width, rendered.height) == view.size == (40, 80)
+    assert is_red(view.getpixel((36, 3)))
+
+
+# --- sizes ---------------------------------------------------------------------------------------------------
+
+
+def test_big_jpeg_is_decoded_at_reduced_scale() -> None:
+    """Draft mode: libjpeg decodes 6000x4000 at 1/2 (3000x2000, still above 1600), a quarter of the memory."""
+    big = save(Image.new("RGB", (6000, 4000), (90, 120, 150)), "jpeg", quality=75)
+    decoded = images.decode(big, RenderSpec())
+    assert decoded.image.size == (3000, 2000)
+    assert (decoded.width, decoded.height) == (6000, 4000)
+    view = images.make_view(decoded, RenderSpec())
+    grid = images.make_grid(view, RenderSpec())
+    assert (view.image.size, grid.image.size) == ((1600, 1067), (400, 267))
+    assert opened(images.encode(view, RenderSpec())).size == (1600, 1067)
+    assert (view.width, view.height) == (6000, 4000)
+
+
+@pytest.mark.parametrize(
+    ("size", "view", "grid"),
+    [((2000, 1000), (1600, 800), (400, 200)), ((1200, 1600), (1200, 1600), (300, 400)),
+     ((300, 200), (300, 200), (300, 200)), ((1000, 10), (1000, 10), (400, 4))],
+)
+def test_derivative_sizes_never_upscale(size: tuple[int, int], view: tuple[int, int],
+                                        grid: tuple[int, int]) -> None:
+    rendered = images.render(save(photo(*size), "png"), RenderSpec())
+    assert opened(rendered.view_jpeg).size == view
+    assert opened(rendered.grid_jpeg).size == grid
+    assert (rendered.width, rendered.height) == size
+
+
+def test_derivatives_are_progressive_jpegs_at_the_asked_quality() -> None:
+    rendered = images.render(save(photo(800, 600), "png"), RenderSpec(quality=60))
+    view = opened(rendered.view_jpeg)
+    assert view.format == "JPEG"
+    assert view.info.get("progressive") == 1
+    smaller = images.render(save(photo(800, 600), "png"), RenderSpec(quality=95))
+    assert len(rendered.view_jpeg) < len(smaller.view_jpeg)
+
+
+# --- metadata ------------------------------------------------------------------------------------------------
+
+
+def test_derivatives_carry_no_metadata_but_keep_the_icc_profile() -> None:
+    icc = srgb_icc()
+    exif = make_exif(make="Canon", model="EOS", date_original="2022:01:01 10:00:00", gps=(48.85, 2.35))
+    source = save(photo(400, 300), "jpeg", exif=exif, comment=b"secret comment", xmp=XMP, icc=icc)
+    kinds = {marker for marker, _ in jpeg_segments(source)}
+    assert {0xE1, 0xFE, 0xE2} <= kinds, "the factory should have written EXIF, XMP, COM and ICC"
+    rendered = images.render(source, RenderSpec())
+    for data in (rendered.view_jpeg, rendered.grid_jpeg):
+        segments = jpeg_segments(data)
+        assert [m for m, _ in segments if m == 0xE1] == [], "an APP1 (EXIF or XMP) segment survived"
+        assert [m for m, _ in segments if m == 0xFE] == [], "a COM segment survived"
+        assert b"Exif\x00\x00" not in data
+        assert XMP_NS not in data
+        assert b"secret comment" not in data
+        assert b"Canon" not in data
+        assert opened(data).info.get("icc_profile") == icc
+    assert rendered.exif is not None and read_metadata(rendered.exif).has_gps
+
+
+@pytest.mark.parametrize("fmt", ["png", "webp", "heif"])
+def test_other_formats_lose_their_exif_too(fmt: str) -> None:
+    source = save(photo(120, 90), fmt, exif=make_exif(make="Canon", gps=(1.0, 2.0)))
+    rendered = images.render(source, RenderSpec())
+    assert rendered.format == fmt
+    assert read_metadata(rendered.exif).camera_make == "Canon"
+    for data in (rendered.view_jpeg, rendered.grid_jpeg):
+        assert b"Exif\x00\x00" not in data and b"Canon" not in data
+        assert 0xE1 not in {marker for marker, _ in jpeg_segments(data)}
+
+
+# --- colour --------------------------------------------------------------------------------------------------
+
+
+def test_cmyk_jpeg_becomes_rgb_with_the_same_colour() -> None:
+    cmyk = Image.new("CMYK", (64, 64), (0, 255, 255, 0))  # red ink
+    rendered = images.render(save(cmyk, "jpeg"), RenderSpec())
+    view = opened(rendered.view_jpeg)
+    assert view.mode == "RGB"
+    assert is_red(view.getpixel((32, 32)))
+
+
+def test_transparency_is_composited_on_white() -> None:
+    rgba = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    rgba.paste((*RED, 255), (0, 0, 32, 64))
+    view = opened(images.render(save(rgba, "png"), RenderSpec()).view_jpeg)
+    assert view.mode == "RGB"
+    assert is_red(view.getpixel((8, 32)))
+    assert min(view.getpixel((56, 32))) > 245, "transparent pixels should be white, not black"
+    palette = rgba.convert("P")  # a palette image with a transparent index
+    palette.info["transparency"] = palette.getpixel((56, 32))
+    view = opened(images.render(save(palette, "png"), RenderSpec()).view_jpeg)
+    assert min(view.getpixel((56, 32))) > 245
+
+
+def test_16_bit_grey_is_scaled_not_clipped() -> None:
+    grey16 = Image.new("I;16", (32, 32), 32768)  # mid grey on a 16-bit scale
+    view = opened(images.render(save(grey16, "png"), RenderSpec()).view_jpeg)
+    assert 120 <= view.convert("L").getpixel((16, 16)) <= 136
+
+
+# --- watermark -----------------------------------------------------------------------------------------------
+
+
+def quadrant_changed(before: Image.Image, after: Image.Image, where: str) -> bool:
+    w, h = before.size
+    boxes = {"top-left": (0, 0, w // 2, h // 2), "top-right": (w // 2, 0, w, h // 2),
+             "bottom-left": (0, h // 2, w // 2, h), "bottom-right": (w // 2, h // 2, w, h)}
+    return ImageChops.difference(before.crop(boxes[where]), after.crop(boxes[where])).getbbox() is not None
+
+
+def test_text_watermark_changes_its_corner_only() -> None:
+    source = save(Image.new("RGB", (800, 600), (120, 120, 120)), "png")
+    plain = opened(images.render(source, RenderSpec()).view_jpeg)
+    mark = Watermark(text="© Studio Example", position="bottom-right", opacity=0.8, size=0.3)
+    rendered = images.render(source, RenderSpec(watermark=mark))
+    marked_view = opened(rendered.view_jpeg)
+    assert quadrant_changed(plain, marked_view, "bottom-right")
+    assert not quadrant_changed(plain, marked_view, "top-left")
+    assert opened(rendered.grid_jpeg).tobytes() == opened(images.render(source, RenderSpec()).grid_jpeg).tobytes()
+
+
+def test_logo_watermark_with_opacity(tmp_path: Path) -> None:
+    logo = Image.new("RGBA", (100, 50), (0, 0, 0, 0))
+    logo.paste((255, 255, 0, 255), (10, 10, 90, 40))
+    logo_path = tmp_path / "logo.png"
+    logo.save(logo_path)
+    source = save(Image.new("RGB", (800, 600), (20, 20, 20)), "png")
+    plain = opened(images.render(source, RenderSpec()).view_jpeg)
+    strong, faint = (
+        opened(images.render(source, RenderSpec(watermark=Watermark(
+            logo_path=str(logo_path), position="top-left", opacity=opacity, size=0.25))).view_jpeg)
+        for opacity in (1.0, 0.2)
+    )
+    assert quadrant_changed(plain, strong, "top-left")
+    assert not quadrant_changed(plain, strong, "bottom-right")
+    # The logo is 200 px wide (0.25 x 800), starting at the 3% margin (18 px).
+    assert strong.getpixel((18 + 100, 18 + 50))[0] > 200
+    assert 40 < faint.getpixel((18 + 100, 18 + 50))[0] < 120
+
+
+def test_watermark_for_download_is_full_size_upright_and_leaves_the_original(tmp_path: Path) -> None:
+    path = tmp_path / "original.jpg"
+    original = save(photo(2400, 1200), "jpeg", path, exif=make_exif(orientation=6, gps=(1.0, 1.0)),
+                    icc=srgb_icc())
+    data = images.apply_watermark(path, Watermark(text="Proof", position="center"))
+    result = opened(data)
+    assert result.size == (1200, 2400)
+    assert b"Exif\x00\x00" not in data
+    assert result.info.get("icc_profile") == srgb_icc()
+    assert path.read_bytes() == original
+
+
+def test_watermark_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="position"):
+        Watermark(text="x", position="middle")
+    with pytest.raises(ValueError, match="opacity"):
+        Watermark(text="x", opacity=0)
+
+
+def test_unreadable_logo_is_an_invalid_image_with_a_clear_reason(tmp_path: Path) -> None:
+    mark = Watermark(logo_path=str(tmp_path / "missing.png"))
+    with pytest.raises(InvalidImage, match="watermark logo"):
+        images.render(save(photo(100, 100), "png"), RenderSpec(watermark=mark))
+
+
+def test_heic_renders() -> None:
+    rendered = images.render(save(photo(640, 480), "heif"), RenderSpec(view_px=320, grid_px=100))
+    assert rendered.format == "heif"
+    assert (rendered.width, rendered.height) == (640, 480)
+    assert opened(rendered.view_jpeg).size == (320, 240)
+
+
+def test_watermark_on_a_tiny_image_fits_inside_it() -> None:
+    mark = Watermark(text="A long watermark text for a tiny picture", position="center", size=1.0)
+    view = opened(images.render(save(photo(12, 10), "png"), RenderSpec(watermark=mark)).view_jpeg)
+    assert view.size == (12, 10)
