@@ -158,6 +158,57 @@ MIGRATIONS: tuple[str, ...] = (
     ) STRICT;
     CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
     """,
+    # 3: the change feed (filled by triggers, so no write path can forget it), favourites, webhook endpoints
+    # managed from the admin pages, and admin settings.
+    """
+    CREATE TABLE photo_changes (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        photo_id INTEGER NOT NULL,
+        gallery_id INTEGER NOT NULL,
+        upload_id TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'processing', 'complete', 'failed', 'deleted')),
+        hidden INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL DEFAULT (unixepoch('subsec'))
+    ) STRICT;
+    CREATE INDEX photo_changes_by_gallery ON photo_changes(gallery_id, seq);
+    CREATE INDEX photo_changes_by_upload ON photo_changes(upload_id, seq);
+
+    CREATE TRIGGER photos_change_insert AFTER INSERT ON photos BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden)
+        VALUES (NEW.id, NEW.gallery_id, NEW.upload_id, NEW.status, NEW.hidden);
+    END;
+    CREATE TRIGGER photos_change_update AFTER UPDATE OF status, hidden ON photos
+        WHEN OLD.status IS NOT NEW.status OR OLD.hidden IS NOT NEW.hidden BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden)
+        VALUES (NEW.id, NEW.gallery_id, NEW.upload_id, NEW.status, NEW.hidden);
+    END;
+    CREATE TRIGGER photos_change_delete AFTER DELETE ON photos BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden)
+        VALUES (OLD.id, OLD.gallery_id, OLD.upload_id, 'deleted', OLD.hidden);
+    END;
+
+    CREATE TABLE favourites (
+        guest_session_id INTEGER NOT NULL REFERENCES guest_sessions(id) ON DELETE CASCADE,
+        photo_id INTEGER NOT NULL REFERENCES photos(id) ON DELETE CASCADE,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (guest_session_id, photo_id)
+    ) STRICT;
+    CREATE INDEX favourites_by_photo ON favourites(photo_id);
+
+    CREATE TABLE webhook_endpoints (
+        id INTEGER PRIMARY KEY,
+        url TEXT NOT NULL UNIQUE,
+        secret TEXT NOT NULL,
+        events TEXT NOT NULL,
+        active INTEGER NOT NULL DEFAULT 1 CHECK (active IN (0, 1)),
+        created_at REAL NOT NULL
+    ) STRICT;
+
+    CREATE TABLE app_settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) STRICT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

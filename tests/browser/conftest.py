@@ -1,0 +1,130 @@
+"""Browser tests: a real `picpeak-lite serve` in a subprocess and Debian's Chromium driven by Playwright.
+
+The server runs in its own process because Playwright's sync API blocks the calling thread. Screenshots go to
+``test-artifacts/`` (ignored by git). Every page is checked for console errors when its test ends.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = os.environ.get("PICPEAK_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ADMIN_PASSWORD = "browser test password"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    data_dir: Path
+    process: subprocess.Popen[str]
+    output: list[str] = field(default_factory=list)
+    admin_password: str = ADMIN_PASSWORD
+
+
+def start_server(data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> LiveServer:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(data_dir), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD, **(env or {})},
+    )
+    assert process.stdout is not None
+    output: list[str] = []
+    for line in process.stdout:
+        output.append(line)
+        match = re.search(r"running at (http://127\.0\.0\.1:\d+)/admin", line)
+        if match:
+            return LiveServer(match.group(1), data_dir, process, output)
+    process.kill()
+    raise AssertionError("the server did not start:\n" + "".join(output))
+
+
+def stop_server(server: LiveServer) -> None:
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        raise
+
+
+@pytest.fixture
+def live_server(tmp_path: Path) -> Iterator[LiveServer]:
+    server = start_server(tmp_path / "data")
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium is needed for the browser tests and was not found at {CHROMIUM} "
+                    "(Debian: apt-get install chromium; .ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+class Page:
+    """A Playwright page that records console errors and failed requests, and saves screenshots."""
+
+    def __init__(self, page: Any, name: str) -> None:
+        self.page = page
+        self.name = name
+        self.console_errors: list[str] = []
+        page.on("console", lambda msg: msg.type == "error" and self.console_errors.append(msg.text))
+        page.on("pageerror", lambda error: self.console_errors.append(str(error)))
+
+    def screenshot(self, label: str) -> Path:
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / f"{self.name}-{label}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.page, name)
+
+
+def new_page(browser: Any, request: Any, **context_args: Any) -> Iterator[Page]:
+    context = browser.new_context(accept_downloads=True, **context_args)
+    page = Page(context.new_page(), request.node.name)
+    yield page
+    context.close()
+    # A 401/404/410 answered on purpose is logged by Chromium as a failed resource; those are expected.
+    unexpected = [e for e in page.console_errors if "status of 4" not in e]
+    assert not unexpected, f"console errors: {unexpected}"
+
+
+@pytest.fixture
+def page(browser: Any, request: Any) -> Iterator[Page]:
+    yield from new_page(browser, request, viewport={"width": 1280, "height": 900})
+
+
+@pytest.fixture
+def phone(browser: Any, request: Any) -> Iterator[Page]:
+    yield from new_page(browser, request, viewport={"width": 390, "height": 844}, device_scale_factor=3,
+                        is_mobile=True, has_touch=True)
+
+
+def admin_login(page: Page, server: LiveServer) -> None:
+    page.goto(server.url + "/admin/login")
+    page.fill("input[name=password]", server.admin_password)
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r".*/admin/$"))
