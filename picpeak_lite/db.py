@@ -109,13 +109,18 @@ class Database:
         self._readers = [connect(self.path) for _ in range(readers)]
         self._read_limiter = trio.CapacityLimiter(readers)
         self._closed = False
+        # Called (sync, non-blocking) after every successful write transaction, e.g. to poke the change feed.
+        self.commit_listeners: list[Callable[[], None]] = []
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in one ``BEGIN IMMEDIATE`` transaction on the writer connection."""
         async with self._write_lock:
-            return await trio.to_thread.run_sync(
+            result = await trio.to_thread.run_sync(
                 self._run_in_transaction, self._writer, True, fn, args, limiter=self._write_limiter
             )
+        for listener in self.commit_listeners:
+            listener()
+        return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in one deferred (read) transaction on a reader connection."""

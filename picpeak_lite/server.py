@@ -21,6 +21,7 @@ from . import bootstrap
 from .app import create_app
 from .config import Settings
 from .db import Database
+from .feed import ChangeFeed
 from .pipeline.janitor import Janitor
 from .pipeline.worker import WorkerPool
 from .services import Services
@@ -55,6 +56,7 @@ async def run(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signals, shutdown)
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled)
+            await nursery.start(ChangeFeed(svc, svc.broker).run)
             binds = await nursery.start(_serve, svc, shutdown, nursery.cancel_scope)
             task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown))
     finally:
@@ -111,6 +113,8 @@ async def _serve(
     # Phones upload slowly; the read timeout only applies between bytes, keep it generous.
     config.read_timeout = 120
     config.h11_max_incomplete_size = 64 * 1024
+    # Clients of our WebSockets only send keep-alives.
+    config.websocket_max_message_size = 4096
     await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
     cancel_when_done.cancel()
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import trio
 
 from . import security
+from .broker import Broker
 from .config import Settings
 from .db import Database
 from .storage import Storage
@@ -29,6 +30,7 @@ class Services:
     # do not start them). Both are sync, non-blocking, and safe to call after a commit.
     wake_workers: Callable[[], None] = lambda: None
     wake_webhooks: Callable[[], None] = lambda: None
+    broker: Broker = field(default_factory=Broker)
     login_throttle: Throttle = field(init=False)
     gallery_throttle: Throttle = field(init=False)
 

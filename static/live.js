@@ -1,0 +1,130 @@
+// Live progress from the server, shared by every page that shows photos changing (see docs/live.md).
+//
+//   PicpeakLive.watchUpload({wsPath, statusUrl, onSnapshot, onPhoto, onDone}) -> {close()}
+//   PicpeakLive.watchGallery({wsPath, onPhoto, onResync}) -> {close()}
+//
+// Reconnects with backoff and resumes with ?since=<seq>, so nothing is missed; falls back to polling the
+// status endpoint when WebSockets are unavailable (or keep failing). No build step, no dependencies.
+"use strict";
+
+(function () {
+  const MAX_BACKOFF_MS = 15000;
+  const POLL_MS = 2000;
+  const FAILURES_BEFORE_POLLING = 4;
+
+  function wsUrl(path, since) {
+    const url = new URL(path, window.location.href);
+    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+    if (since !== null) url.searchParams.set("since", String(since));
+    return url.toString();
+  }
+
+  // One resumable connection. handlers.onMessage(msg) gets every message but pings; returns true to finish.
+  function connect(path, handlers) {
+    let since = null;
+    let closed = false;
+    let failures = 0;
+    let socket = null;
+    let timer = null;
+
+    function schedule(fn, ms) {
+      clearTimeout(timer);
+      timer = setTimeout(fn, ms);
+    }
+
+    function open() {
+      if (closed) return;
+      if (!("WebSocket" in window) || failures >= FAILURES_BEFORE_POLLING) {
+        if (handlers.onFallback) { handlers.onFallback(); return; }
+      }
+      let opened = false;
+      try {
+        socket = new WebSocket(wsUrl(path, since));
+      } catch (error) {
+        failures += 1;
+        schedule(open, backoff());
+        return;
+      }
+      socket.onopen = () => { opened = true; failures = 0; };
+      socket.onmessage = (event) => {
+        let msg;
+        try { msg = JSON.parse(event.data); } catch (error) { return; }
+        if (typeof msg.seq === "number") since = msg.seq;
+        if (msg.type === "ping") return;
+        if (handlers.onMessage(msg)) finish();
+      };
+      socket.onclose = (event) => {
+        socket = null;
+        if (closed) return;
+        if (event.code === 1000 || event.code === 4404) { finish(); return; }
+        if (!opened) failures += 1;
+        schedule(open, backoff());
+      };
+    }
+
+    function backoff() {
+      const base = Math.min(MAX_BACKOFF_MS, 500 * 2 ** Math.min(failures, 5));
+      return base / 2 + Math.random() * base / 2;
+    }
+
+    function finish() {
+      closed = true;
+      clearTimeout(timer);
+      if (socket) socket.close(1000);
+    }
+
+    open();
+    return { close: finish };
+  }
+
+  function watchUpload(options) {
+    let polling = null;
+    const conn = connect(options.wsPath, {
+      onMessage(msg) {
+        if (msg.type === "snapshot") { options.onSnapshot && options.onSnapshot(msg); return false; }
+        if (msg.type === "photo") { options.onPhoto && options.onPhoto(msg); return false; }
+        if (msg.type === "done") { options.onDone && options.onDone(msg); return true; }
+        if (msg.type === "error") { options.onError && options.onError(msg.error); return true; }
+        return false;  // resync: a snapshot follows
+      },
+      onFallback() { polling = pollStatus(options); },
+    });
+    return { close() { conn.close(); if (polling) polling.close(); } };
+  }
+
+  // Without WebSockets: reload the status endpoint until the upload is done.
+  function pollStatus(options) {
+    let stopped = false;
+    async function tick() {
+      if (stopped) return;
+      try {
+        const response = await fetch(options.statusUrl, { credentials: "same-origin",
+                                                          headers: { Accept: "application/json" } });
+        if (response.ok) {
+          const status = await response.json();
+          options.onSnapshot && options.onSnapshot(status);
+          if (status.done) { options.onDone && options.onDone(status); return; }
+        } else if (response.status === 404) {
+          options.onError && options.onError("This upload is unknown.");
+          return;
+        }
+      } catch (error) { /* offline for a moment: try again */ }
+      setTimeout(tick, POLL_MS);
+    }
+    tick();
+    return { close() { stopped = true; } };
+  }
+
+  function watchGallery(options) {
+    return connect(options.wsPath, {
+      onMessage(msg) {
+        if (msg.type === "photo") options.onPhoto && options.onPhoto(msg);
+        if (msg.type === "resync") options.onResync && options.onResync();
+        return false;
+      },
+      onFallback() { /* the page still works; new photos show on the next reload */ },
+    });
+  }
+
+  window.PicpeakLive = { watchUpload, watchGallery };
+})();

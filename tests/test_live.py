@@ -1,0 +1,327 @@
+"""Live progress: the broker, the change feed, and the WebSocket endpoints (test client and a real server)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from quart.testing.connections import WebsocketResponseError
+from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
+
+from picpeak_lite import bootstrap, db, security, server
+from picpeak_lite.broker import Broker, Change
+from picpeak_lite.feed import ChangeFeed
+from picpeak_lite.pipeline.worker import WorkerPool
+from picpeak_lite.queries import admin as admin_q
+from picpeak_lite.queries import photos as photo_q
+from picpeak_lite.services import Services
+
+from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
+from .test_pipeline import create_gallery, jpeg, run_pool_until_idle, stage_photo
+
+
+def change(seq: int, status: str = "pending", upload: str = "u" * 32, gallery: int = 1) -> Change:
+    return Change(seq=seq, photo_id=seq, gallery_id=gallery, upload_id=upload, status=status, hidden=False)
+
+
+# --- broker ------------------------------------------------------------------------------------------------
+
+async def test_publish_never_blocks_and_a_slow_subscriber_is_marked_for_resync() -> None:
+    broker = Broker(buffer=8)
+    with broker.subscribe(lambda c: True) as slow, broker.subscribe(lambda c: c.gallery_id == 1) as fast:
+        received = []
+        for seq in range(1, 101):
+            broker.publish(change(seq))  # sync: cannot block
+            received.append(fast.receive.receive_nowait().seq)
+        assert received == list(range(1, 101))
+        assert slow.overflowed
+        slow.drain()
+        assert not slow.overflowed
+        broker.publish(change(101))
+        assert slow.receive.receive_nowait().seq == 101
+    assert broker.subscriber_count == 0
+
+
+# --- in-process, with Quart's test client ------------------------------------------------------------------
+
+@pytest.fixture
+async def live(services: Services) -> AsyncIterator[Services]:
+    """The change feed running for the test client's app."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ChangeFeed(services, services.broker, poll_seconds=0.02).run)
+        yield services
+        nursery.cancel_scope.cancel()
+
+
+async def refused_status(ws_client: Any, path: str, headers: dict[str, str] | None = None) -> int:
+    """The HTTP status of a refused handshake (the test client raises it inside an exception group)."""
+    try:
+        async with ws_client.websocket(path, headers=headers or {}) as ws:
+            await ws.receive()
+    except BaseExceptionGroup as group:
+        refusals = [e for e in _leaves(group) if isinstance(e, WebsocketResponseError)]
+        if not refusals:
+            raise
+        return refusals[0].response.status_code
+    except WebsocketResponseError as error:
+        return error.response.status_code
+    raise AssertionError(f"{path} was not refused")
+
+
+def _leaves(error: BaseException) -> Any:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
+
+
+async def receive_json(ws: Any) -> dict[str, Any]:
+    with trio.fail_after(10):
+        return json.loads(await ws.receive())
+
+
+async def test_upload_snapshot_then_ordered_deltas_then_done(live: Services, client: Any, admin: AuthActions,
+                                                             autojump_clock: Any = None) -> None:
+    gid = await live.db.write(create_gallery)
+    first, upload = stage_photo(live, gid, jpeg(1), name="one.jpg")
+    stage_photo(live, gid, b"\xff\xd8\xff not really", name="two.jpg", upload_id=upload)
+    async with client.websocket(f"/ws/uploads/{upload}") as ws:
+        snapshot = await receive_json(ws)
+        assert snapshot["type"] == "snapshot" and snapshot["total"] == 2 and snapshot["pending"] == 2
+        assert [p["filename"] for p in snapshot["photos"]] == ["one.jpg", "two.jpg"]
+        await run_pool_until_idle(live, count=1)
+        messages = []
+        while True:
+            message = await receive_json(ws)
+            messages.append(message)
+            if message["type"] == "done":
+                break
+    deltas = [m for m in messages if m["type"] == "photo"]
+    seqs = [m["seq"] for m in deltas]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) and seqs[0] > snapshot["seq"]
+    by_photo: dict[int, list[str]] = {}
+    for m in deltas:
+        by_photo.setdefault(m["id"], []).append(m["status"])
+    assert by_photo[first] == ["processing", "complete"]
+    assert sorted(by_photo) == [first, first + 1] and by_photo[first + 1] == ["processing", "failed"]
+    done_photo = next(m for m in deltas if m["status"] == "complete")
+    assert done_photo["thumb_url"] == f"/api/admin/photos/{first}/grid" and done_photo["width"] == 640
+    failed = next(m for m in deltas if m["status"] == "failed")
+    assert failed["error"]
+    assert messages[-1] == {**messages[-1], "type": "done", "complete": 1, "failed": 1, "total": 2}
+
+
+async def test_refused_without_session_or_with_foreign_origin(live: Services, client: Any, guest: Any,
+                                                              admin: AuthActions) -> None:
+    gid = await live.db.write(create_gallery)
+    _, upload = stage_photo(live, gid, jpeg(2))
+    assert await refused_status(guest, f"/ws/uploads/{upload}") == 403
+    assert await refused_status(client, f"/ws/uploads/{upload}", {"Origin": "https://evil.example"}) == 403
+    # A draft gallery is nobody's but the admin's.
+    await live.db.write(lambda conn: conn.execute("UPDATE galleries SET is_draft = 1 WHERE id = ?", (gid,)))
+    assert await refused_status(guest, f"/ws/galleries/{gid}") == 403
+
+
+async def test_unknown_upload_gets_an_immediate_error(live: Services, client: Any, admin: AuthActions) -> None:
+    async with client.websocket("/ws/uploads/" + "0" * 32) as ws:
+        message = await receive_json(ws)
+    assert message == {"type": "error", "error": "There is no upload with this id."}
+
+
+async def test_guest_sees_own_upload_and_only_visible_photos(live: Services, client: Any, guest: Any,
+                                                             admin: AuthActions) -> None:
+    gallery = await admin.create_gallery(name="Party", password="letmein")
+    await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
+    assert await refused_status(guest, f"/ws/galleries/{gallery['id']}") == 403  # before the password
+    form = await (await guest.get(f"/g/{gallery['slug']}")).get_data(as_text=True)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', form).group(1)
+    entered = await guest.post(f"/g/{gallery['slug']}/password", form={"password": "letmein", "csrf_token": csrf})
+    assert entered.status_code == 302
+    guest_row = await live.db.read(lambda conn: conn.execute("SELECT id FROM guest_sessions").fetchall()[0])
+    _, admins_upload = stage_photo(live, gallery["id"], jpeg(3))
+    # A guest upload of this guest session.
+    _, own_upload = stage_photo(live, gallery["id"], jpeg(4))
+    await live.db.write(lambda conn: conn.execute("UPDATE uploads SET guest_session_id = ?, uploaded_by = 'guest' "
+                                                  "WHERE id = ?", (guest_row["id"], own_upload)))
+    assert await refused_status(guest, f"/ws/uploads/{admins_upload}") == 403
+    async with guest.websocket(f"/ws/galleries/{gallery['id']}") as gallery_ws:
+        assert (await receive_json(gallery_ws))["type"] == "snapshot"
+        async with guest.websocket(f"/ws/uploads/{own_upload}") as ws:
+            snapshot = await receive_json(ws)
+            assert snapshot["upload_id"] == own_upload and snapshot["total"] == 1
+            await run_pool_until_idle(live, count=1)
+            statuses = []
+            while (message := await receive_json(ws))["type"] != "done":
+                statuses.append(message["status"])
+                if message["status"] == "complete":
+                    assert message["thumb_url"].startswith(f"/g/{gallery['slug']}/photos/")
+            assert statuses == ["processing", "complete"]
+        # The gallery feed shows guests only photos becoming visible: no pending/processing states.
+        visible = [await receive_json(gallery_ws) for _ in range(2)]
+        assert {m["status"] for m in visible} == {"complete"}
+        photo_id = visible[0]["id"]
+        await client.delete(f"/api/admin/photos/{photo_id}", headers=admin.headers())
+        assert await receive_json(gallery_ws) == {"type": "photo", "seq": pytest.approx(0, abs=10**9),
+                                                  "id": photo_id, "status": "removed"}
+
+
+# --- against a real server ---------------------------------------------------------------------------------
+
+@pytest.fixture
+async def real_server(tmp_path: Path) -> AsyncIterator[tuple[server.RunningServer, str]]:
+    settings = make_settings(tmp_path, shutdown_grace_seconds=1, workers=1)
+    bootstrap.prepare(settings)
+    bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
+    token = security.new_token("ppk_")
+    conn = db.connect(settings.database_path)
+    with db.transaction(conn):
+        admin_q.create_token(conn, "test", security.token_hash(token), time.time())
+    conn.close()
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(server.run, settings)
+        yield running, token
+        running.stop()
+
+
+def ws_url(running: server.RunningServer, path: str) -> str:
+    return running.url.replace("http://", "ws://") + path
+
+
+async def test_real_server_resume_after_a_dropped_connection_loses_nothing(real_server: Any) -> None:
+    running, token = real_server
+    svc = running.services
+    headers = [("Authorization", f"Bearer {token}")]
+    gid = await svc.db.write(create_gallery)
+    upload = None
+    # Processing is on in the server: stage photos, watch a little, drop, resume with since.
+    for i in range(6):
+        _, upload = stage_photo(svc, gid, jpeg(10 + i), upload_id=upload)
+    svc.wake_workers()
+    seen: list[dict[str, Any]] = []
+    async with open_websocket_url(ws_url(running, f"/ws/uploads/{upload}"), extra_headers=headers) as ws:
+        snapshot = json.loads(await ws.get_message())
+        assert snapshot["type"] == "snapshot"
+        for _ in range(2):
+            seen.append(json.loads(await ws.get_message()))
+    last = seen[-1]["seq"] if seen else snapshot["seq"]
+    await trio.sleep(0.3)  # changes happen while we are away
+    async with open_websocket_url(ws_url(running, f"/ws/uploads/{upload}?since={last}"),
+                                  extra_headers=headers) as ws:
+        try:
+            with trio.fail_after(30):
+                while True:
+                    message = json.loads(await ws.get_message())
+                    seen.append(message)
+                    if message["type"] == "done":
+                        break
+        except ConnectionClosed:
+            pass
+    deltas = [m for m in seen if m["type"] == "photo"]
+    assert all(m["type"] != "snapshot" for m in seen[2:])  # resumed, not restarted
+    seqs = [m["seq"] for m in deltas]
+    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+    final: dict[int, str] = {}
+    for m in deltas:
+        final[m["id"]] = m["status"]
+    # Across the two connections every photo's history continues its snapshot state with no step missing.
+    allowed = {("pending", "processing"), ("processing", "complete")}
+    state = {p["id"]: p["status"] for p in snapshot["photos"]}
+    for m in deltas:
+        assert (state[m["id"]], m["status"]) in allowed, f"photo {m['id']}: {state[m['id']]} -> {m['status']}"
+        state[m["id"]] = m["status"]
+    assert len(state) == 6 and set(state.values()) == {"complete"} and set(final) <= set(state)
+    assert seen[-1]["type"] == "done" and seen[-1]["complete"] == 6
+
+
+async def test_real_server_refuses_foreign_origin_and_no_auth(real_server: Any) -> None:
+    running, token = real_server
+    svc = running.services
+    gid = await svc.db.write(create_gallery)
+    _, upload = stage_photo(svc, gid, jpeg(20))
+    for headers in ([], [("Authorization", f"Bearer {token}"), ("Origin", "https://evil.example")]):
+        with pytest.raises(ConnectionRejected) as refused:
+            async with open_websocket_url(ws_url(running, f"/ws/uploads/{upload}"), extra_headers=headers):
+                pass
+        assert refused.value.status_code == 403
+
+
+async def test_a_consumer_that_never_reads_does_not_delay_processing(real_server: Any) -> None:
+    running, token = real_server
+    svc = running.services
+    gid = await svc.db.write(create_gallery)
+    upload = None
+    for i in range(12):
+        _, upload = stage_photo(svc, gid, jpeg(30 + i, (320, 240)), upload_id=upload)
+    headers = [("Authorization", f"Bearer {token}")]
+    async with open_websocket_url(ws_url(running, f"/ws/galleries/{gid}"), extra_headers=headers,
+                                  message_queue_size=1):
+        svc.wake_workers()
+        with trio.fail_after(30):
+            while (await svc.db.read(photo_q.upload_counts, upload))["complete"] < 12:
+                await trio.sleep(0.05)
+
+
+SECOND_PROCESS = textwrap.dedent("""
+    import sys, time
+    from picpeak_lite import db
+    conn = db.connect(sys.argv[1])
+    with db.transaction(conn):
+        conn.execute("UPDATE photos SET hidden = 1 WHERE id = ?", (int(sys.argv[2]),))
+    print(time.time())
+""")
+
+
+async def test_a_change_made_by_another_process_arrives_quickly(real_server: Any) -> None:
+    running, token = real_server
+    svc = running.services
+    gid = await svc.db.write(create_gallery)
+    photo_id, _ = stage_photo(svc, gid, jpeg(40))
+    async with httpx.AsyncClient(base_url=running.url) as http:
+        assert (await http.get("/healthz")).status_code == 200
+    headers = [("Authorization", f"Bearer {token}")]
+    async with open_websocket_url(ws_url(running, f"/ws/galleries/{gid}"), extra_headers=headers) as ws:
+        assert json.loads(await ws.get_message())["type"] == "snapshot"
+        result = await trio.run_process(
+            [sys.executable, "-c", SECOND_PROCESS, str(svc.settings.database_path), str(photo_id)],
+            capture_stdout=True,
+        )
+        committed_at = float(result.stdout)
+        with trio.fail_after(10):
+            while True:
+                message = json.loads(await ws.get_message())
+                if message["type"] == "photo" and message["hidden"]:
+                    break
+        latency = time.time() - committed_at
+    assert message["id"] == photo_id
+    assert latency < 0.25, f"cross-process change took {latency * 1000:.0f} ms"
+
+
+async def test_worker_pool_and_feed_share_one_services(tmp_path: Path) -> None:
+    """The feed wakes workers for pending rows inserted by another process (an import)."""
+    settings = make_settings(tmp_path)
+    bootstrap.prepare(settings)
+    svc = Services(settings=settings, db=db.Database(settings.database_path))
+    try:
+        pool = WorkerPool(svc, svc.storage, count=1, poll_seconds=3600)  # only a wake can start it
+        svc.wake_workers = pool.wake
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            await nursery.start(ChangeFeed(svc, svc.broker, poll_seconds=0.02).run)
+            gid = await svc.db.write(create_gallery)
+            photo_id, _ = stage_photo(svc, gid, jpeg(50))  # another connection, like another process
+            with trio.fail_after(10):
+                while (await svc.db.read(photo_q.get, photo_id))["status"] != "complete":
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+    finally:
+        svc.db.close()
