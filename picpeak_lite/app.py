@@ -41,12 +41,13 @@ def create_app(svc: Services) -> QuartTrio:
     app.config["MAX_FORM_MEMORY_SIZE"] = 1024 * 1024
     app.config["TEMPLATES_AUTO_RELOAD"] = False
 
-    from .views import admin_api, admin_pages, guest, health, live, photos
+    from .views import admin_api, admin_pages, guest, health, live, photos, upload
 
     app.register_blueprint(health.blueprint)
     app.register_blueprint(admin_pages.blueprint)
     app.register_blueprint(admin_api.blueprint)
     app.register_blueprint(guest.blueprint)
+    app.register_blueprint(upload.blueprint)
     app.register_blueprint(photos.blueprint)
     app.register_blueprint(live.blueprint)
 

@@ -55,6 +55,60 @@ def serve(host: str | None, port: int | None, data_dir: str | None, config: str 
     click.echo("Stopped.")
 
 
+@cli.command()
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+@click.option("--workers", type=int, help=FIELDS["workers"].metadata["help"])
+def worker(config: str | None, data_dir: str | None, workers: int | None) -> None:
+    """Process photos (with the janitor and webhook sender) next to a running server, on the same data."""
+    from . import server
+
+    settings = _settings(config, data_dir=data_dir, workers=workers)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run_workers, settings)
+            click.echo(f"Processing photos in {settings.data_path.resolve()} with {settings.worker_count} workers")
+
+    trio.run(main)
+    click.echo("Stopped.")
+
+
+@cli.command("import")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--gallery", "slug", required=True, help="The slug of the gallery to add the photos to.")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def import_folder(folder: str, slug: str, config: str | None, data_dir: str | None) -> None:
+    """Add every image in FOLDER to a gallery, through the same checks as an upload; re-running skips
+    what is already there. The running server (or `picpeak-lite worker`) processes them."""
+    from .importer import ImportProgress, run_import
+
+    settings = _settings(config, data_dir=data_dir)
+    bootstrap.prepare(settings)
+    interactive = sys.stderr.isatty()
+
+    def progress(step: ImportProgress) -> None:
+        width = 30
+        filled = width * step.done // max(step.total, 1)
+        line = f"[{'#' * filled}{'.' * (width - filled)}] {step.done}/{step.total} {step.path.name[:40]}"
+        if interactive:
+            click.echo("\r" + line.ljust(80), nl=False, err=True)
+        elif step.done == step.total or step.done % 50 == 0:
+            click.echo(line, err=True)
+
+    summary = run_import(settings, folder, slug, progress)
+    if interactive:
+        click.echo(err=True)
+    for path, reason in summary.errors:
+        click.echo(f"  {path.name}: {reason}", err=True)
+    click.echo(f"Added {summary.added}, skipped {summary.duplicates} already there, "
+               f"{len(summary.errors)} errors, {summary.ignored} other files ignored.")
+    if summary.errors:
+        sys.exit(1)
+
+
 @cli.group()
 def admin() -> None:
     """Manage the admin account and API tokens."""

@@ -126,3 +126,43 @@ def test_tokens_and_password_commands(tmp_path: Path) -> None:
     assert short.returncode == 2 and "at least 8" in short.stderr
     ok = run_cli("admin", "set-password", "--password-stdin", "--data-dir", data, stdin="a long password\n")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_import_command_adds_then_skips(tmp_path: Path) -> None:
+    from PIL import Image
+
+    data = str(tmp_path / "d")
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(3):
+        Image.new("RGB", (64 + i, 48), (i * 40, 90, 200)).save(folder / f"img{i}.jpg", quality=90)
+    (folder / "notes.txt").write_text("not a photo")
+    (folder / "fake.jpg").write_text("<html>not a photo</html>")
+    created = run_cli("admin", "token", "create", "--name", "t", "--data-dir", data)
+    assert created.returncode == 0
+    from picpeak_lite import db
+
+    conn = db.connect(tmp_path / "d" / "picpeak.sqlite3")
+    with db.transaction(conn):
+        conn.execute("INSERT INTO galleries (slug, share_token, name, created_at, updated_at) "
+                     "VALUES ('wedding-abcdefgh', 't', 'W', 0, 0)")
+    conn.close()
+    first = run_cli("import", str(folder), "--gallery", "wedding-abcdefgh", "--data-dir", data)
+    assert first.returncode == 1  # one file was not an image
+    assert "Added 3, skipped 0 already there, 1 errors, 1 other files ignored." in first.stdout
+    assert "fake.jpg: " in first.stderr
+    second = run_cli("import", str(folder), "--gallery", "wedding-abcdefgh", "--data-dir", data)
+    assert "Added 0, skipped 3 already there" in second.stdout
+    unknown = run_cli("import", str(folder), "--gallery", "nope", "--data-dir", data)
+    assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
+
+
+def test_worker_command_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "picpeak_lite", "worker", "--data-dir", str(tmp_path / "d"), "--workers", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "Processing photos in" in line, line
+    assert stop(proc).strip().endswith("Stopped.")
