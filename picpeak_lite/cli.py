@@ -2,26 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
 import trio
 
 from . import bootstrap, db, security
-from .config import FIELDS, load_settings
+from .config import FIELDS, Settings, load_settings
 from .errors import ConfigError
 from .queries import admin as admin_q
 
 CONFIG_HELP = "Path to a picpeak.toml (default: $PICPEAK_CONFIG, else built-in defaults)."
 
 
-def _settings(config: str | None, **overrides: Any) -> Any:
+def _settings(config: str | None, **overrides: Any) -> Settings:
     return load_settings(config or os.environ.get("PICPEAK_CONFIG"), overrides=overrides)
+
+
+@contextlib.contextmanager
+def _database(config: str | None, data_dir: str | None) -> Iterator[tuple[Settings, db.Connection]]:
+    """Settings and one prepared connection, for the commands that work on the database directly."""
+    settings = _settings(config, data_dir=data_dir)
+    bootstrap.prepare(settings)
+    conn = db.connect(settings.database_path)
+    try:
+        yield settings, conn
+    finally:
+        conn.close()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -120,8 +134,6 @@ def admin() -> None:
 @click.option("--password-stdin", is_flag=True, help="Read the new password from standard input.")
 def set_password(config: str | None, data_dir: str | None, password_stdin: bool) -> None:
     """Set the admin password; every admin session is logged out."""
-    settings = _settings(config, data_dir=data_dir)
-    bootstrap.prepare(settings)
     if password_stdin:
         password = sys.stdin.readline().rstrip("\n")
     else:
@@ -130,17 +142,13 @@ def set_password(config: str | None, data_dir: str | None, password_stdin: bool)
             raise click.ClickException("the two passwords differ")
     if len(password) < security.MIN_PASSWORD_LENGTH:
         raise click.ClickException(f"the password needs at least {security.MIN_PASSWORD_LENGTH} characters")
-    conn = db.connect(settings.database_path)
-    try:
-        with db.transaction(conn):
-            user = admin_q.get_user_by_name(conn, settings.admin_username)
-            now = time.time()
-            if user is None:
-                admin_q.create_user(conn, settings.admin_username, security.hash_password(password), now)
-            else:
-                admin_q.set_password(conn, user["id"], security.hash_password(password), now)
-    finally:
-        conn.close()
+    with _database(config, data_dir) as (settings, conn), db.transaction(conn):
+        user = admin_q.get_user_by_name(conn, settings.admin_username)
+        now = time.time()
+        if user is None:
+            admin_q.create_user(conn, settings.admin_username, security.hash_password(password), now)
+        else:
+            admin_q.set_password(conn, user["id"], security.hash_password(password), now)
     click.echo(f"Password changed for '{settings.admin_username}'.")
 
 
@@ -155,17 +163,12 @@ def token() -> None:
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
 def token_create(name: str, config: str | None, data_dir: str | None) -> None:
     """Create a token and print it once; only its hash is stored."""
-    settings = _settings(config, data_dir=data_dir)
-    bootstrap.prepare(settings)
     value = security.new_token("ppk_")
-    conn = db.connect(settings.database_path)
     try:
-        with db.transaction(conn):
+        with _database(config, data_dir) as (_, conn), db.transaction(conn):
             admin_q.create_token(conn, name, security.token_hash(value), time.time())
     except db.ConstraintError:
         raise click.ClickException(f"a token named {name!r} exists already") from None
-    finally:
-        conn.close()
     click.echo(value)
     click.echo(f"Token '{name}' created. It is shown only once.", err=True)
 
@@ -176,14 +179,8 @@ def token_create(name: str, config: str | None, data_dir: str | None) -> None:
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
 def token_revoke(name: str, config: str | None, data_dir: str | None) -> None:
     """Revoke a token at once."""
-    settings = _settings(config, data_dir=data_dir)
-    bootstrap.prepare(settings)
-    conn = db.connect(settings.database_path)
-    try:
-        with db.transaction(conn):
-            revoked = admin_q.revoke_token(conn, name, time.time())
-    finally:
-        conn.close()
+    with _database(config, data_dir) as (_, conn), db.transaction(conn):
+        revoked = admin_q.revoke_token(conn, name, time.time())
     if not revoked:
         raise click.ClickException(f"no active token named {name!r}")
     click.echo(f"Token '{name}' revoked.")
@@ -194,13 +191,8 @@ def token_revoke(name: str, config: str | None, data_dir: str | None) -> None:
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
 def token_list(config: str | None, data_dir: str | None) -> None:
     """List tokens (never their values)."""
-    settings = _settings(config, data_dir=data_dir)
-    bootstrap.prepare(settings)
-    conn = db.connect(settings.database_path)
-    try:
+    with _database(config, data_dir) as (_, conn):
         rows = admin_q.list_tokens(conn)
-    finally:
-        conn.close()
     for row in rows:
         state = "revoked" if row["revoked_at"] else "active"
         click.echo(f"{row['name']}\t{state}")

@@ -97,28 +97,16 @@ class Storage:
 
     def iter_original_keys(self) -> Iterator[tuple[str, float]]:
         """Every stored original as (key, mtime)."""
-        base = self.root / "originals"
-        if not base.exists():
-            return
-        for shard in base.iterdir():
-            if not shard.is_dir():
-                continue
-            for entry in os.scandir(shard):
-                if entry.is_file() and _is_key(entry.name):
-                    yield entry.name, entry.stat().st_mtime
+        for entry in _shard_files(self.root / "originals"):
+            if _is_key(entry.name):
+                yield entry.name, entry.stat().st_mtime
 
     def iter_derived(self) -> Iterator[tuple[str, Path, float]]:
         """Every derivative file as (key, path, mtime)."""
-        base = self.root / "derived"
-        if not base.exists():
-            return
-        for shard in base.iterdir():
-            if not shard.is_dir():
-                continue
-            for entry in os.scandir(shard):
-                key = entry.name.split(".", 1)[0]
-                if entry.is_file() and _is_key(key):
-                    yield key, Path(entry.path), entry.stat().st_mtime
+        for entry in _shard_files(self.root / "derived"):
+            key = entry.name.split(".", 1)[0]
+            if _is_key(key):
+                yield key, Path(entry.path), entry.stat().st_mtime
 
     def sweep_temp(self, max_age: float, now: float | None = None) -> int:
         """Remove temp files older than ``max_age`` seconds (left by a crash mid-upload). Returns the count."""
@@ -169,6 +157,15 @@ def disk_errors() -> Iterator[None]:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
             raise InsufficientStorage("The server's disk is full; the photo was not saved.") from error
         raise
+
+
+def _shard_files(base: Path) -> Iterator[os.DirEntry[str]]:
+    """The files in the two-character shard folders under ``base``."""
+    if not base.exists():
+        return
+    for shard in base.iterdir():
+        if shard.is_dir():
+            yield from (entry for entry in os.scandir(shard) if entry.is_file())
 
 
 def _is_key(name: str) -> bool:
