@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import apsw
@@ -28,6 +29,18 @@ def make_settings(tmp_path: Any, **overrides: Any) -> Settings:
     values = {"data_dir": str(tmp_path / "data"), "port": 0, "workers": 2}
     values.update(overrides)
     return load_settings(environ={}, overrides=values)
+
+
+@contextlib.contextmanager
+def own_services(tmp_path: Any, **overrides: Any) -> Iterator[Services]:
+    """Services over a fresh data directory with particular settings, for tests that need them."""
+    settings = make_settings(tmp_path, **overrides)
+    bootstrap.prepare(settings)
+    svc = Services(settings=settings, db=Database(settings.database_path))
+    try:
+        yield svc
+    finally:
+        svc.db.close()
 
 
 @pytest.fixture

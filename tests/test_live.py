@@ -25,7 +25,7 @@ from picpeak_lite.queries import admin as admin_q
 from picpeak_lite.queries import photos as photo_q
 from picpeak_lite.services import Services
 
-from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
+from .conftest import ADMIN_PASSWORD, AuthActions, make_settings, own_services
 from .test_pipeline import create_gallery, jpeg, run_pool_until_idle, stage_photo
 
 
@@ -308,10 +308,7 @@ async def test_a_change_made_by_another_process_arrives_quickly(real_server: Any
 
 async def test_worker_pool_and_feed_share_one_services(tmp_path: Path) -> None:
     """The feed wakes workers for pending rows inserted by another process (an import)."""
-    settings = make_settings(tmp_path)
-    bootstrap.prepare(settings)
-    svc = Services(settings=settings, db=db.Database(settings.database_path))
-    try:
+    with own_services(tmp_path) as svc:
         pool = WorkerPool(svc, svc.storage, count=1, poll_seconds=3600)  # only a wake can start it
         svc.wake_workers = pool.wake
         async with trio.open_nursery() as nursery:
@@ -323,5 +320,3 @@ async def test_worker_pool_and_feed_share_one_services(tmp_path: Path) -> None:
                 while (await svc.db.read(photo_q.get, photo_id))["status"] != "complete":
                     await trio.sleep(0.02)
             nursery.cancel_scope.cancel()
-    finally:
-        svc.db.close()

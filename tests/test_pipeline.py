@@ -19,14 +19,14 @@ import trio
 from picpeak_lite import db
 from picpeak_lite.pipeline import queue
 from picpeak_lite.pipeline.janitor import Janitor
-from picpeak_lite.pipeline.worker import WorkerPool
+from picpeak_lite.pipeline.worker import WorkerPool, _Claim
 from picpeak_lite.queries import photos as photo_q
 from picpeak_lite.queries import webhooks as webhook_q
 from picpeak_lite.services import Services
 from picpeak_lite.storage import new_key
 
 from . import imagefactory
-from .conftest import AuthActions, make_settings
+from .conftest import AuthActions, own_services
 
 
 def create_gallery(conn: Any, name: str = "G", watermark: int = 0) -> int:
@@ -231,14 +231,8 @@ async def test_pool_processes_good_and_bad_photos(services: Services, conn: Any,
 
 
 async def test_webhook_outbox_written_once_per_event(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, webhooks=[{"url": "https://hooks.example.com/x",
-                                                  "secret": "0123456789abcdef"}])
-    from picpeak_lite import bootstrap
-    from picpeak_lite.db import Database
-
-    bootstrap.prepare(settings)
-    svc = Services(settings=settings, db=Database(settings.database_path))
-    try:
+    webhook = {"url": "https://hooks.example.com/x", "secret": "0123456789abcdef"}
+    with own_services(tmp_path, webhooks=[webhook]) as svc:
         gid = await svc.db.write(create_gallery)
         _, upload = stage_photo(svc, gid, jpeg(3))
         bad, _ = stage_photo(svc, gid, b"\xff\xd8\xff garbage", upload_id=upload)
@@ -250,8 +244,6 @@ async def test_webhook_outbox_written_once_per_event(tmp_path: Path) -> None:
         types = sorted(r["event_type"] for r in rows)
         assert types == ["photo.failed", "photo.uploaded", "upload.completed"]
         assert len({r["event_id"] for r in rows}) == 3
-    finally:
-        svc.db.close()
 
 
 async def test_worker_hands_photo_back_on_shutdown(services: Services, conn: Any, gallery_id: int) -> None:
@@ -268,20 +260,12 @@ async def test_worker_hands_photo_back_on_shutdown(services: Services, conn: Any
 
 async def test_lease_is_renewed_while_working(tmp_path: Path) -> None:
     """A photo that takes longer than its lease is not stolen from a live worker."""
-    from picpeak_lite import bootstrap
-    from picpeak_lite.db import Database
-
-    settings = make_settings(tmp_path, lease_seconds=5)
-    bootstrap.prepare(settings)
-    svc = Services(settings=settings, db=Database(settings.database_path))
-    try:
+    with own_services(tmp_path, lease_seconds=5) as svc:
         gid = await svc.db.write(create_gallery)
         photo_id, _ = stage_photo(svc, gid, jpeg(5))
         pool = WorkerPool(svc, svc.storage, count=1)
         token = secrets.token_hex(8)
         row = await svc.db.write(photo_q.claim_next, token, svc.clock(), 5)
-        from picpeak_lite.pipeline.worker import _Claim
-
         claim = _Claim(photo_id, token)
         with trio.move_on_after(4):
             async with trio.open_nursery() as nursery:
@@ -289,8 +273,6 @@ async def test_lease_is_renewed_while_working(tmp_path: Path) -> None:
                 await trio.sleep(3.9)
         after = await svc.db.read(photo_q.get, photo_id)
         assert after["lease_until"] > row["lease_until"] and not claim.lost
-    finally:
-        svc.db.close()
 
 
 # --- janitor and reconciler --------------------------------------------------------------------------------
@@ -324,13 +306,7 @@ async def test_reconciler_removes_orphans_and_fails_missing_originals(services: 
 
 async def test_janitor_recovers_a_dead_workers_photo_within_one_lease(tmp_path: Path) -> None:
     """A worker dies holding a claim: about one lease later the photo is pending again (real time, 5 s lease)."""
-    from picpeak_lite import bootstrap
-    from picpeak_lite.db import Database
-
-    settings = make_settings(tmp_path, lease_seconds=5)
-    bootstrap.prepare(settings)
-    svc = Services(settings=settings, db=Database(settings.database_path))
-    try:
+    with own_services(tmp_path, lease_seconds=5) as svc:
         gid = await svc.db.write(create_gallery)
         photo_id, _ = stage_photo(svc, gid, b"w")
         started = trio.current_time()
@@ -343,8 +319,6 @@ async def test_janitor_recovers_a_dead_workers_photo_within_one_lease(tmp_path: 
                     await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
         assert trio.current_time() - started < 5 + 2 * janitor.interval
-    finally:
-        svc.db.close()
 
 
 # --- routes ------------------------------------------------------------------------------------------------
