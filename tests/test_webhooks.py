@@ -145,7 +145,7 @@ async def enqueue(database: db.Database, settings: Settings, now: float, subject
 
 async def wait_for_status(database: db.Database, status: str) -> None:
     """The sender records outcomes in the database and signals nothing else, so the test looks."""
-    while (await only_row(database))["status"] != status:  # noqa: ASYNC110 - the database is the signal
+    while (await only_row(database))["status"] != status:
         await trio.sleep(0.01)
 
 
