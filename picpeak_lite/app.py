@@ -41,7 +41,7 @@ def create_app(svc: Services) -> QuartTrio:
     app.config["MAX_FORM_MEMORY_SIZE"] = 1024 * 1024
     app.config["TEMPLATES_AUTO_RELOAD"] = False
 
-    from .views import admin_api, admin_pages, guest, health, live, photos, upload
+    from .views import admin_api, admin_pages, admin_photos, admin_settings, guest, health, live, photos, upload
 
     app.register_blueprint(health.blueprint)
     app.register_blueprint(admin_pages.blueprint)
@@ -50,6 +50,8 @@ def create_app(svc: Services) -> QuartTrio:
     app.register_blueprint(upload.blueprint)
     app.register_blueprint(photos.blueprint)
     app.register_blueprint(live.blueprint)
+    app.register_blueprint(admin_photos.blueprint)
+    app.register_blueprint(admin_settings.blueprint)
 
     app.register_error_handler(AppError, _render_app_error)
     app.register_error_handler(HTTPException, _render_http_exception)

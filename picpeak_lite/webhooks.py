@@ -349,6 +349,8 @@ class WebhookSender:
 
     async def _deliver_one(self, row: dict[str, Any]) -> None:
         endpoint = self._endpoints.get(row["endpoint_url"])
+        if endpoint is None:  # added on the settings page rather than in the config file
+            endpoint = await self._db.read(queries.endpoint_for_url, row["endpoint_url"])
         if endpoint is None:
             # Without its endpoint there is no secret to sign with; waiting will not bring it back.
             error = "the endpoint is no longer in the configuration"

@@ -1,16 +1,213 @@
-// Small progressive enhancements for the admin pages. Everything works without this file.
+// Progressive enhancements for the admin pages: copy buttons, confirmations, the live photo grid, the
+// watermark preview. Every page works without this file (forms post and redirect); CSP allows no inline code.
 "use strict";
 
-document.addEventListener("click", async (event) => {
-  const button = event.target.closest("button.copy[data-copy]");
-  if (!button) return;
-  try {
-    await navigator.clipboard.writeText(button.dataset.copy);
-    const label = button.textContent;
-    button.textContent = "Copied";
-    setTimeout(() => { button.textContent = label; }, 1500);
-  } catch {
-    const input = document.getElementById("share-link");
-    if (input) input.select();
+(function () {
+  const csrf = () => (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
+
+  // --- copy buttons -------------------------------------------------------------------------------------
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("button.copy[data-copy]");
+    if (!button) return;
+    try {
+      await navigator.clipboard.writeText(button.dataset.copy);
+      const label = button.textContent;
+      button.textContent = "Copied";
+      setTimeout(() => { button.textContent = label; }, 1500);
+    } catch {
+      const input = button.parentElement && button.parentElement.querySelector("input[readonly]");
+      if (input) input.select();
+    }
+  });
+
+  document.addEventListener("click", (event) => {
+    if (event.target.closest("button.print")) window.print();
+  });
+
+  // --- destructive actions confirm ----------------------------------------------------------------------
+  document.addEventListener("submit", (event) => {
+    const submitter = event.submitter;
+    const form = event.target;
+    const old = form.querySelector("input[name=confirm][data-added]");
+    if (old) old.remove();
+    if (!submitter || !submitter.dataset.confirm) return;
+    if (!window.confirm(submitter.dataset.confirm)) { event.preventDefault(); return; }
+    const input = document.createElement("input");
+    input.type = "hidden"; input.name = "confirm"; input.value = "yes"; input.dataset.added = "1";
+    form.appendChild(input);
+  });
+
+  // --- never a broken image: a failed <img> becomes a placeholder -----------------------------------------
+  document.addEventListener("error", (event) => {
+    const img = event.target;
+    if (!(img instanceof HTMLImageElement) || img.dataset.fallback) return;
+    if (img.id === "watermark-preview") { img.dataset.fallback = "1"; img.alt = "The preview could not be made with these values."; return; }
+    const holder = document.createElement("div");
+    holder.className = "ph ph-waiting";
+    holder.textContent = "Image not available yet";
+    const target = img.closest("a.thumb-link") || img;
+    target.replaceWith(holder);
+  }, true);
+
+  // --- the photo grid -------------------------------------------------------------------------------------
+  const photos = document.getElementById("photos");
+  if (photos) setUpGrid(photos);
+
+  function setUpGrid(section) {
+    const grid = document.getElementById("grid");
+    const form = document.getElementById("photo-actions");
+    const countEl = document.getElementById("selected-count");
+    const selectAll = document.getElementById("select-all");
+    const filtered = new URLSearchParams(window.location.search).toString() !== "";
+
+    function updateSelection() {
+      const boxes = grid.querySelectorAll("input[name=ids]");
+      const checked = grid.querySelectorAll("input[name=ids]:checked").length;
+      countEl.textContent = `${checked} selected`;
+      if (selectAll) selectAll.checked = checked > 0 && checked === boxes.length;
+    }
+    form.addEventListener("change", (event) => {
+      if (event.target === selectAll) {
+        grid.querySelectorAll("input[name=ids]").forEach((box) => { box.checked = selectAll.checked; });
+      }
+      updateSelection();
+    });
+
+    // Retry from the grid without reloading the page.
+    form.addEventListener("click", async (event) => {
+      const button = event.target.closest("button.retry[data-photo-id]");
+      if (!button) return;
+      event.preventDefault();
+      button.disabled = true;
+      const id = button.dataset.photoId;
+      const response = await fetch(`/api/admin/photos/${id}/retry`, {
+        method: "POST", credentials: "same-origin", headers: { "X-CSRF-Token": csrf(), Accept: "application/json" },
+      });
+      if (response.ok) {
+        applyPhoto({ id: Number(id), status: "pending" });
+        if (!window.PicpeakLive) startPolling();
+      } else {
+        button.disabled = false;
+        const data = await response.json().catch(() => ({}));
+        window.alert(data.error || "The photo could not be retried.");
+      }
+    });
+
+    // Live changes arrive one by one; the DOM is updated once per frame.
+    const pending = new Map();
+    let frame = 0;
+    function applyPhoto(delta) {
+      pending.set(delta.id, Object.assign(pending.get(delta.id) || {}, delta));
+      if (!frame) frame = requestAnimationFrame(flush);
+    }
+    function flush() {
+      frame = 0;
+      for (const delta of pending.values()) updateTile(delta);
+      pending.clear();
+      const empty = document.getElementById("no-photos");
+      if (empty && grid.children.length) empty.remove();
+      updateSelection();
+    }
+    function updateTile(p) {
+      let tile = grid.querySelector(`li[data-id="${p.id}"]`);
+      if (p.status === "deleted") { if (tile) tile.remove(); return; }
+      if (!tile) {
+        if (filtered) return;  // a filtered view only changes on reload
+        tile = document.createElement("li");
+        tile.dataset.id = String(p.id);
+        tile.innerHTML = '<label class="pick"><input type="checkbox" name="ids"><span class="visually-hidden"></span></label>' +
+          '<div class="body"></div><div class="meta"><span class="name"></span></div>';
+        tile.querySelector("input").value = String(p.id);
+        tile.querySelector(".visually-hidden").textContent = `Select ${p.filename || "photo"}`;
+        tile.querySelector(".name").textContent = p.filename || "";
+        grid.appendChild(tile);
+      }
+      if (tile.dataset.status === p.status && p.status === "complete") return;
+      tile.dataset.status = p.status;
+      tile.className = `tile tile-${p.status}` + (p.hidden ? " is-hidden" : "");
+      let body = tile.querySelector(".body, .thumb-link, .ph");
+      const next = tileBody(p);
+      if (body) body.replaceWith(next); else tile.insertBefore(next, tile.querySelector(".meta"));
+    }
+    function tileBody(p) {
+      if (p.status === "complete") {
+        const link = document.createElement("a");
+        link.className = "thumb-link"; link.target = "_blank"; link.rel = "noopener";
+        link.href = p.view_url || `/api/admin/photos/${p.id}/view`;
+        const img = document.createElement("img");
+        img.className = "thumb"; img.loading = "lazy"; img.alt = p.filename || "";
+        img.src = p.thumb_url || `/api/admin/photos/${p.id}/grid`;
+        link.appendChild(img);
+        return link;
+      }
+      const box = document.createElement("div");
+      if (p.status === "failed") {
+        box.className = "ph ph-failed";
+        const strong = document.createElement("strong"); strong.textContent = "Failed";
+        const reason = document.createElement("span"); reason.className = "reason"; reason.textContent = p.error || "";
+        const retry = document.createElement("button");
+        retry.type = "submit"; retry.className = "retry"; retry.dataset.photoId = String(p.id); retry.textContent = "Retry";
+        retry.setAttribute("formaction", `/admin/photos/${p.id}/retry`);
+        box.append(strong, reason, retry);
+      } else {
+        box.className = "ph ph-waiting"; box.setAttribute("role", "status");
+        box.textContent = p.status === "processing" ? "Processing…" : "Waiting…";
+      }
+      return box;
+    }
+
+    async function resync() {
+      const url = section.dataset.photosUrl + window.location.search;
+      const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      if (!response.ok) return null;
+      const data = await response.json();
+      const seen = new Set(data.photos.map((p) => p.id));
+      grid.querySelectorAll("li[data-id]").forEach((tile) => {
+        if (!seen.has(Number(tile.dataset.id))) applyPhoto({ id: Number(tile.dataset.id), status: "deleted" });
+      });
+      data.photos.forEach(applyPhoto);
+      return data.photos;
+    }
+
+    let pollTimer = 0;
+    function startPolling() {
+      if (pollTimer) return;
+      const tick = async () => {
+        const list = await resync().catch(() => null);
+        const waiting = list && list.some((p) => p.status === "pending" || p.status === "processing");
+        pollTimer = waiting || list === null ? setTimeout(tick, 3000) : 0;
+      };
+      pollTimer = setTimeout(tick, 1500);
+    }
+
+    if (window.PicpeakLive && window.PicpeakLive.watchGallery) {
+      window.PicpeakLive.watchGallery({ wsPath: section.dataset.wsPath, onPhoto: applyPhoto, onResync: resync });
+    } else if (grid.querySelector(".ph-waiting")) {
+      startPolling();
+    }
+    // The uploader tells the grid about new photos when no live feed is there to do it.
+    document.addEventListener("picpeak:uploaded", () => { if (!window.PicpeakLive) startPolling(); });
+    updateSelection();
   }
-});
+
+  // --- watermark preview ----------------------------------------------------------------------------------
+  const wmForm = document.getElementById("watermark-form");
+  if (wmForm) {
+    const preview = document.getElementById("watermark-preview");
+    let timer = 0;
+    const refresh = () => {
+      const data = new FormData(wmForm);
+      const params = new URLSearchParams();
+      for (const name of ["watermark_text", "watermark_position", "watermark_opacity", "watermark_size"]) {
+        params.set(name, data.get(name) || "");
+      }
+      if (data.get("watermark_use_logo")) params.set("watermark_use_logo", "on");
+      document.getElementById("opacity-out").textContent = data.get("watermark_opacity");
+      document.getElementById("size-out").textContent = data.get("watermark_size");
+      delete preview.dataset.fallback;
+      preview.src = `${wmForm.dataset.previewUrl}?${params}`;
+    };
+    wmForm.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(refresh, 200); });
+    wmForm.addEventListener("change", () => { clearTimeout(timer); timer = setTimeout(refresh, 50); });
+  }
+})();

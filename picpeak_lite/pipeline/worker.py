@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from .. import exif, images
+from .. import app_settings, exif, images
 from ..errors import InsufficientStorage
 from ..queries import galleries as gallery_q
 from ..queries import photos as photo_q
@@ -140,10 +140,9 @@ class WorkerPool:
         gallery = await self.svc.db.read(gallery_q.get, gallery_id)
         watermark = None
         if gallery is not None and gallery["watermark"]:
-            watermark = images.Watermark(
-                text=s.watermark_text or gallery["name"], logo_path=s.watermark_logo or None,
-                position=s.watermark_position, opacity=s.watermark_opacity, size=s.watermark_size,
-            )
+            # The settings page's choices (app_settings) over the config file's defaults.
+            chosen = await self.svc.db.read(app_settings.load, s)
+            watermark = chosen.watermark(gallery["name"])
         return images.RenderSpec(grid_px=s.grid_px, view_px=s.view_px, quality=s.jpeg_quality,
                                  max_pixels=s.max_pixels, watermark=watermark)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import secrets
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 # up: five attempts in all, spread over about two and a half hours.
 RETRY_DELAYS: tuple[float, ...] = (60.0, 300.0, 1800.0, 7200.0)
 MAX_ATTEMPTS = len(RETRY_DELAYS) + 1
+
+# The event type of a "send test" delivery from the settings page; never enqueued by a state change.
+TEST_EVENT = "webhook.test"
 
 # last_error is shown on the admin log page; a receiver's error page must not fill the database.
 MAX_ERROR_CHARS = 500
@@ -59,13 +63,14 @@ def enqueue_event(
 
     ``subject`` names what the event is about and must never be reused for a different thing (a rowid can
     be reused after a delete; add something unique such as the storage key). An event already queued for an
-    endpoint is left as it is, first body included.
+    endpoint is left as it is, first body included. Endpoints added on the settings page (the
+    ``webhook_endpoints`` table) receive events too.
     """
     if event_type not in WEBHOOK_EVENTS:
         raise ValueError(f"unknown webhook event {event_type!r}")
     eid = event_id(event_type, subject)
     body: str | None = None
-    for endpoint in endpoints:
+    for endpoint in with_stored_endpoints(conn, endpoints):
         if event_type not in endpoint.events:
             continue
         if body is None:
@@ -79,6 +84,41 @@ def enqueue_event(
             """,
             (eid, endpoint.url, event_type, body, now, now),
         )
+
+
+def stored_endpoints(conn: apsw.Connection, *, active_only: bool = True) -> list[WebhookEndpoint]:
+    """Receivers added on the settings page."""
+    where = "WHERE active = 1" if active_only else ""
+    rows = conn.execute(f"SELECT url, secret, events FROM webhook_endpoints {where} ORDER BY id").fetchall()
+    return [WebhookEndpoint(url=r["url"], secret=r["secret"], events=tuple(json.loads(r["events"]))) for r in rows]
+
+
+def with_stored_endpoints(conn: apsw.Connection, configured: Iterable[WebhookEndpoint]) -> list[WebhookEndpoint]:
+    """The configured endpoints, then the stored ones whose URL the config does not already name."""
+    out = list(configured)
+    seen = {e.url for e in out}
+    out += [e for e in stored_endpoints(conn) if e.url not in seen]
+    return out
+
+
+def endpoint_for_url(conn: apsw.Connection, url: str) -> WebhookEndpoint | None:
+    """A stored endpoint by URL (active or paused), for the sender to sign a queued delivery with."""
+    for endpoint in stored_endpoints(conn, active_only=False):
+        if endpoint.url == url:
+            return endpoint
+    return None
+
+
+def enqueue_test(conn: apsw.Connection, endpoint_url: str, now: float) -> int:
+    """Queue a "send test" delivery to one endpoint, due now; returns its row id. Each test is its own event."""
+    eid = event_id(TEST_EVENT, f"test:{endpoint_url}:{secrets.token_hex(8)}")
+    body = event_body(eid, TEST_EVENT, {"message": "A test delivery from picpeak-lite."}, now)
+    conn.execute(
+        "INSERT INTO webhook_deliveries (event_id, endpoint_url, event_type, body, created_at, next_attempt_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (eid, endpoint_url, TEST_EVENT, body, now, now),
+    )
+    return conn.last_insert_rowid()
 
 
 def claim_due(conn: apsw.Connection, now: float, limit: int, lease_seconds: float) -> list[dict[str, Any]]:

@@ -1,19 +1,31 @@
-"""The photographer's HTML pages: login, dashboard, gallery form and gallery page."""
+"""The photographer's HTML pages: login, dashboard, gallery form, gallery page (with the photo grid and the
+bulk uploader), QR codes for sharing."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import math
+import os
 from typing import Any
 
-from quart import Blueprint, g, redirect, render_template, request, url_for
+import trio
+from quart import Blueprint, Response, g, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from .. import galleries, security
+from .. import app_settings, galleries, qr, security
 from ..auth import admin_page, check_origin, current_admin, services
-from ..errors import ValidationError
+from ..errors import NotFound, ValidationError
 from ..gallery_input import EVENT_TYPES
 from ..queries import admin as admin_q
+from ..queries import admin_photos as admin_photo_q
 from ..queries import galleries as gallery_q
+from .admin_photos import load_grid, read_filters
 from .common import client_ip, share_url
+from .photos import admin_image_url
+
+EXPIRY_WARNING_DAYS = 7
+QR_TARGETS = ("gallery", "upload")
 
 blueprint = Blueprint("admin", __name__, url_prefix="/admin")
 
@@ -67,16 +79,43 @@ async def logout() -> WerkzeugResponse:
 @blueprint.get("/")
 @admin_page
 async def dashboard() -> str:
-    rows = await services().db.read(gallery_q.list_all)
-    return await render_template("admin/dashboard.html", galleries=rows, share_url=share_url)
+    svc = services()
+
+    def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], int, Any]:
+        return (gallery_q.list_all(conn), admin_photo_q.gallery_extras(conn),
+                admin_photo_q.total_original_bytes(conn), app_settings.load(conn, svc.settings))
+
+    rows, extras, original_bytes, chosen = await svc.db.read(read)
+    storage = svc.storage
+    derived_bytes, usage = await trio.to_thread.run_sync(lambda: (_tree_bytes(storage.root / "derived"),
+                                                                  storage.disk_usage()))
+    now = svc.clock()
+    cards = []
+    for row in rows:
+        extra = extras.get(row["id"], {})
+        cover_id = extra.get("cover_id")
+        cards.append({
+            **row, "favourite_count": extra.get("favourite_count", 0),
+            "cover_url": admin_image_url(cover_id, "grid") if cover_id else None,
+            "expiry": _expiry(row["expires_at"], now),
+        })
+    low_disk_bytes = chosen.low_disk_mb * 1024 * 1024
+    disk = {"used": original_bytes + derived_bytes, "free": usage.free, "total": usage.total,
+            "low": usage.free < low_disk_bytes, "threshold_mb": chosen.low_disk_mb}
+    return await render_template("admin/dashboard.html", galleries=cards, share_url=share_url, disk=disk,
+                                 size=human_size)
 
 
 @blueprint.get("/galleries/new")
 @admin_page
 async def new_gallery() -> str:
+    svc = services()
+    chosen = await svc.db.read(app_settings.load, svc.settings)
+    today = dt.datetime.fromtimestamp(svc.clock(), dt.UTC).date()
     values = {
-        "expires_on": galleries.default_expiry(services()).isoformat(), "allow_downloads": True,
-        "event_type": "wedding",
+        "expires_on": (today + dt.timedelta(days=chosen.default_expiry_days)).isoformat(),
+        "allow_downloads": chosen.default_allow_downloads, "allow_guest_uploads": chosen.default_allow_guest_uploads,
+        "watermark": chosen.default_watermark, "photo_cap": chosen.default_photo_cap or "", "event_type": "wedding",
     }
     return await _form_page(values, {}, gallery=None)
 
@@ -95,9 +134,47 @@ async def create_gallery() -> Any:
 @blueprint.get("/galleries/<int:gallery_id>")
 @admin_page
 async def gallery(gallery_id: int) -> str:
+    return await gallery_page(gallery_id)
+
+
+async def gallery_page(gallery_id: int, **extra: Any) -> str:
+    svc = services()
+    row = await galleries.get_gallery(svc, gallery_id)
+    filters = read_filters(request.args)
+    photos, favourites = await load_grid(gallery_id, filters)
+    link = share_url(row["slug"])
+    return await render_template(
+        "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
+        expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
+        image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), **extra,
+    )
+
+
+@blueprint.get("/galleries/<int:gallery_id>/qr")
+@admin_page
+async def qr_sheet(gallery_id: int) -> str:
+    """A printable page with both codes, for a table card."""
     row = await galleries.get_gallery(services(), gallery_id)
-    return await render_template("admin/gallery.html", gallery=row, share_url=share_url(row["slug"]),
-                                 expires_on=galleries.expires_on(row))
+    link = share_url(row["slug"])
+    return await render_template("admin/qr.html", gallery=row, share_url=link, upload_url=link + "/upload")
+
+
+@blueprint.get("/galleries/<int:gallery_id>/qr/<any(gallery, upload):target>.<any(png, svg):kind>")
+@admin_page
+async def qr_image(gallery_id: int, target: str, kind: str) -> Response:
+    row = await galleries.get_gallery(services(), gallery_id)
+    if target == "upload" and not row["allow_guest_uploads"]:
+        raise NotFound("Guest uploads are off for this gallery.")
+    payload = share_url(row["slug"]) + ("/upload" if target == "upload" else "")
+    try:
+        scale = int(request.args.get("scale", "10"))
+    except ValueError:
+        scale = 10
+    data = qr.render(payload, kind, scale=scale)
+    response = Response(data, content_type=qr.KINDS[kind], headers={"Cache-Control": "private, no-cache"})
+    if request.args.get("download"):
+        response.headers["Content-Disposition"] = f'attachment; filename="{row["slug"]}-{target}-qr.{kind}"'
+    return response
 
 
 @blueprint.get("/galleries/<int:gallery_id>/edit")
@@ -142,11 +219,7 @@ async def delete(gallery_id: int) -> Any:
     row = await galleries.get_gallery(svc, gallery_id)
     form = await request.form
     if form.get("confirm_name", "").strip() != row["name"]:
-        values = dict(row, expires_on=galleries.expires_on(row) or "")
-        return await render_template(
-            "admin/gallery.html", gallery=row, share_url=share_url(row["slug"]),
-            expires_on=values["expires_on"], delete_error="Type the gallery's name exactly to delete it.",
-        ), 400
+        return await gallery_page(gallery_id, delete_error="Type the gallery's name exactly to delete it."), 400
     await galleries.delete_gallery(svc, gallery_id)
     return redirect(url_for("admin.dashboard"))
 
@@ -199,3 +272,29 @@ def _safe_next(value: str | None) -> str | None:
     if value and value.startswith("/admin") and not value.startswith("//") and "\\" not in value:
         return value
     return None
+
+
+def _expiry(expires_at: float | None, now: float) -> dict[str, Any] | None:
+    """Days left (rounded up), and whether to warn: within a week, or already expired."""
+    if expires_at is None:
+        return None
+    days = math.ceil((expires_at - now) / 86400)
+    return {"days": days, "expired": expires_at <= now, "warn": expires_at <= now or days <= EXPIRY_WARNING_DAYS,
+            "on": dt.datetime.fromtimestamp(expires_at, dt.UTC).date().isoformat()}
+
+
+def _tree_bytes(path: Any) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # removed while we walk
+                total += os.stat(os.path.join(folder, name)).st_size
+    return total
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
