@@ -38,15 +38,31 @@ def create_app(svc: Services) -> QuartTrio:
     # are wrong for a phone on a slow uplink sending a 50 MB file.
     app.config["MAX_CONTENT_LENGTH"] = None
     app.config["BODY_TIMEOUT"] = None
+    # Likewise a zip of a whole wedding or a 2 GB original takes longer than Quart's 60 s response limit.
+    app.config["RESPONSE_TIMEOUT"] = None
     app.config["MAX_FORM_MEMORY_SIZE"] = 1024 * 1024
     app.config["TEMPLATES_AUTO_RELOAD"] = False
 
-    from .views import admin_api, admin_pages, admin_photos, admin_settings, guest, health, live, photos, upload
+    from .views import (
+        admin_api,
+        admin_pages,
+        admin_photos,
+        admin_settings,
+        downloads,
+        favourites,
+        guest,
+        health,
+        live,
+        photos,
+        upload,
+    )
 
     app.register_blueprint(health.blueprint)
     app.register_blueprint(admin_pages.blueprint)
     app.register_blueprint(admin_api.blueprint)
     app.register_blueprint(guest.blueprint)
+    app.register_blueprint(downloads.blueprint)
+    app.register_blueprint(favourites.blueprint)
     app.register_blueprint(upload.blueprint)
     app.register_blueprint(photos.blueprint)
     app.register_blueprint(live.blueprint)

@@ -1,0 +1,109 @@
+"""Hearts: a guest marks photos it likes, and may say who it is.
+
+``PUT`` / ``DELETE /api/g/<slug>/favourites/<photo_id>`` add and remove a heart; ``POST /api/g/<slug>/guest``
+sets the optional guest name. All three are state changes by a guest: same origin and the session's CSRF
+token (``auth.check_guest_state_change``), and a per-session rate limit (:class:`RateLimit`).
+The photo must be one the guest may see in that gallery (``access.visible_photo``); anything else is 404,
+whether it exists or not.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from quart import Blueprint, current_app, request
+
+from .. import access
+from ..auth import check_guest_state_change, current_guest, services
+from ..errors import BadRequest, TooManyRequests
+from ..intake import clean_guest_name
+from ..queries import favourites as favourite_q
+from ..queries import guests as guest_q
+from .guest import load_gallery
+
+blueprint = Blueprint("favourites", __name__)
+
+MAX_KEYS = 50_000
+
+
+class RateLimit:
+    """A token bucket per key: ``burst`` actions at once, refilled at ``per_second``. Bounded: when the table
+    is full the stalest keys go (they would have refilled by then anyway).
+
+    Chosen over ``throttle.Throttle`` because that one counts failures in a window, while this limits every
+    action: a guest tapping hearts through 300 photos should not be stopped, a script toggling one 50 times a
+    second should.
+    """
+
+    def __init__(self, burst: float, per_second: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.per_second = per_second
+        self.clock = clock
+        self._buckets: OrderedDict[Any, tuple[float, float]] = OrderedDict()
+
+    def take(self, key: Any) -> None:
+        """Spend one token or raise TooManyRequests with the seconds until the next one."""
+        now = self.clock()
+        tokens, last = self._buckets.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.per_second)
+        if tokens < 1:
+            raise TooManyRequests(math.ceil((1 - tokens) / self.per_second),
+                                  "Slow down a little, please: too many changes at once.")
+        self._buckets[key] = (tokens - 1, now)
+        self._buckets.move_to_end(key)
+        while len(self._buckets) > MAX_KEYS:
+            self._buckets.popitem(last=False)
+
+
+def guest_rate_limit() -> RateLimit:
+    """One limiter per app: 60 changes at once, then 2 a second."""
+    limiter = current_app.extensions.get("guest_rate_limit")
+    if limiter is None:
+        limiter = current_app.extensions["guest_rate_limit"] = RateLimit(60, 2, clock=services().monotonic)
+    return limiter
+
+
+async def _guest_change(slug: str) -> tuple[dict[str, Any], Any]:
+    gallery = await load_gallery(slug)
+    guest = await current_guest(create=False)
+    await check_guest_state_change(guest)
+    assert guest is not None
+    guest_rate_limit().take(guest.id)
+    return gallery, guest
+
+
+@blueprint.route("/api/g/<slug>/favourites/<int:photo_id>", methods=["PUT", "DELETE"])
+async def favourite(slug: str, photo_id: int) -> dict[str, Any]:
+    svc = services()
+    gallery, guest = await _guest_change(slug)
+    adding = request.method == "PUT"
+
+    def change(conn: Any) -> int:
+        access.visible_photo(conn, gallery, photo_id)
+        if adding:
+            favourite_q.add(conn, guest.id, photo_id, svc.clock())
+        else:
+            favourite_q.remove(conn, guest.id, photo_id)
+        return favourite_q.count_for_guest(conn, guest.id, gallery["id"])
+
+    count = await svc.db.write(change)
+    return {"id": photo_id, "favourite": adding, "count": count}
+
+
+@blueprint.post("/api/g/<slug>/guest")
+async def set_guest_name(slug: str) -> dict[str, Any]:
+    """``{"name": "Aunt Mary"}`` (or an empty name to forget it)."""
+    _, guest = await _guest_change(slug)
+    data = await request.get_json(silent=True)
+    if data is None:
+        data = await request.form
+    raw = data.get("name") if hasattr(data, "get") else None
+    if raw is not None and not isinstance(raw, str):
+        raise BadRequest("name must be text.")
+    name = clean_guest_name(raw)
+    await services().db.write(guest_q.set_name, guest.id, name)
+    return {"name": name}

@@ -1,0 +1,243 @@
+// The guest gallery: more photos as the guest scrolls, the lightbox, hearts, the guest name, live updates.
+// No inline script or style anywhere (CSP): everything hangs off ids and data- attributes in gallery.html.
+(function () {
+  "use strict";
+
+  var grid = document.getElementById("grid");
+  if (!grid) return;
+  var csrfMeta = document.querySelector('meta[name="csrf-token"]');
+  var csrf = csrfMeta ? csrfMeta.content : "";
+  var more = document.getElementById("more");
+  var loadMoreButton = document.getElementById("load-more");
+  var tileTemplate = document.getElementById("tile-template");
+  var favouritesOnly = grid.dataset.favouritesOnly === "1";
+  var loading = false;
+
+  // ---- Pages after the first -------------------------------------------------------------------------------
+  function tileFor(photo) {
+    var li = tileTemplate.content.firstElementChild.cloneNode(true);
+    li.dataset.id = String(photo.id);
+    li.classList.toggle("is-favourite", !!photo.favourite);
+    var link = li.querySelector(".tile-link");
+    link.href = photo.view_url;
+    link.dataset.view = photo.view_url;
+    link.dataset.grid = photo.grid_url;
+    link.dataset.width = photo.width;
+    link.dataset.height = photo.height;
+    link.dataset.taken = photo.taken || "";
+    link.dataset.camera = photo.camera || "";
+    link.dataset.download = photo.download_url || "";
+    link.dataset.alt = photo.alt || "";
+    li.querySelector("source").srcset = photo.grid_url + " 400w";
+    var img = li.querySelector("img");
+    img.width = photo.width;
+    img.height = photo.height;
+    img.alt = photo.alt || "";
+    img.srcset = photo.grid_url + " 400w, " + photo.view_url + " 1600w";
+    img.src = photo.grid_url;
+    li.querySelector(".heart").setAttribute("aria-pressed", photo.favourite ? "true" : "false");
+    return li;
+  }
+
+  function loadMore() {
+    var cursor = grid.dataset.next;
+    if (loading || !cursor) return;
+    loading = true;
+    if (loadMoreButton) loadMoreButton.disabled = true;
+    var url = grid.dataset.api + (grid.dataset.api.indexOf("?") < 0 ? "?" : "&") + "after=" + encodeURIComponent(cursor);
+    fetch(url, {headers: {"Accept": "application/json"}, credentials: "same-origin"})
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(function (page) {
+        var fragment = document.createDocumentFragment();
+        page.photos.forEach(function (p) {
+          if (!grid.querySelector('.tile[data-id="' + p.id + '"]')) fragment.appendChild(tileFor(p));
+        });
+        grid.appendChild(fragment);
+        grid.dataset.next = page.next || "";
+        if (!page.next && more) more.hidden = true;
+      })
+      .catch(function () { /* the button stays, the guest can try again */ })
+      .then(function () { loading = false; if (loadMoreButton) loadMoreButton.disabled = false; });
+  }
+
+  if (loadMoreButton) loadMoreButton.addEventListener("click", loadMore);
+  if (more && "IntersectionObserver" in window) {
+    new IntersectionObserver(function (entries) {
+      if (entries.some(function (e) { return e.isIntersecting; })) loadMore();
+    }, {rootMargin: "1200px 0px"}).observe(more);
+  }
+
+  // ---- Hearts ------------------------------------------------------------------------------------------------
+  var favCounts = document.querySelectorAll(".fav-count");
+
+  function setFavourite(id, on) {
+    var tile = grid.querySelector('.tile[data-id="' + id + '"]');
+    return fetch(grid.dataset.favouriteUrl + id, {
+      method: on ? "PUT" : "DELETE", credentials: "same-origin",
+      headers: {"X-CSRF-Token": csrf, "Accept": "application/json"}
+    }).then(function (r) {
+      if (!r.ok) throw new Error("HTTP " + r.status);
+      return r.json();
+    }).then(function (result) {
+      if (tile) {
+        tile.classList.toggle("is-favourite", result.favourite);
+        tile.querySelector(".heart").setAttribute("aria-pressed", result.favourite ? "true" : "false");
+      }
+      favCounts.forEach(function (el) { el.textContent = String(result.count); });
+      if (current && current.dataset.id === String(id)) syncLightboxHeart();
+      return result;
+    });
+  }
+
+  grid.addEventListener("click", function (event) {
+    var heart = event.target.closest(".heart");
+    if (heart) {
+      event.preventDefault();
+      var tile = heart.closest(".tile");
+      setFavourite(tile.dataset.id, heart.getAttribute("aria-pressed") !== "true").catch(function () {});
+      return;
+    }
+    var link = event.target.closest(".tile-link");
+    if (link && !event.metaKey && !event.ctrlKey && !event.shiftKey) {
+      event.preventDefault();
+      openLightbox(link.closest(".tile"));
+    }
+  });
+
+  var nameForm = document.getElementById("guest-name");
+  if (nameForm) {
+    nameForm.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var status = nameForm.querySelector(".guest-name-status");
+      fetch(nameForm.getAttribute("action"), {
+        method: "POST", credentials: "same-origin",
+        headers: {"X-CSRF-Token": csrf, "Content-Type": "application/json", "Accept": "application/json"},
+        body: JSON.stringify({name: nameForm.elements.name.value})
+      }).then(function (r) { return r.ok ? r.json() : Promise.reject(r); })
+        .then(function () { status.textContent = "Saved."; })
+        .catch(function () { status.textContent = "Could not save your name. Please try again."; });
+    });
+  }
+
+  // ---- Lightbox ----------------------------------------------------------------------------------------------
+  var box = document.getElementById("lightbox");
+  var boxImg = document.getElementById("lb-img");
+  var current = null;
+  var opener = null;
+
+  function tiles() { return Array.prototype.slice.call(grid.querySelectorAll(".tile")); }
+
+  function show(tile) {
+    if (!tile) return;
+    current = tile;
+    var link = tile.querySelector(".tile-link");
+    boxImg.removeAttribute("src");
+    boxImg.width = Number(link.dataset.width);
+    boxImg.height = Number(link.dataset.height);
+    boxImg.srcset = link.dataset.grid + " 400w, " + link.dataset.view + " 1600w";
+    boxImg.sizes = "100vw";
+    boxImg.src = link.dataset.view;
+    boxImg.alt = link.dataset.alt;
+    box.querySelector(".lb-date").textContent = link.dataset.taken;
+    box.querySelector(".lb-camera").textContent = link.dataset.camera;
+    var download = box.querySelector(".lb-download");
+    download.hidden = !link.dataset.download;
+    if (link.dataset.download) download.href = link.dataset.download;
+    syncLightboxHeart();
+    var all = tiles();
+    var index = all.indexOf(tile);
+    box.querySelector(".lb-prev").disabled = index <= 0;
+    box.querySelector(".lb-next").disabled = index >= all.length - 1 && !grid.dataset.next;
+    // Warm the neighbours so that "next" is instant.
+    [all[index + 1], all[index - 1]].forEach(function (t) {
+      if (t) { var pre = new Image(); pre.src = t.querySelector(".tile-link").dataset.view; }
+    });
+    if (index >= all.length - 3) loadMore();
+  }
+
+  function syncLightboxHeart() {
+    if (!current) return;
+    box.querySelector(".lb-fav").setAttribute("aria-pressed", current.classList.contains("is-favourite") ? "true" : "false");
+  }
+
+  function openLightbox(tile) {
+    opener = tile.querySelector(".tile-link");
+    show(tile);
+    if (typeof box.showModal === "function") box.showModal(); else box.setAttribute("open", "");
+    document.documentElement.classList.add("lb-open");
+    box.querySelector(".lb-next").focus({preventScroll: true});
+  }
+
+  function closeLightbox() {
+    if (box.open) box.close();
+  }
+
+  function step(delta) {
+    if (!current) return;
+    var all = tiles();
+    var next = all[all.indexOf(current) + delta];
+    if (next) show(next);
+  }
+
+  box.addEventListener("close", function () {
+    document.documentElement.classList.remove("lb-open");
+    boxImg.removeAttribute("src");
+    boxImg.removeAttribute("srcset");
+    if (current) current.scrollIntoView({block: "nearest"});
+    if (opener) opener.focus({preventScroll: true});
+    current = null;
+  });
+  box.querySelector(".lb-close").addEventListener("click", closeLightbox);
+  box.querySelector(".lb-prev").addEventListener("click", function () { step(-1); });
+  box.querySelector(".lb-next").addEventListener("click", function () { step(1); });
+  box.querySelector(".lb-fav").addEventListener("click", function () {
+    if (current) setFavourite(current.dataset.id, !current.classList.contains("is-favourite")).catch(function () {});
+  });
+  box.addEventListener("keydown", function (event) {
+    if (event.key === "ArrowRight") { event.preventDefault(); step(1); }
+    else if (event.key === "ArrowLeft") { event.preventDefault(); step(-1); }
+    // Escape is the dialog's own: it fires "close".
+  });
+  // A click on the dark backdrop (not on the photo or a control) closes.
+  box.addEventListener("click", function (event) {
+    if (event.target === box || event.target.classList.contains("lb-stage")) closeLightbox();
+  });
+  var touchX = null, touchY = null;
+  box.addEventListener("touchstart", function (event) {
+    if (event.touches.length === 1) { touchX = event.touches[0].clientX; touchY = event.touches[0].clientY; }
+  }, {passive: true});
+  box.addEventListener("touchend", function (event) {
+    if (touchX === null) return;
+    var dx = event.changedTouches[0].clientX - touchX, dy = event.changedTouches[0].clientY - touchY;
+    touchX = null;
+    if (Math.abs(dx) > 50 && Math.abs(dx) > 1.5 * Math.abs(dy)) step(dx < 0 ? 1 : -1);
+    else if (dy > 90 && Math.abs(dy) > 2 * Math.abs(dx)) closeLightbox();
+  }, {passive: true});
+
+  // ---- Live: new photos and removals -------------------------------------------------------------------------
+  var notice = document.getElementById("new-photos");
+  var newCount = 0;
+  if (window.PicpeakLive && typeof window.PicpeakLive.watchGallery === "function" && !favouritesOnly) {
+    window.PicpeakLive.watchGallery({
+      wsPath: "/ws/galleries/" + grid.dataset.galleryId,
+      onPhoto: function (delta) {
+        var tile = grid.querySelector('.tile[data-id="' + delta.id + '"]');
+        if (delta.status === "removed") {
+          if (tile) {
+            if (current === tile) closeLightbox();
+            tile.remove();
+          }
+        } else if (delta.status === "complete" && !tile) {
+          newCount += 1;
+          notice.querySelector(".notice-text").textContent =
+            newCount === 1 ? "1 new photo" : newCount + " new photos";
+          notice.hidden = false;
+        }
+      },
+      onResync: function () {
+        notice.querySelector(".notice-text").textContent = "The gallery has changed.";
+        notice.hidden = false;
+      }
+    });
+  }
+})();

@@ -1,0 +1,181 @@
+"""The guest side in a real browser against a real server: password, grid, lightbox, downloads, favourites,
+the guest upload page with live progress, and the phone layout. Screenshots go to test-artifacts/."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .. import imagefactory
+from .conftest import LiveServer, Page, start_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: Any) -> Iterator[LiveServer]:
+    live = start_server(tmp_path_factory.mktemp("guest") / "data")
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def api(server: LiveServer) -> Iterator[httpx.Client]:
+    out = subprocess.run(
+        [sys.executable, "-m", "picpeak_lite", "admin", "token", "create", "--name", "browser",
+         "--data-dir", str(server.data_dir)], capture_output=True, text=True, check=True)
+    token = re.search(r"ppk_\S+", out.stdout + out.stderr).group(0)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+        yield client
+
+
+def photo_bytes(seed: int, size: tuple[int, int] = (900, 600)) -> bytes:
+    return imagefactory.save(imagefactory.photo(*size, seed=seed), "jpeg")
+
+
+def make_gallery(api: httpx.Client, photos: list[tuple[str, bytes]], **fields: Any) -> dict[str, Any]:
+    """A published gallery whose photos are all processed (uploaded through the admin API, then waited for)."""
+    created = api.post("/api/admin/galleries", json={"name": "Anna & Ben", **fields})
+    assert created.status_code == 201, created.text
+    gallery = created.json()
+    if photos:
+        upload = api.post(f"/api/admin/galleries/{gallery['id']}/upload",
+                          files=[("photos", (name, data, "image/jpeg")) for name, data in photos])
+        assert upload.status_code == 202, upload.text
+        deadline = time.monotonic() + 30
+        while not api.get(f"/api/admin/uploads/{upload.json()['upload_id']}").json()["done"]:
+            assert time.monotonic() < deadline, "the photos were not processed in time"
+            time.sleep(0.2)
+    published = api.post(f"/api/admin/galleries/{gallery['id']}/publish")
+    assert published.status_code == 200, published.text
+    return published.json()
+
+
+def saved(download: Any) -> bytes:
+    return Path(download.path()).read_bytes()
+
+
+def test_password_gallery_lightbox_and_downloads(server: LiveServer, api: httpx.Client, page: Page) -> None:
+    photos = [(f"IMG_{i}.jpg", photo_bytes(i)) for i in range(3)]
+    gallery = make_gallery(api, photos, password="letmein", welcome_message="Thank you for celebrating with us!")
+    page.goto(gallery["share_url"])
+    assert page.title().startswith("Protected gallery")
+    page.fill("input[name=password]", "wrong password")
+    page.click("button[type=submit]")
+    assert "not right" in page.locator("[role=alert]").inner_text()
+    page.screenshot("password-wrong")
+    page.fill("input[name=password]", "letmein")
+    page.click("button[type=submit]")
+    page.wait_for_selector("#grid .tile")
+    tiles = page.locator("#grid .tile")
+    assert tiles.count() == 3
+    page.wait_for_function("() => [...document.querySelectorAll('#grid img')].every(i => i.complete && i.naturalWidth)")
+    # Desktop at DPR 1 picks the grid image for tiles (Chromium may reuse the cover's view image, already in its
+    # memory cache, for the first tile: that costs no bytes).
+    sources = page.eval_on_selector_all("#grid img", "els => els.map(e => e.currentSrc)")
+    assert all("/grid" in src for src in sources[1:])
+    page.screenshot("gallery")
+
+    tiles.nth(0).locator(".tile-link").click()
+    box = page.locator("#lightbox")
+    box.wait_for(state="visible")
+    first_src = page.locator("#lb-img").get_attribute("src")
+    assert first_src.endswith("/view")
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("src => document.getElementById('lb-img').getAttribute('src') !== src", arg=first_src)
+    second_id = tiles.nth(1).get_attribute("data-id")
+    assert f"/photos/{second_id}/view" in page.locator("#lb-img").get_attribute("src")
+    page.wait_for_function("() => document.getElementById('lb-img').complete")
+    page.screenshot("lightbox")
+
+    with page.expect_download() as one:
+        page.click("#lightbox .lb-download")
+    name_to_bytes = dict(photos)
+    assert saved(one.value) == name_to_bytes[one.value.suggested_filename]
+    page.keyboard.press("Escape")
+    box.wait_for(state="hidden")
+
+    with page.expect_download() as everything:
+        page.click("#download-all")
+    assert everything.value.suggested_filename == "Anna & Ben.zip"
+    archive = zipfile.ZipFile(io.BytesIO(saved(everything.value)))
+    assert sorted(archive.namelist()) == sorted(name_to_bytes)
+    assert all(archive.read(name) == data for name, data in photos)
+
+
+def test_guest_upload_page_shows_progress_thumbnails_and_errors(server: LiveServer, api: httpx.Client,
+                                                                page: Page, tmp_path: Path) -> None:
+    gallery = make_gallery(api, [], allow_guest_uploads=True)
+    files = []
+    for i in range(3):
+        path = tmp_path / f"guest_{i}.jpg"
+        path.write_bytes(photo_bytes(100 + i, (1200, 800)))
+        files.append(str(path))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a photo")
+    files.append(str(notes))
+
+    page.goto(gallery["share_url"] + "/upload")
+    page.fill("input[name=guest_name]", "Cousin Kim")
+    page.set_input_files("#file-input", files)
+    rows = page.locator("#files .file")
+    assert rows.count() == 4
+    page.wait_for_function(
+        "() => document.querySelectorAll('#files .file.is-done .file-thumb img').length === 3"
+        " && document.querySelectorAll('#files .file.is-error').length === 1", timeout=30_000)
+    page.wait_for_function("() => [...document.querySelectorAll('#files .file-thumb img')].every(i => i.complete)")
+    error_row = page.locator("#files .file.is-error")
+    assert error_row.locator(".file-name").inner_text() == "notes.txt"
+    assert "supported" in error_row.locator(".file-status").inner_text().lower()
+    assert page.locator("#summary").inner_text().startswith("3 of 4 done")
+    page.screenshot("guest-upload")
+
+    page.click("#view-gallery a")
+    page.wait_for_selector("#grid .tile")
+    assert page.locator("#grid .tile").count() == 3
+
+
+def test_phone_favourites_and_favourites_zip(server: LiveServer, api: httpx.Client, phone: Page) -> None:
+    photos = [(f"DSC_{i}.jpg", photo_bytes(200 + i, (600, 900) if i % 2 else (900, 600))) for i in range(5)]
+    gallery = make_gallery(api, photos)
+    phone.goto(gallery["share_url"])
+    phone.wait_for_selector("#grid .tile")
+    phone.wait_for_function(
+        "() => [...document.querySelectorAll('#grid img')].every(i => i.complete && i.naturalWidth)")
+
+    # Two or three columns, no horizontal scroll, and tiles load the grid image only (never the view image).
+    lefts = phone.eval_on_selector_all("#grid .tile", "els => els.map(e => Math.round(e.getBoundingClientRect().left))")
+    assert len(set(lefts)) in (2, 3)
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    assert all("/grid" in s for s in phone.eval_on_selector_all("#grid img", "els => els.map(e => e.currentSrc)"))
+    phone.screenshot("phone-gallery")
+
+    tiles = phone.locator("#grid .tile")
+    picked = [tiles.nth(1).get_attribute("data-id"), tiles.nth(3).get_attribute("data-id")]
+    for index in (1, 3):
+        tiles.nth(index).locator(".heart").click()
+        phone.wait_for_function("el => el.getAttribute('aria-pressed') === 'true'",
+                                arg=tiles.nth(index).locator(".heart").element_handle())
+    assert phone.locator(".fav-count").first.inner_text() == "2"
+
+    phone.click("text=My favourites")
+    phone.wait_for_selector("#download-favourites")
+    assert [t.get_attribute("data-id") for t in phone.locator("#grid .tile").all()] == picked
+    phone.fill("#guest-name input[name=name]", "Grandma")
+    phone.click("#guest-name button")
+    phone.wait_for_function("() => document.querySelector('.guest-name-status').textContent === 'Saved.'")
+    phone.screenshot("phone-favourites")
+    with phone.expect_download() as favourites:
+        phone.click("#download-favourites")
+    archive = zipfile.ZipFile(io.BytesIO(saved(favourites.value)))
+    by_name = dict(photos)
+    assert len(archive.namelist()) == 2
+    assert all(archive.read(name) == by_name[name] for name in archive.namelist())

@@ -1,0 +1,154 @@
+"""Guest downloads: single photos, whole-gallery and favourites zips, names, headers and the rules."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from typing import Any
+
+import httpx
+import trio
+from PIL import Image
+
+from picpeak_lite import bootstrap, server, zipstream
+from picpeak_lite.db import Database
+from picpeak_lite.services import Services
+
+from . import imagefactory
+from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
+from .test_guest_pages import add_photo, guest_csrf, published
+
+
+async def test_single_download_is_the_original_with_safe_headers(guest: Any, admin: AuthActions,
+                                                                  services: Services) -> None:
+    gallery = await published(admin, name="G")
+    data = imagefactory.save(imagefactory.photo(80, 60, seed=3), "jpeg")
+    photo = add_photo(services, gallery["id"], name="Brautpaar am Fluß.jpg", data=data)
+    response = await guest.get(f"/g/{gallery['slug']}/photos/{photo}/download")
+    assert response.status_code == 200
+    assert await response.get_data() == data
+    assert response.headers["Content-Type"] == "image/jpeg"
+    assert response.headers["Content-Disposition"] == (
+        "attachment; filename=\"Brautpaar am Flu_.jpg\"; filename*=UTF-8''Brautpaar%20am%20Flu%C3%9F.jpg")
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert response.headers["Content-Security-Policy"] == "default-src 'none'; sandbox"
+
+
+async def test_watermarked_gallery_downloads_a_marked_copy(guest: Any, admin: AuthActions,
+                                                           services: Services) -> None:
+    gallery = await published(admin, name="Marked", watermark=True)
+    data = imagefactory.save(imagefactory.photo(300, 200, seed=4), "png")
+    photo = add_photo(services, gallery["id"], name="scan.png", data=data, fmt="png")
+    response = await guest.get(f"/g/{gallery['slug']}/photos/{photo}/download")
+    assert response.status_code == 200
+    body = await response.get_data()
+    assert body[:3] == b"\xff\xd8\xff" and body != data
+    assert Image.open(io.BytesIO(body)).size == (300, 200)  # full size, not the view image
+    assert "filename*=UTF-8''scan.jpg" in response.headers["Content-Disposition"]
+    # The original on disk is untouched.
+    key = (await services.db.read(lambda c: c.execute("SELECT storage_key FROM photos").fetchall()))[0]["storage_key"]
+    assert services.storage.original_path(key).read_bytes() == data
+
+
+async def test_downloads_off_is_403_everywhere(guest: Any, admin: AuthActions, services: Services) -> None:
+    gallery = await published(admin, name="No downloads", allow_downloads=False)
+    photo = add_photo(services, gallery["id"])
+    for url in (f"/g/{gallery['slug']}/photos/{photo}/download", f"/g/{gallery['slug']}/download",
+                f"/g/{gallery['slug']}/favourites/download"):
+        response = await guest.get(url, headers={"Accept": "application/json"})
+        assert response.status_code == 403, url
+        assert "turned off downloads" in (await response.get_json())["error"]
+    html = await (await guest.get(f"/g/{gallery['slug']}")).get_data(as_text=True)
+    assert "Download all" not in html and "/download" not in html
+    # The image routes for viewing still work.
+    assert (await guest.get(f"/g/{gallery['slug']}/photos/{photo}/view")).status_code == 200
+
+
+async def test_gallery_zip_has_only_visible_photos_with_safe_unique_names(guest: Any, admin: AuthActions,
+                                                                         services: Services) -> None:
+    gallery = await published(admin, name="Anna & Ben")
+    a = imagefactory.save(imagefactory.photo(40, 30, seed=1), "jpeg")
+    b = imagefactory.save(imagefactory.photo(40, 30, seed=2), "jpeg")
+    c = imagefactory.save(imagefactory.photo(40, 30, seed=3), "png")
+    add_photo(services, gallery["id"], name="a.jpg", data=a, taken_at="2024-06-20T10:00:00")
+    add_photo(services, gallery["id"], name="A.JPG", data=b, taken_at="2024-06-20T11:00:00")
+    add_photo(services, gallery["id"], name="../../etc/pass\x00wd", data=c, fmt="png",
+              taken_at="2024-06-20T12:00:00")
+    add_photo(services, gallery["id"], name="hidden.jpg", hidden=1)
+    add_photo(services, gallery["id"], name="pending.jpg", status="pending")
+    add_photo(services, gallery["id"], name="failed.jpg", status="failed")
+
+    response = await guest.get(f"/g/{gallery['slug']}/download")
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "application/zip"
+    assert response.headers["Content-Disposition"] == (
+        "attachment; filename=\"Anna _ Ben.zip\"; filename*=UTF-8''Anna%20%26%20Ben.zip")
+    archive = zipfile.ZipFile(io.BytesIO(await response.get_data()))
+    assert archive.testzip() is None
+    assert archive.namelist() == ["a.jpg", "A (2).JPG", "pass_wd.png"]
+    assert [i.compress_type for i in archive.infolist()] == [zipfile.ZIP_STORED] * 3
+    assert archive.read("a.jpg") == a and archive.read("A (2).JPG") == b and archive.read("pass_wd.png") == c
+    assert archive.getinfo("a.jpg").date_time == (2024, 6, 20, 10, 0, 0)
+
+
+async def test_empty_gallery_zip_is_404(guest: Any, admin: AuthActions) -> None:
+    gallery = await published(admin, name="Empty")
+    assert (await guest.get(f"/g/{gallery['slug']}/download")).status_code == 404
+
+
+async def test_favourites_zip_holds_only_this_guests_favourites(guest: Any, client: Any, admin: AuthActions,
+                                                               services: Services) -> None:
+    gallery = await published(admin, name="Favs")
+    ids = [add_photo(services, gallery["id"], name=f"p{i}.jpg") for i in range(4)]
+    csrf = await guest_csrf(guest, gallery["slug"])
+    for photo_id in ids[1:3]:
+        r = await guest.put(f"/api/g/{gallery['slug']}/favourites/{photo_id}", headers={"X-CSRF-Token": csrf})
+        assert r.status_code == 200
+    archive = zipfile.ZipFile(io.BytesIO(await (await guest.get(f"/g/{gallery['slug']}/favourites/download"))
+                                         .get_data()))
+    assert archive.namelist() == ["p1.jpg", "p2.jpg"]
+    # Another browser (the admin's client has no guest session yet) has no favourites.
+    assert (await client.get(f"/g/{gallery['slug']}/favourites/download")).status_code == 404
+
+
+def test_entry_names() -> None:
+    names = zipstream.entry_names([
+        ("a.jpg", "jpeg"), ("a.jpg", "jpeg"), ("A.jpg", "jpeg"), ("..", "jpeg"), ("../x/..\\y.png", "png"),
+        ("nul\x00\x1fname", "jpeg"), ("CON.jpg", "jpeg"), ("IMG_1.HEIC", "heif"), ("scan.png", "jpeg"),
+        ("my.party", "jpeg"), ("a (2).jpg", "jpeg"), ("x" * 300 + ".jpg", "jpeg"),
+    ])
+    assert names[:11] == ["a.jpg", "a (2).jpg", "A (3).jpg", "photo.jpg", "y.png", "nul__name.jpg", "_CON.jpg",
+                          "IMG_1.HEIC", "scan.jpg", "my.party.jpg", "a (2) (2).jpg"]
+    assert len(names[11]) == zipstream.MAX_NAME_CHARS + 4
+    for name in names:
+        assert "/" not in name and "\\" not in name and "\x00" not in name and not name.startswith(".")
+
+
+async def test_zip_streams_from_the_real_server(tmp_path: Any) -> None:
+    """A zip of many chunks (the in-process test client cannot read those): complete, and in pieces."""
+    settings = make_settings(tmp_path, shutdown_grace_seconds=2)
+    bootstrap.prepare(settings)
+    bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
+    svc = Services(settings=settings, db=Database(settings.database_path))
+    try:
+        gallery_id = await svc.db.write(lambda conn: conn.execute(
+            "INSERT INTO galleries (slug, share_token, name, is_draft, created_at, updated_at) "
+            "VALUES ('big-zip', ?, 'Big', 0, 0, 0) RETURNING id", ("b" * 32,)).fetchall()[0]["id"])
+        blobs = [imagefactory.save(imagefactory.photo(900, 700, seed=i), "jpeg", quality=98) for i in range(8)]
+        for i, blob in enumerate(blobs):
+            add_photo(svc, gallery_id, name=f"IMG_{i}.jpg", data=blob, taken_at=f"2024-06-20T10:0{i}:00")
+    finally:
+        svc.db.close()
+    total = sum(map(len, blobs))
+    assert total > 2 * 1024 * 1024
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(server.run, settings)
+        async with httpx.AsyncClient(base_url=running.url) as http, http.stream("GET", "/g/big-zip/download") as r:
+            assert r.status_code == 200 and "content-length" not in r.headers
+            pieces = [piece async for piece in r.aiter_raw()]
+        running.stop()
+    body = b"".join(pieces)
+    assert len(pieces) > 10 and len(body) > total
+    archive = zipfile.ZipFile(io.BytesIO(body))
+    assert archive.testzip() is None
+    assert [archive.read(f"IMG_{i}.jpg") for i in range(8)] == blobs

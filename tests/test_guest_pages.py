@@ -1,0 +1,240 @@
+"""The guest gallery page and its JSON listing: what is listed, in which order, page by page."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from typing import Any
+
+import pytest
+
+from picpeak_lite import db
+from picpeak_lite.queries import listing
+from picpeak_lite.services import Services
+from picpeak_lite.storage import new_key
+
+from . import imagefactory
+from .conftest import AuthActions
+
+CSRF_META = re.compile(r'<meta name="csrf-token" content="([^"]+)"')
+CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
+TILE_ID = re.compile(r'<li class="tile[^"]*" data-id="([1-9]\d*)"')
+
+
+def jpeg(seed: int = 0, size: tuple[int, int] = (64, 48)) -> bytes:
+    return imagefactory.save(imagefactory.photo(*size, seed=seed), "jpeg")
+
+
+def add_photo(svc: Services, gallery_id: int, *, name: str = "p.jpg", status: str = "complete", hidden: int = 0,
+              taken_at: str | None = None, data: bytes | None = None, fmt: str = "jpeg",
+              created_at: float | None = None) -> int:
+    """A photo row in any state, with its original and (tiny) derivative files: no pipeline needed."""
+    data = data if data is not None else jpeg(secrets.randbelow(10**9))
+    storage = svc.storage
+    storage.create_dirs()
+    key = new_key()
+    temp = storage.new_temp_path()
+    temp.write_bytes(data)
+    storage.commit_original(temp, key)
+    if status == "complete":
+        for kind in ("grid", "view"):
+            storage.write_derivative(key, kind, data)
+    conn = db.connect(svc.settings.database_path)
+    try:
+        with db.transaction(conn):
+            upload_id = secrets.token_hex(16)
+            now = created_at if created_at is not None else time.time()
+            conn.execute("INSERT INTO uploads (id, gallery_id, uploaded_by, created_at) VALUES (?, ?, 'admin', ?)",
+                         (upload_id, gallery_id, now))
+            conn.execute(
+                "INSERT INTO photos (gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
+                "uploaded_by, status, claim_token, lease_until, hidden, width, height, taken_at, camera_make, "
+                "camera_model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'admin', ?, ?, ?, ?, 64, 48, ?, 'Canon', "
+                "'Canon EOS R5', ?)",
+                (gallery_id, upload_id, key, hashlib.sha256(data + secrets.token_bytes(8)).hexdigest(), name,
+                 len(data), fmt, status, "t" if status == "processing" else None,
+                 now + 60 if status == "processing" else None, hidden, taken_at, now),
+            )
+            return conn.last_insert_rowid()
+    finally:
+        conn.close()
+
+
+async def published(admin: AuthActions, **fields: Any) -> dict[str, Any]:
+    gallery = await admin.create_gallery(**fields)
+    response = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
+    assert response.status_code == 200
+    return await response.get_json()
+
+
+async def enter_password(guest: Any, slug: str, password: str) -> None:
+    html = await (await guest.get(f"/g/{slug}")).get_data(as_text=True)
+    csrf = CSRF_INPUT.search(html).group(1)
+    response = await guest.post(f"/g/{slug}/password", form={"password": password, "csrf_token": csrf})
+    assert response.status_code == 302
+
+
+async def guest_csrf(guest: Any, slug: str) -> str:
+    html = await (await guest.get(f"/g/{slug}")).get_data(as_text=True)
+    return CSRF_META.search(html).group(1)
+
+
+async def all_pages(guest: Any, slug: str, **params: Any) -> list[list[int]]:
+    pages, after = [], None
+    while True:
+        query = {**params, **({"after": after} if after else {})}
+        response = await guest.get(f"/api/g/{slug}/photos", query_string=query)
+        assert response.status_code == 200, await response.get_data(as_text=True)
+        body = await response.get_json()
+        pages.append([p["id"] for p in body["photos"]])
+        after = body["next"]
+        if after is None:
+            return pages
+
+
+async def test_page_lists_only_complete_visible_photos(guest: Any, admin: AuthActions, services: Services) -> None:
+    gallery = await published(admin, name="Party", welcome_message="Hello all")
+    shown = add_photo(services, gallery["id"], taken_at="2024-06-20T14:03:00")
+    hidden = add_photo(services, gallery["id"], hidden=1)
+    pending = add_photo(services, gallery["id"], status="pending")
+    processing = add_photo(services, gallery["id"], status="processing")
+    failed = add_photo(services, gallery["id"], status="failed")
+    other = await published(admin, name="Other")
+    elsewhere = add_photo(services, other["id"])
+
+    response = await guest.get(f"/g/{gallery['slug']}")
+    assert response.status_code == 200
+    html = await response.get_data(as_text=True)
+    assert [int(i) for i in TILE_ID.findall(html)] == [shown]
+    assert "Hello all" in html and "All photos (1)" in html
+    # The tile: grid image for phones, both derivatives for wide screens, ratio attributes, lazy, alt text.
+    assert f'<source media="(max-width: 899px)" srcset="/g/{gallery["slug"]}/photos/{shown}/grid 400w"' in html
+    assert f'/g/{gallery["slug"]}/photos/{shown}/view 1600w' in html
+    assert 'width="64" height="48"' in html and 'loading="lazy"' in html
+    assert 'alt="Photo taken 20 June 2024, 14:03"' in html
+    assert "style=" not in html and "<script>" not in html
+
+    body = await (await guest.get(f"/api/g/{gallery['slug']}/photos")).get_json()
+    assert [p["id"] for p in body["photos"]] == [shown] and body["next"] is None
+    assert body["photos"][0]["camera"] == "Canon EOS R5"
+    for photo_id in (hidden, pending, processing, failed, elsewhere):
+        for kind in ("grid", "view", "download"):
+            r = await guest.get(f"/g/{gallery['slug']}/photos/{photo_id}/{kind}")
+            assert r.status_code == 404, (photo_id, kind)
+
+
+async def test_drafts_expired_and_password_galleries_list_nothing(guest: Any, admin: AuthActions,
+                                                                   services: Services) -> None:
+    draft = await admin.create_gallery(name="Draft")
+    add_photo(services, draft["id"])
+    assert (await guest.get(f"/api/g/{draft['slug']}/photos")).status_code == 404
+    assert (await guest.get(f"/g/{draft['slug']}/download")).status_code == 404
+
+    private = await published(admin, name="Private", password="letmein")
+    add_photo(services, private["id"])
+    assert (await guest.get(f"/api/g/{private['slug']}/photos")).status_code == 401
+    assert (await guest.get(f"/g/{private['slug']}/download")).status_code == 401
+    page = await guest.get(f"/g/{private['slug']}")
+    html = await page.get_data(as_text=True)
+    assert page.status_code == 401 and "<title>Protected gallery" in html
+    assert "og:image" not in html and 'og:title" content="A protected photo gallery"' in html
+    await enter_password(guest, private["slug"], "letmein")
+    assert len((await (await guest.get(f"/api/g/{private['slug']}/photos")).get_json())["photos"]) == 1
+    page = await guest.get(f"/g/{private['slug']}")
+    assert "og:" not in await page.get_data(as_text=True)  # no preview of a protected gallery, even inside
+
+    old = await published(admin, name="Old")
+    add_photo(services, old["id"])
+    await services.db.write(lambda conn: conn.execute("UPDATE galleries SET expires_at = 1000 WHERE id = ?",
+                                                      (old["id"],)))
+    expired = await guest.get(f"/g/{old['slug']}")
+    assert expired.status_code == 410
+    html = await expired.get_data(as_text=True)
+    assert "This gallery has expired" in html and "guest.css" in html
+    api = await guest.get(f"/api/g/{old['slug']}/photos")
+    assert api.status_code == 410 and "expired" in (await api.get_json())["error"]
+    assert (await guest.get(f"/g/{old['slug']}/download")).status_code == 410
+
+
+async def test_open_graph_for_an_open_gallery(guest: Any, admin: AuthActions, services: Services) -> None:
+    gallery = await published(admin, name="Anna & Ben", welcome_message="Thank you for coming")
+    first = add_photo(services, gallery["id"], taken_at="2024-01-01T10:00:00")
+    html = await (await guest.get(f"/g/{gallery['slug']}")).get_data(as_text=True)
+    assert '<meta property="og:title" content="Anna &amp; Ben">' in html
+    assert 'og:description" content="Thank you for coming"' in html
+    assert re.search(rf'og:image" content="http://[^"]+/g/{gallery["slug"]}/photos/{first}/view"', html)
+
+
+@pytest.mark.parametrize("sort", ["taken", "uploaded"])
+async def test_keyset_pages_have_no_duplicates_or_gaps(guest: Any, admin: AuthActions, services: Services,
+                                                       sort: str) -> None:
+    gallery = await published(admin, name="Big")
+    ids = []
+    for i in range(25):
+        # Capture times out of upload order, some equal (ties broken by id), some missing (upload time used).
+        taken = None if i % 7 == 0 else f"2024-06-20T1{(i * 3) % 10}:00:00"
+        ids.append(add_photo(services, gallery["id"], taken_at=taken, data=jpeg(i), created_at=1.7e9 + i))
+    pages = await all_pages(guest, gallery["slug"], sort=sort, limit=4)
+    flat = [i for page in pages for i in page]
+    assert len(pages) == 7 and all(len(p) == 4 for p in pages[:-1])
+    assert sorted(flat) == sorted(ids) and len(set(flat)) == len(flat)
+    if sort == "uploaded":
+        assert flat == sorted(ids)
+
+    def expected(conn: Any) -> list[int]:
+        return [r["id"] for r in conn.execute(
+            f"SELECT id FROM photos WHERE gallery_id = ? ORDER BY {listing.TAKEN_KEY}, id", (gallery["id"],))]
+
+    if sort == "taken":
+        assert flat == await services.db.read(expected)
+
+
+async def test_pages_stay_stable_while_photos_come_and_go(guest: Any, admin: AuthActions,
+                                                          services: Services) -> None:
+    gallery = await published(admin, name="Live")
+    ids = [add_photo(services, gallery["id"], data=jpeg(i)) for i in range(6)]
+    first = await (await guest.get(f"/api/g/{gallery['slug']}/photos",
+                                   query_string={"sort": "uploaded", "limit": 3})).get_json()
+    assert [p["id"] for p in first["photos"]] == ids[:3]
+    # A photo before the cursor disappears and a new one arrives: the next page neither repeats nor skips.
+    await services.db.write(lambda conn: conn.execute("UPDATE photos SET hidden = 1 WHERE id = ?", (ids[0],)))
+    new = add_photo(services, gallery["id"], data=jpeg(99))
+    second = await (await guest.get(f"/api/g/{gallery['slug']}/photos", query_string={
+        "sort": "uploaded", "limit": 3, "after": first["next"]})).get_json()
+    assert [p["id"] for p in second["photos"]] == ids[3:6]
+    third = await (await guest.get(f"/api/g/{gallery['slug']}/photos", query_string={
+        "sort": "uploaded", "limit": 3, "after": second["next"]})).get_json()
+    assert [p["id"] for p in third["photos"]] == [new] and third["next"] is None
+
+
+async def test_bad_cursor_and_sort_are_400(guest: Any, admin: AuthActions) -> None:
+    gallery = await published(admin, name="G")
+    for query in ({"after": "not-a-cursor"}, {"after": "WzEsMl0"}, {"sort": "name"}, {"limit": "x"}):
+        response = await guest.get(f"/api/g/{gallery['slug']}/photos", query_string=query)
+        assert response.status_code == 400, query
+
+
+async def test_listing_query_uses_an_index_for_upload_order(services: Services) -> None:
+    def plan(conn: Any) -> str:
+        rows = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM photos WHERE gallery_id = 1 AND status = 'complete' AND hidden = 0 "
+            "AND id > 5 ORDER BY id LIMIT 61").fetchall()
+        return " ".join(r["detail"] for r in rows)
+
+    detail = await services.db.read(plan)
+    assert "photos_by_gallery" in detail and "TEMP B-TREE" not in detail
+
+
+async def test_upload_page_only_when_guest_uploads_are_on(guest: Any, admin: AuthActions) -> None:
+    closed = await published(admin, name="Closed")
+    assert (await guest.get(f"/g/{closed['slug']}/upload")).status_code == 403
+    opened = await published(admin, name="Open", allow_guest_uploads=True)
+    response = await guest.get(f"/g/{opened['slug']}/upload")
+    html = await response.get_data(as_text=True)
+    assert response.status_code == 200
+    assert 'type="file"' in html and "multiple" in html and CSRF_META.search(html)
+    assert "/static/live.js" in html and "/static/guest-upload.js" in html
+    gallery_html = await (await guest.get(f"/g/{opened['slug']}")).get_data(as_text=True)
+    assert f"/g/{opened['slug']}/upload" in gallery_html
