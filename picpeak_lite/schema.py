@@ -209,6 +209,13 @@ MIGRATIONS: tuple[str, ...] = (
         value TEXT NOT NULL
     ) STRICT;
     """,
+    # 4: guests page through a gallery by capture time; this partial index makes each page's cost independent
+    # of the gallery's size (the expression is queries.listing.TAKEN_KEY, the visibility is access's rule).
+    """
+    CREATE INDEX photos_guest_taken ON photos(
+        gallery_id, coalesce(taken_at, strftime('%Y-%m-%dT%H:%M:%S', created_at, 'unixepoch')), id
+    ) WHERE status = 'complete' AND hidden = 0;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

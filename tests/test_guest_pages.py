@@ -216,15 +216,29 @@ async def test_bad_cursor_and_sort_are_400(guest: Any, admin: AuthActions) -> No
         assert response.status_code == 400, query
 
 
-async def test_listing_query_uses_an_index_for_upload_order(services: Services) -> None:
+@pytest.mark.parametrize("sort", ["uploaded", "taken"])
+async def test_a_later_page_seeks_the_index_instead_of_sorting_or_scanning(services: Services, sort: str) -> None:
+    """The plan of the query list_photos really runs, for a page after a cursor, in both orders."""
     def plan(conn: Any) -> str:
-        rows = conn.execute(
-            "EXPLAIN QUERY PLAN SELECT id FROM photos WHERE gallery_id = 1 AND status = 'complete' AND hidden = 0 "
-            "AND id > 5 ORDER BY id LIMIT 61").fetchall()
-        return " ".join(r["detail"] for r in rows)
+        executed: list[tuple[str, Any]] = []
+
+        def trace(cursor: Any, sql: str, bindings: Any) -> bool:
+            executed.append((sql, bindings))
+            return True
+
+        conn.exec_trace = trace
+        try:
+            listing.list_photos(conn, 1, sort=sort, after=("2024-06-20T14:03:00", 5))
+        finally:
+            conn.exec_trace = None
+        sql, bindings = next((q, b) for q, b in executed if "FROM photos" in q)
+        return " ".join(r["detail"] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, bindings).fetchall())
 
     detail = await services.db.read(plan)
-    assert "photos_by_gallery" in detail and "TEMP B-TREE" not in detail
+    assert "TEMP B-TREE" not in detail, detail
+    expected = "photos_by_gallery (gallery_id=? AND status=? AND id>?)" if sort == "uploaded" else (
+        "photos_guest_taken (gallery_id=? AND <expr>>?)")
+    assert expected in detail, detail
 
 
 async def test_upload_page_only_when_guest_uploads_are_on(guest: Any, admin: AuthActions) -> None:

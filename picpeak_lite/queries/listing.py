@@ -31,8 +31,8 @@ PAGE_SIZE = 60
 MAX_PAGE_SIZE = 200
 
 # Capture time as written by the pipeline ('2024-06-20T14:03:00'), else the upload time in the same shape, so
-# that one text comparison orders both. Deterministic, so an expression index can serve it:
-# CREATE INDEX photos_guest_taken ON photos(gallery_id, <TAKEN_KEY>, id) WHERE status = 'complete' AND hidden = 0
+# that one text comparison orders both. Deterministic, so an expression index can serve it.
+# Migration 4 indexes (gallery_id, TAKEN_KEY, id) for visible photos: keep the two expressions identical.
 TAKEN_KEY = "coalesce(taken_at, strftime('%Y-%m-%dT%H:%M:%S', created_at, 'unixepoch'))"
 
 COLUMNS = (
@@ -76,8 +76,10 @@ def list_photos(conn: Connection, gallery_id: int, *, sort: str = "taken", after
     params: list[Any] = [gallery_id]
     if after is not None:
         if sort == "taken":
-            where.append(f"({TAKEN_KEY}, id) > (?, ?)")
-            params += [after[0], after[1]]
+            # The first condition is implied by the second; it is there so that SQLite seeks the index to the
+            # cursor instead of scanning the gallery from its start (a row value alone does not seek).
+            where.append(f"{TAKEN_KEY} >= ? AND ({TAKEN_KEY}, id) > (?, ?)")
+            params += [after[0], after[0], after[1]]
         else:
             where.append("id > ?")
             params.append(after[1])
