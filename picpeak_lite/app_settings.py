@@ -117,6 +117,13 @@ def load(conn: Connection, settings: Settings) -> AdminSettings:
     return AdminSettings(**values, logo_path=logo)
 
 
+def gallery_watermark(conn: Connection, settings: Settings, gallery: Mapping[str, Any]) -> images.Watermark | None:
+    """The one answer to "what watermark does this gallery get": for its view images and its downloads alike."""
+    if not gallery["watermark"]:
+        return None
+    return load(conn, settings).watermark(gallery["name"])
+
+
 def save(conn: Connection, values: Mapping[str, Any]) -> None:
     settings_q.set_many(conn, {k: json.dumps(v) for k, v in values.items() if k in KEYS})
 

@@ -123,6 +123,83 @@ def import_folder(folder: str, slug: str, config: str | None, data_dir: str | No
         sys.exit(1)
 
 
+def _progress_bar(label: str) -> Any:
+    """A progress callback ``(done, total, name)`` drawing a bar on stderr (a line every 100 when not a tty)."""
+    interactive = sys.stderr.isatty()
+
+    def progress(done: int, total: int, name: str) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        line = f"{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name[:40]}"
+        if interactive:
+            click.echo("\r" + line.ljust(90), nl=False, err=True)
+            if done == total:
+                click.echo(err=True)
+        elif done == total or done % 100 == 0:
+            click.echo(line, err=True)
+
+    return progress
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def backup(directory: str, config: str | None, data_dir: str | None) -> None:
+    """Copy the database (a consistent snapshot, safe while the server runs) and every photo into DIRECTORY,
+    with a manifest of sha256 sums. Run it again into the same directory to update it. See README to restore."""
+    from .backup import backup as run_backup
+
+    settings = _settings(config, data_dir=data_dir)
+    summary = run_backup(settings, directory, _progress_bar("backup"))
+    click.echo(f"Backed up {summary.photos - summary.deleted_meanwhile} photos to {directory}: "
+               f"{summary.copied} files copied ({summary.bytes_copied / 1e6:.1f} MB), {summary.kept} unchanged, "
+               f"{summary.removed} removed.")
+    if summary.missing_derivatives:
+        click.echo(f"  {summary.missing_derivatives} thumbnails were missing; after a restore, "
+                   "`picpeak-lite check --repair` makes them again.", err=True)
+    for photo_id in summary.missing_originals:
+        click.echo(f"  photo {photo_id}: the original is missing from the data directory", err=True)
+    for photo_id in summary.sha_mismatch:
+        click.echo(f"  photo {photo_id}: the original differs from its recorded sha256", err=True)
+    if summary.problems:
+        raise click.ClickException(f"{summary.problems} photos could not be backed up intact (listed above)")
+
+
+@cli.command()
+@click.option("--repair", is_flag=True,
+              help="Queue photos with missing thumbnails again, fail rows whose original is gone, "
+                   "remove orphan files.")
+@click.option("--grace", type=float, default=600.0, show_default=True,
+              help="Seconds before a file without a row counts as an orphan (an upload may be committing).")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def check(repair: bool, grace: float, config: str | None, data_dir: str | None) -> None:
+    """Read every photo back: originals present and matching their sha256, thumbnails of complete photos
+    present, no orphan files, database integrity. Exits 1 when anything is wrong."""
+    from .scrub import scrub
+
+    settings = _settings(config, data_dir=data_dir)
+    report = scrub(settings, grace=grace, repair=repair, progress=_progress_bar("check"))
+    for label, ids in (("original missing", report.missing_original), ("sha256 differs", report.sha_mismatch),
+                       ("thumbnails missing", report.missing_derivatives)):
+        for photo_id in ids[:50]:
+            click.echo(f"  photo {photo_id}: {label}", err=True)
+    for path in report.orphans[:50]:
+        click.echo(f"  orphan file: {path}", err=True)
+    click.echo(f"check: {report.summary()}")
+    if repair:
+        click.echo(f"repair: requeued={report.requeued} failed={report.failed_now} "
+                   f"orphans_removed={report.orphans_removed}")
+        if report.requeued:
+            click.echo("The running server (or the next start) makes the missing thumbnails.")
+    left = report.unrepaired if repair else report.problems
+    if left:
+        click.echo(f"{left} problems" + (" left (a changed original needs a restore from backup)" if repair else
+                                          "; `--repair` fixes missing thumbnails and orphans"), err=True)
+        sys.exit(1)
+
+
 @cli.group()
 def admin() -> None:
     """Manage the admin account and API tokens."""

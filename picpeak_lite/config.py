@@ -147,7 +147,7 @@ def _read_environ(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 # Environment variables with our prefix that are not settings.
-_NOT_SETTINGS = {"PICPEAK_ADMIN_PASSWORD", "PICPEAK_CONFIG"}
+_NOT_SETTINGS = {"PICPEAK_ADMIN_PASSWORD", "PICPEAK_CONFIG", "PICPEAK_DEBUG_LAG_LOG"}
 
 
 def _convert(key: str, value: Any) -> Any:

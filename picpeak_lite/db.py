@@ -150,6 +150,20 @@ class Database:
         self._writer.close()
 
 
+def backup_to(conn: apsw.Connection, path: str | os.PathLike[str]) -> None:
+    """Copy the database behind ``conn`` to a new file at ``path`` with SQLite's online backup API.
+
+    One step copies every page under one read transaction: a consistent snapshot, taken while other
+    connections (the running server) go on writing, since readers never block writers in WAL mode.
+    """
+    dest = apsw.Connection(str(path))
+    try:
+        with dest.backup("main", conn, "main") as backup:
+            backup.step(-1)
+    finally:
+        dest.close()
+
+
 def check(conn: apsw.Connection) -> None:
     """A cheap liveness check for ``/healthz``: the file is readable and the schema is there."""
     conn.execute("SELECT count(*) FROM galleries").fetchall()

@@ -185,6 +185,7 @@ def _write_batch(storage: Storage, path: Path, f: BinaryIO | None, hasher: Any, 
                  final: bool) -> BinaryIO | None:
     try:
         with disk_errors():
+            storage.ensure_space(len(data))
             if f is None:
                 f = _create(storage, path)
             hasher.update(data)

@@ -10,7 +10,9 @@ and the database is closed cleanly.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import time
 from dataclasses import dataclass
 
 import trio
@@ -55,6 +57,8 @@ async def run(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signals, shutdown)
+            if os.environ.get(LAG_LOG_ENV):
+                nursery.start_soon(_record_loop_lag, os.environ[LAG_LOG_ENV])
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled)
             await nursery.start(ChangeFeed(svc, svc.broker).run)
             binds = await nursery.start(_serve, svc, shutdown, nursery.cancel_scope)
@@ -117,6 +121,25 @@ async def _serve(
     config.websocket_max_message_size = 4096
     await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
     cancel_when_done.cancel()
+
+
+# Debugging aid for the load suite, off unless set: the path of a file that receives the worst event-loop lag.
+LAG_LOG_ENV = "PICPEAK_DEBUG_LAG_LOG"
+LAG_TICK = 0.01
+
+
+async def _record_loop_lag(path: str) -> None:
+    """Sleep 10 ms at a time and append, once a second, ``<unix time> <worst overshoot in ms>`` to ``path``:
+    how long the event loop was kept from running a ready task (e.g. by blocking work done on it)."""
+    async with await trio.open_file(path, "a") as log_file:
+        while True:
+            worst, window_end = 0.0, trio.current_time() + 1.0
+            while trio.current_time() < window_end:
+                before = trio.current_time()
+                await trio.sleep(LAG_TICK)
+                worst = max(worst, trio.current_time() - before - LAG_TICK)
+            await log_file.write(f"{time.time():.3f} {worst * 1000:.1f}\n")
+            await log_file.flush()
 
 
 async def _stop_on_signals(shutdown: trio.Event) -> None:

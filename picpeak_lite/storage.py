@@ -30,6 +30,12 @@ from .errors import InsufficientStorage
 
 DERIVATIVES = ("grid", "view")
 TEMP_PREFIX = "up-"
+# Uploads and thumbnails stop this far short of a full disk, so that the database can still commit the
+# deletes that free space again: at 0 bytes free even a DELETE fails, and SQLite's WAL grows to about 4 MB
+# (1000 pages) between checkpoints. min(64 MiB, a quarter of the filesystem).
+RESERVE_MAX_BYTES = 64 * 1024 * 1024
+RESERVE_SHARE = 0.25
+DISK_FULL = "The server's disk is full; the photo was not saved."
 
 
 def new_key() -> str:
@@ -72,9 +78,17 @@ class Storage:
             fsync_dir(target.parent)
         return target
 
+    def ensure_space(self, incoming: int) -> None:
+        """Refuse (507) to write ``incoming`` more bytes into the reserve (see RESERVE_MAX_BYTES)."""
+        stat = os.statvfs(self.root)
+        reserve = min(RESERVE_MAX_BYTES, int(stat.f_blocks * stat.f_frsize * RESERVE_SHARE))
+        if stat.f_bavail * stat.f_frsize - incoming < reserve:
+            raise InsufficientStorage(DISK_FULL)
+
     def write_derivative(self, key: str, kind: str, data: bytes) -> Path:
         """Write a derivative atomically (temp file, fsync, rename, fsync dir)."""
         target = self.derived_path(key, kind)
+        self.ensure_space(len(data))
         temp = self.new_temp_path()
         with disk_errors():
             try:
@@ -155,7 +169,7 @@ def disk_errors() -> Iterator[None]:
         yield
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InsufficientStorage("The server's disk is full; the photo was not saved.") from error
+            raise InsufficientStorage(DISK_FULL) from error
         raise
 
 

@@ -26,6 +26,7 @@ from . import queue
 log = logging.getLogger(__name__)
 
 SAFETY_POLL_SECONDS = 5.0
+DISK_FULL = "disk full"  # what _process returns when the thumbnails did not fit: the photo is handed back
 
 
 class WorkerPool:
@@ -83,6 +84,11 @@ class WorkerPool:
             with trio.CancelScope(shield=True):
                 await svc.db.write(photo_q.release, row["id"], token)
             raise
+        if outcome is DISK_FULL and not claim.lost:
+            # Not this photo's fault: hand it back and let the worker pause (_work), so that it is made once
+            # space is freed instead of failing for good. Raised here, outside the nursery, as itself.
+            await svc.db.write(photo_q.release, row["id"], token)
+            raise InsufficientStorage("The server's disk is full; the thumbnails were not saved.")
         if claim.lost or outcome is None:
             log.warning("photo %s: lost its claim while processing; result discarded", row["id"])
             return True
@@ -126,10 +132,11 @@ class WorkerPool:
         try:
             await run(self.storage.write_derivative, row["storage_key"], "view", view_jpeg)
             await run(self.storage.write_derivative, row["storage_key"], "grid", grid_jpeg)
-        except (InsufficientStorage, OSError) as error:
+        except InsufficientStorage:
+            return DISK_FULL
+        except OSError as error:
             log.error("photo %s: could not save derivatives: %s", row["id"], error)
-            return "Could not save the thumbnails: " + (
-                "the server's disk is full." if isinstance(error, InsufficientStorage) else "a storage error.")
+            return "Could not save the thumbnails: a storage error."
         return {"width": view.width, "height": view.height, **dataclasses.asdict(metadata)}
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
@@ -139,10 +146,8 @@ class WorkerPool:
         s = self.svc.settings
         gallery = await self.svc.db.read(gallery_q.get, gallery_id)
         watermark = None
-        if gallery is not None and gallery["watermark"]:
-            # The settings page's choices (app_settings) over the config file's defaults.
-            chosen = await self.svc.db.read(app_settings.load, s)
-            watermark = chosen.watermark(gallery["name"])
+        if gallery is not None:
+            watermark = await self.svc.db.read(app_settings.gallery_watermark, s, gallery)
         return images.RenderSpec(grid_px=s.grid_px, view_px=s.view_px, quality=s.jpeg_quality,
                                  max_pixels=s.max_pixels, watermark=watermark)
 

@@ -15,7 +15,7 @@ from urllib.parse import quote
 import trio
 from quart import Blueprint, Response, current_app
 
-from .. import access, images, zipstream
+from .. import access, app_settings, images, zipstream
 from ..auth import current_guest, services
 from ..errors import Forbidden, NotFound
 from ..queries import listing
@@ -36,14 +36,10 @@ def _limiter() -> trio.CapacityLimiter:
     return limiter
 
 
-def watermark_for(gallery: dict[str, Any]) -> images.Watermark | None:
-    if not gallery["watermark"]:
-        return None
-    s = services().settings
-    return images.Watermark(
-        text=s.watermark_text or gallery["name"], logo_path=s.watermark_logo or None,
-        position=s.watermark_position, opacity=s.watermark_opacity, size=s.watermark_size,
-    )
+async def watermark_for(gallery: dict[str, Any]) -> images.Watermark | None:
+    """The same watermark as the gallery's view images (settings page over config defaults)."""
+    svc = services()
+    return await svc.db.read(app_settings.gallery_watermark, svc.settings, gallery)
 
 
 async def _downloadable_gallery(slug: str) -> dict[str, Any]:
@@ -58,7 +54,7 @@ async def photo(slug: str, photo_id: int) -> Response:
     svc = services()
     gallery = await _downloadable_gallery(slug)
     row = await svc.db.read(access.visible_photo, gallery, photo_id)
-    watermark = watermark_for(gallery)
+    watermark = await watermark_for(gallery)
     if watermark is None:
         response = await send_original(row)
     else:
@@ -99,7 +95,7 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
     if not rows:
         raise NotFound("You have not marked any favourites in this gallery yet." if favourites_only
                        else "There are no photos in this gallery yet.")
-    watermark = watermark_for(gallery)
+    watermark = await watermark_for(gallery)
     names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
                                   force_extension=".jpg" if watermark else None)
     storage = svc.storage

@@ -1,0 +1,299 @@
+"""Shared helpers for the suites that run the real server in its own process (crash, load, disk full).
+
+* :class:`ServerProcess`: ``python -m picpeak_lite serve --port 0`` with a config file, its URL read from
+  its output, stopped by SIGTERM or killed by SIGKILL, its peak RSS read from ``/proc``.
+* :class:`WebhookReceiver`: an HTTP server on 127.0.0.1 (in a thread) that checks signatures and counts
+  deliveries per event, so that a test can see an event delivered under two ids.
+* :func:`multipart` builds an upload body; :func:`unique_jpeg` makes distinct photos cheaply.
+* :func:`figures` prints a suite's one line of figures where CI shows it, and appends it to
+  ``test-artifacts/figures.txt``.
+
+Nothing here talks to anything but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from picpeak_lite import db
+
+from . import imagefactory
+
+ADMIN_PASSWORD = "correct horse battery"
+WEBHOOK_SECRET = "crash-suite-secret-0123456789"
+BOUNDARY = "----picpeak-harness-5c1e"
+REPO = Path(__file__).resolve().parent.parent
+URL_LINE = re.compile(r"running at (http://127\.0\.0\.1:\d+)/admin")
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``picpeak-lite ARGS`` in a subprocess, as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "picpeak_lite", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def write_config(path: Path, *, webhook_url: str | None = None, **values: Any) -> Path:
+    """A picpeak.toml with flat keys, and a ``[[webhooks]]`` table when ``webhook_url`` is given."""
+    lines = [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    if webhook_url is not None:
+        lines += ["", "[[webhooks]]", f"url = {json.dumps(webhook_url)}", f"secret = {json.dumps(WEBHOOK_SECRET)}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def create_token(data_dir: Path, config: Path | None = None) -> str:
+    args = ["admin", "token", "create", "--name", f"t{secrets.token_hex(4)}", "--data-dir", str(data_dir)]
+    if config is not None:
+        args += ["--config", str(config)]
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+class ServerProcess:
+    """One ``picpeak-lite serve`` process at a time on a data directory; restartable."""
+
+    def __init__(self, data_dir: Path, config: Path, *, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.env = {**os.environ, "PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD, "PICPEAK_WEBHOOK_ALLOW_PRIVATE": "true",
+                    **(env or {})}
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.output: collections.deque[str] = collections.deque(maxlen=4000)
+        self.starts = 0
+
+    def start(self, timeout: float = 30) -> str:
+        """Start and return the URL once the server says it is serving (recovery has run by then)."""
+        assert self.proc is None, "already running"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(self.data_dir),
+             "--config", str(self.config)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
+        )
+        self.starts += 1
+        ready = threading.Event()
+        threading.Thread(target=self._drain, args=(self.proc, ready), daemon=True).start()
+        if not ready.wait(timeout) or not self.url:
+            self.kill()
+            raise AssertionError("the server did not print its URL:\n" + self.log_tail())
+        return self.url
+
+    def _drain(self, proc: subprocess.Popen[str], ready: threading.Event) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.output.append(line)
+            match = URL_LINE.search(line)
+            if match and not ready.is_set():
+                self.url = match.group(1)
+                ready.set()
+        ready.set()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL: no handler runs, nothing is flushed, nothing is handed back."""
+        if self.proc is None:
+            return
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM and wait: returns the exit status."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=timeout)
+        self.proc = None
+        return code
+
+    def peak_rss_mb(self) -> float:
+        """The kernel's high-water mark of the process's resident memory (VmHWM)."""
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        kb = int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
+        return kb / 1024
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "".join(list(self.output)[-lines:])
+
+    def tracebacks(self) -> list[str]:
+        return [line for line in self.output if "Traceback" in line]
+
+
+# --- webhooks ----------------------------------------------------------------------------------------------
+
+@dataclass
+class WebhookReceiver:
+    """Counts deliveries by (event type, subject) and by id; refuses bad signatures with 401."""
+
+    delay: float = 0.0  # seconds each delivery takes, to widen the window for a kill during delivery
+    ids_by_event: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    deliveries: int = 0
+    bad_signatures: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    def __enter__(self) -> WebhookReceiver:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                receiver._record(dict(self.headers), body)
+                if receiver.delay:
+                    time.sleep(receiver.delay)
+                ok = receiver._signed(dict(self.headers), body)
+                self.send_response(200 if ok else 401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _signed(self, headers: dict[str, str], body: bytes) -> bool:
+        signed = f"{headers.get('X-PicPeak-Id')}.{headers.get('X-PicPeak-Timestamp')}.".encode() + body
+        expected = hmac.new(WEBHOOK_SECRET.encode(), signed, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(headers.get("X-PicPeak-Signature", ""), f"sha256={expected}"):
+            with self._lock:
+                self.bad_signatures += 1
+            return False
+        return True
+
+    def _record(self, headers: dict[str, str], body: bytes) -> None:
+        event = json.loads(body)
+        data = event["data"]
+        subject = str(data.get("photo_id") if "photo_id" in data else data.get("upload_id"))
+        with self._lock:
+            self.deliveries += 1
+            self.ids_by_event.setdefault((event["type"], subject), set()).add(headers.get("X-PicPeak-Id", ""))
+
+    def duplicate_ids(self) -> int:
+        """Events that arrived under more than one id: must be 0 (the same id twice is fine)."""
+        with self._lock:
+            return sum(1 for ids in self.ids_by_event.values() if len(ids) > 1)
+
+    def events(self) -> int:
+        with self._lock:
+            return len(self.ids_by_event)
+
+
+# --- uploads -----------------------------------------------------------------------------------------------
+
+def multipart(files: Iterable[tuple[str, bytes]], fields: Iterable[tuple[str, str]] = ()) -> tuple[bytes,
+                                                                                                 dict[str, str]]:
+    """A multipart/form-data body: form fields first, then each file in the ``photos`` field."""
+
+    def part(headers: str, data: bytes) -> bytes:
+        return f"--{BOUNDARY}\r\n{headers}\r\n\r\n".encode() + data + b"\r\n"
+
+    parts = [part(f'Content-Disposition: form-data; name="{n}"', v.encode()) for n, v in fields]
+    parts += [part(f'Content-Disposition: form-data; name="photos"; filename="{name}"\r\n'
+                   "Content-Type: image/jpeg", data) for name, data in files]
+    body = b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+    return body, {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+
+
+def base_jpeg(width: int, height: int, *, quality: int = 90, seed: int = 0) -> bytes:
+    return imagefactory.save(imagefactory.photo(width, height, seed=seed), "jpeg", quality=quality)
+
+
+def unique_jpeg(base: bytes, tag: str) -> bytes:
+    """``base`` with a JPEG comment segment right after SOI: a distinct file (and sha256) for the same pixels,
+    made in microseconds instead of encoding a new photo."""
+    assert base[:2] == b"\xff\xd8"
+    comment = f"picpeak-harness {tag} {secrets.token_hex(8)}".encode()
+    return base[:2] + b"\xff\xfe" + struct.pack(">H", len(comment) + 2) + comment + base[2:]
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- the data directory, read as the operator's tools would ------------------------------------------------
+
+def query(data_dir: Path, sql: str, *args: Any) -> list[dict[str, Any]]:
+    conn = db.connect(data_dir / "picpeak.sqlite3")
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def stored_files(data_dir: Path) -> dict[str, list[Path]]:
+    """Every original and derivative by storage key."""
+    out: dict[str, list[Path]] = {}
+    for sub in ("originals", "derived"):
+        base = data_dir / sub
+        if base.exists():
+            for path in base.rglob("*"):
+                if path.is_file():
+                    out.setdefault(path.name.split(".", 1)[0], []).append(path)
+    return out
+
+
+def temp_files(data_dir: Path) -> list[Path]:
+    tmp = data_dir / "tmp"
+    return sorted(tmp.iterdir()) if tmp.exists() else []
+
+
+def percentile(values: list[float], share: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def figures(capsys: Any, line: str) -> None:
+    """Print a suite's figures line where CI shows it (outside pytest's capture) and keep it in a file."""
+    out = REPO / "test-artifacts"
+    out.mkdir(exist_ok=True)
+    with open(out / "figures.txt", "a") as f:
+        f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+    if capsys is None:
+        print(line, flush=True)
+        return
+    with capsys.disabled():
+        print("\n" + line, flush=True)
