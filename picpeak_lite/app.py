@@ -14,6 +14,7 @@ from quart import Response, g, render_template, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from .asgi import BackpressureHTTPConnection, BoundedRequest
 from .auth import ADMIN_COOKIE, GUEST_COOKIE, services
 from .errors import AppError, TooLarge
 from .services import Services
@@ -28,15 +29,22 @@ CSP = (
 )
 
 
+class PicpeakApp(QuartTrio):
+    """QuartTrio with bounded request bodies (see asgi.py)."""
+
+    request_class = BoundedRequest
+    asgi_http_class = BackpressureHTTPConnection
+
+
 def create_app(svc: Services) -> QuartTrio:
-    app = QuartTrio(
+    app = PicpeakApp(
         __name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static"),
         static_url_path="/static",
     )
     app.extensions["picpeak"] = svc
-    # Upload bodies are streamed and counted by our own code; Quart's whole-body limit and 60 s body timeout
-    # are wrong for a phone on a slow uplink sending a 50 MB file.
-    app.config["MAX_CONTENT_LENGTH"] = None
+    # Forms and JSON are read whole and limited to 16 MiB; upload bodies are streamed (BoundedBody.stream) and
+    # counted by our own code. Quart's 60 s body timeout is wrong for a phone on a slow uplink sending 50 MB.
+    app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
     app.config["BODY_TIMEOUT"] = None
     # Likewise a zip of a whole wedding or a 2 GB original takes longer than Quart's 60 s response limit.
     app.config["RESPONSE_TIMEOUT"] = None

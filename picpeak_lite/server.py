@@ -117,6 +117,9 @@ async def _serve(
     # Phones upload slowly; the read timeout only applies between bytes, keep it generous.
     config.read_timeout = 120
     config.h11_max_incomplete_size = 64 * 1024
+    # At most 4 received chunks (64 KiB each) wait for the app per connection; with the bounded request body
+    # (asgi.py) that keeps each of 200 concurrent uploads to well under a megabyte of buffers.
+    config.max_app_queue_size = 4
     # Clients of our WebSockets only send keep-alives.
     config.websocket_max_message_size = 4096
     await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)

@@ -141,6 +141,7 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
     boundary = request.mimetype_params["boundary"].encode("latin-1")
     with Intake(db=svc.db, storage=svc.storage, settings=svc.settings, gallery=gallery, limits=limits,
                 clock=svc.clock) as intake:
+        request.body.stream()  # our limits, counted as bytes arrive; backpressure instead of buffering
         fields = await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
         g.upload_drained = True
         if not intake.entries:

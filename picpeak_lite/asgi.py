@@ -1,0 +1,73 @@
+"""Request bodies that cannot eat the server's memory.
+
+quart-trio reads the socket as fast as the client sends and appends everything to the request body's buffer,
+whether or not the app is keeping up: 200 guests uploading 3 MB each made the server hold most of 600 MB, and
+the copying showed as event-loop lag. Two rules replace that:
+
+* **Whole-body reads** (forms, JSON) are limited by ``MAX_CONTENT_LENGTH`` as usual (a sane 16 MiB), so a
+  guest endpoint cannot be made to buffer gigabytes.
+* **Everything else is read with backpressure**: the connection stops reading the socket while more than
+  ``STREAM_BUFFER_BYTES`` wait in the buffer, until the app either iterates the body (uploads, which call
+  :meth:`BoundedBody.stream` to replace Quart's total limit by their own byte counting) or asks for it whole.
+  So a request waiting on its checks holds 256 KiB, not its whole body, and a fast sender is slowed to the
+  speed of the disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from quart_trio.asgi import TrioASGIHTTPConnection
+from quart_trio.wrappers.request import TrioBody, TrioRequest
+
+STREAM_BUFFER_BYTES = 256 * 1024
+
+
+class BoundedBody(TrioBody):
+    def __init__(self, expected_content_length: int | None, max_content_length: int | None) -> None:
+        super().__init__(expected_content_length, max_content_length)
+        self.wanted_whole = False
+        self._room = trio.Event()
+
+    def stream(self) -> None:
+        """The caller reads this body chunk by chunk and enforces its own limits: lift Quart's whole-body limit
+        (including a refusal already decided from Content-Length)."""
+        self._max_content_length = None
+        self._must_raise = None
+
+    def __await__(self) -> Any:
+        # Read whole (forms, JSON): stop holding the socket back; MAX_CONTENT_LENGTH bounds it instead.
+        self.wanted_whole = True
+        self._room.set()
+        return super().__await__()
+
+    async def __anext__(self) -> bytes:
+        data = await super().__anext__()
+        self._room.set()
+        self._room = trio.Event()
+        return data
+
+    async def wait_for_room(self) -> None:
+        """Block the socket reader while enough is waiting for the app (unless it wants the body whole)."""
+        while not self.wanted_whole and len(self._data) >= STREAM_BUFFER_BYTES:
+            await self._room.wait()
+
+
+class BoundedRequest(TrioRequest):
+    body_class = BoundedBody
+
+
+class BackpressureHTTPConnection(TrioASGIHTTPConnection):
+    async def handle_messages(self, nursery: trio.Nursery, request: Any, receive: Any) -> None:  # type: ignore[override]
+        body = request.body
+        while True:
+            await body.wait_for_room()
+            message = await receive()
+            if message["type"] == "http.request":
+                body.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    body.set_complete()
+            elif message["type"] == "http.disconnect":
+                break
+        nursery.cancel_scope.cancel()
