@@ -32,6 +32,7 @@ from typing import Any
 from . import db
 from .config import Settings
 from .errors import ConfigError
+from .queries import photos as photo_q
 from .storage import DERIVATIVES, Storage, fsync_dir, remove_quietly
 
 Progress = Callable[[int, int, str], None]
@@ -78,7 +79,7 @@ def backup(settings: Settings, target: str | os.PathLike[str], progress: Progres
         try:
             with db.transaction(copy):
                 summary.released = release_claims(copy)
-                rows = photo_rows(copy)
+                rows = photo_q.rows_for_check(copy)
             summary.photos = len(rows)
             files, gone = _copy_files(Storage(settings.data_path), dest, rows, previous, summary, progress)
             if gone:
@@ -250,10 +251,6 @@ def release_claims(conn: db.Connection) -> int:
     )
     return conn.changes()
 
-
-def photo_rows(conn: db.Connection) -> list[dict[str, Any]]:
-    return conn.execute(
-        "SELECT id, storage_key, sha256, status, display_name FROM photos ORDER BY id").fetchall()
 
 
 def photo_ids(conn: db.Connection, ids: list[int]) -> list[int]:

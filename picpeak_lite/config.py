@@ -44,6 +44,7 @@ class Settings:
     data_dir: str = _setting("./picpeak-data", "Folder for the SQLite database and the photo storage.")
     public_url: str = _setting("", "Base URL for share links (https://photos.example.com); empty: from the request.")
     secure_cookies: bool = _setting(False, "Mark cookies Secure; set this when the server is reached over HTTPS.")
+    trusted_proxies: str = _setting("", "Comma-separated proxy addresses whose X-Forwarded-For is believed.")
     shutdown_grace_seconds: float = _setting(10.0, "How long in-flight requests may finish after SIGTERM.")
     log_level: str = _setting("info", "One of debug, info, warning, error.")
     # Admin

@@ -285,7 +285,9 @@ class Intake:
             entry.duplicate = True
             return
         existing = await self.db.read(photo_q.find_by_sha, self.gallery_id, entry.sha256)
-        if existing is not None:
+        # A failed photo sent again goes on to the commit, which retries it (the failure may have been the
+        # server's: a full disk, a crash); anything else already there is simply a duplicate.
+        if existing is not None and existing["status"] != "failed":
             self._drop(sink)
             entry.duplicate, entry.photo_id = True, existing["id"]
             return
@@ -327,8 +329,8 @@ class Intake:
         if staged:
             rows = [(e.key, e.sha256, e.filename, e.size, e.header) for e in staged]
             upload_id, outcomes = await self.db.write(
-                _record, authorize, self.gallery_id, rows, self.upload_id, uploaded_by, guest_session_id,
-                guest_name, self.settings.gallery_photo_cap, self.clock(),
+                _record, self.storage, authorize, self.gallery_id, rows, self.upload_id, uploaded_by,
+                guest_session_id, guest_name, self.settings.gallery_photo_cap, self.clock(),
             )
             # No checkpoint between the write returning and these marks: a cancellation that arrives now
             # finds the committed files marked as such and leaves them alone.
@@ -383,7 +385,7 @@ def gallery_full(cap: int) -> str:
     return f"The gallery is full: it holds at most {cap} photos."
 
 
-def _record(conn: Connection, authorize: Authorize, gallery_id: int, rows: list[tuple[Any, ...]],
+def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id: int, rows: list[tuple[Any, ...]],
             upload_id: str | None, uploaded_by: str, guest_session_id: int | None, guest_name: str | None,
             default_cap: int, now: float) -> tuple[str | None, list[Outcome]]:
     gallery = authorize(conn)
@@ -395,7 +397,15 @@ def _record(conn: Connection, authorize: Authorize, gallery_id: int, rows: list[
     for key, sha256, name, size, header in rows:
         existing = photo_q.find_by_sha(conn, gallery_id, sha256)
         if existing is not None:
+            if existing["status"] == "failed":
+                photo_q.retry(conn, existing["id"])
             outcomes.append((existing["id"], True, None))
+            continue
+        if not storage.original_path(key).exists():
+            # Checked under the write lock that the reconciler also takes before it removes an orphan: a file
+            # that waited too long for its row (a very slow upload) was removed, and this says so instead of
+            # answering 202 for a photo without its file.
+            outcomes.append((None, False, "The file was lost before it could be saved; please upload it again."))
             continue
         if count >= cap:
             outcomes.append((None, False, gallery_full(cap)))

@@ -26,13 +26,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import db
 from .config import Settings
 from .errors import ConfigError
 from .pipeline import queue
-from .storage import DERIVATIVES, Storage, remove_quietly
+from .pipeline.janitor import remove_orphans
+from .queries import photos as photo_q
+from .storage import DERIVATIVES, Storage
 
 Progress = Callable[[int, int, str], None]
 DEFAULT_GRACE_SECONDS = 600.0
@@ -93,7 +94,7 @@ def scrub(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, repair: b
     try:
         report.integrity = "; ".join(r["integrity_check"] for r in conn.execute("PRAGMA integrity_check"))
         with db.transaction(conn, immediate=False):
-            rows = photo_rows(conn)
+            rows = photo_q.rows_for_check(conn)
         report.photos = len(rows)
         suspects: dict[str, list[int]] = {"missing": [], "sha": [], "derived": []}
         for done, row in enumerate(rows, 1):
@@ -128,7 +129,7 @@ def scrub(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, repair: b
             report.temp_files = sum(1 for _ in os.scandir(storage.tmp_dir))
         # Confirm each suspect against the database as it is now (the server may have moved on).
         with db.transaction(conn, immediate=False):
-            current = {r["id"]: r for r in photo_rows(conn)}
+            current = {r["id"]: r for r in photo_q.rows_for_check(conn)}
             live_keys = {r["storage_key"] for r in current.values()}
         for photo_id in suspects["missing"]:
             row = current.get(photo_id)
@@ -157,23 +158,14 @@ def _repair(conn: db.Connection, settings: Settings, storage: Storage, report: R
         with db.transaction(conn):
             report.failed_now += queue.fail_missing_original(conn, settings.webhooks, photo_id, now) is not None
     if report.orphans:
-        with db.transaction(conn, immediate=False):
-            keys = set(storage_keys(conn))  # one more look: never remove a file that has a row by now
-        for path in report.orphans:
-            if path.name.split(".", 1)[0] not in keys:
-                remove_quietly(path)
-                report.orphans_removed += 1
+        # Under the write lock, as the reconciler does: never remove a file that has a row by now.
+        with db.transaction(conn):
+            removed = remove_orphans(conn, storage, {path.name.split(".", 1)[0] for path in report.orphans})
+        report.orphans_removed += sum(path.name.split(".", 1)[0] in removed for path in report.orphans)
 
 
 # --- SQL -----------------------------------------------------------------------------------------------------
 
-def photo_rows(conn: db.Connection) -> list[dict[str, Any]]:
-    return conn.execute(
-        "SELECT id, storage_key, sha256, status, display_name FROM photos ORDER BY id").fetchall()
-
-
-def storage_keys(conn: db.Connection) -> list[str]:
-    return [r["storage_key"] for r in conn.execute("SELECT storage_key FROM photos").fetchall()]
 
 
 def requeue_for_derivatives(conn: db.Connection, photo_id: int) -> bool:

@@ -1,9 +1,11 @@
-"""Failed-attempt throttling per (target, client IP).
+"""Password-attempt throttling per (target, client IP).
 
-Every password check costs a memory-hard hash, so the check is refused *before* hashing once a key has used up
-its failures in the window: at most ``limit`` hash checks per key per window, the rest answered 429 with
-``Retry-After``. Keys are per target and IP, never global, so one attacker cannot lock real guests out.
-The table is bounded; when full, the stalest keys are dropped.
+Every password check costs a memory-hard hash, so an attempt is counted *before* hashing (:meth:`attempt`), and
+refused without hashing once a key has used up its attempts in the window: at most ``limit`` hash checks per key
+per window, the rest answered 429 with ``Retry-After``. Counting first, with no await between the check and the
+count, is what makes concurrent guesses count too (checking first and counting after the hash let 40 parallel
+guesses all through). A right password clears the key. Keys are per target and IP, never global, so one
+attacker cannot lock real guests out. The table is bounded; when full, the stalest keys are dropped.
 """
 
 from __future__ import annotations
@@ -23,32 +25,29 @@ class Throttle:
         self.limit = limit
         self.window = window
         self.clock = clock
-        self._failures: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
+        self._attempts: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
 
-    def check(self, target: str, ip: str) -> None:
-        """Raise TooManyRequests if this (target, IP) has no attempts left in the window."""
-        attempts = self._recent((target, ip))
+    def attempt(self, target: str, ip: str) -> None:
+        """Count one attempt for (target, IP), or raise TooManyRequests if it has none left in the window."""
+        key = (target, ip)
+        attempts = self._recent(key)
         if len(attempts) >= self.limit:
             retry_after = attempts[0] + self.window - self.clock()
             raise TooManyRequests(math.ceil(retry_after))
-
-    def failed(self, target: str, ip: str) -> None:
-        key = (target, ip)
-        attempts = self._recent(key)
         attempts.append(self.clock())
-        self._failures[key] = attempts
-        self._failures.move_to_end(key)
-        while len(self._failures) > MAX_KEYS:
-            self._failures.popitem(last=False)
+        self._attempts[key] = attempts
+        self._attempts.move_to_end(key)
+        while len(self._attempts) > MAX_KEYS:
+            self._attempts.popitem(last=False)
 
     def succeeded(self, target: str, ip: str) -> None:
-        self._failures.pop((target, ip), None)
+        self._attempts.pop((target, ip), None)
 
     def _recent(self, key: tuple[str, str]) -> deque[float]:
-        attempts = self._failures.get(key, deque())
+        attempts = self._attempts.get(key, deque())
         cutoff = self.clock() - self.window
         while attempts and attempts[0] <= cutoff:
             attempts.popleft()
         if not attempts:
-            self._failures.pop(key, None)
+            self._attempts.pop(key, None)
         return attempts

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from picpeak_lite import db, security
+from picpeak_lite import bootstrap, db, security
 from picpeak_lite.queries import admin as admin_q
 
 from .conftest import ADMIN_PASSWORD, AuthActions
@@ -148,3 +148,56 @@ async def test_unknown_route_renders_html_or_json(client: Any) -> None:
     assert page.status_code == 404 and "<h1>Not found</h1>" in await page.get_data(as_text=True)
     api = await client.get("/api/admin/nope")
     assert api.status_code == 404 and (await api.get_json())["error"]
+
+
+async def test_concurrent_guesses_are_counted_before_hashing(services: Any, client: Any, auth: AuthActions) -> None:
+    """Forty guesses sent at once: each is counted before its hash, so only five hashes run."""
+    calls = 0
+    original = services.verify_password
+
+    async def counting(password_hash: str | None, password: str) -> bool:
+        nonlocal calls
+        calls += 1
+        return await original(password_hash, password)
+
+    services.verify_password = counting
+    statuses: list[int] = []
+
+    async def guess(i: int) -> None:
+        statuses.append((await auth.login(password=f"parallel guess {i}")).status_code)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(40):
+            nursery.start_soon(guess, i)
+    assert sorted(statuses) == [401] * 5 + [429] * 35
+    assert calls == 5
+
+
+async def test_forwarded_for_is_believed_only_from_trusted_proxies(tmp_path: Any) -> None:
+    from picpeak_lite.app import create_app
+
+    from .conftest import own_services
+
+    with own_services(tmp_path, trusted_proxies="127.0.0.1, 10.0.0.1") as svc:
+        bootstrap.ensure_admin(svc.settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
+        client = create_app(svc).test_client()
+
+        async def login(forwarded: str, peer: str = "127.0.0.1", password: str = "wrong") -> int:
+            response = await client.post("/admin/login", form={"username": "admin", "password": password},
+                                         headers={"X-Forwarded-For": forwarded}, scope_base={"client": (peer, 1)})
+            return response.status_code
+
+        # Behind the proxy, each guest is counted as itself: one guesser does not lock out the others.
+        assert [await login("203.0.113.5, 10.0.0.1") for _ in range(6)] == [401] * 5 + [429]
+        assert await login("203.0.113.6", password=ADMIN_PASSWORD) == 302
+        # A client talking to us directly cannot pick its own address with the header.
+        assert [await login(f"198.51.100.{i}", peer="192.0.2.9") for i in range(6)] == [401] * 5 + [429]
+
+
+def test_ipv6_clients_count_by_their_64() -> None:
+    from picpeak_lite.views.common import throttle_key
+
+    assert throttle_key("2001:db8:1:2:aaaa::1") == throttle_key("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert throttle_key("2001:db8:1:3::1") != throttle_key("2001:db8:1:2::1")
+    assert throttle_key("::ffff:203.0.113.5") == "203.0.113.5"
+    assert throttle_key("203.0.113.5") == "203.0.113.5"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 import secrets
@@ -211,7 +212,9 @@ async def test_pages_stay_stable_while_photos_come_and_go(guest: Any, admin: Aut
 
 async def test_bad_cursor_and_sort_are_400(guest: Any, admin: AuthActions) -> None:
     gallery = await published(admin, name="G")
-    for query in ({"after": "not-a-cursor"}, {"after": "WzEsMl0"}, {"sort": "name"}, {"limit": "x"}):
+    deep = base64.urlsafe_b64encode(b"[" * 5000).decode()  # nested deep enough to exhaust the JSON parser
+    for query in ({"after": "not-a-cursor"}, {"after": "WzEsMl0"}, {"sort": "name"}, {"limit": "x"},
+                  {"after": deep}, {"after": deep[:150]}):
         response = await guest.get(f"/api/g/{gallery['slug']}/photos", query_string=query)
         assert response.status_code == 400, query
 

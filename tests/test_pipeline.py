@@ -384,3 +384,59 @@ async def test_guests_see_only_complete_photos(services: Services, client: Any, 
     assert not services.storage.original_path(key).exists()
     assert not services.storage.derived_path(key, "grid").exists()
     assert (await guest.get(f"/g/{slug}/photos/{done}/grid")).status_code == 404
+
+
+async def test_a_slow_uploads_files_are_never_lost_to_the_reconciler(services: Services, conn: Any,
+                                                                      gallery_id: int) -> None:
+    """A file renamed into storage long before its upload commits (a phone on a slow link) looks like an orphan
+    to the reconciler. The upload's commit and the reconciler decide under the same write lock: the upload
+    reports the file lost instead of answering with a photo whose original is gone."""
+    from picpeak_lite.intake import Intake, Limits
+
+    services.storage.create_dirs()
+    gallery = photo_q_gallery(conn, gallery_id)
+    with Intake(db=services.db, storage=services.storage, settings=services.settings, gallery=gallery,
+                limits=Limits.admin(services.settings), clock=services.clock) as intake:
+        first = intake.start_file("first.jpg")
+        await first.write(jpeg(60))
+        entry = await intake.finish_file(first)
+        assert entry is not None and entry.key is not None
+        stored = services.storage.original_path(entry.key)
+        old = time.time() - 3600
+        os.utime(stored, (old, old))  # the rest of the body took an hour to arrive
+        counts = await Janitor(services, services.storage).reconcile()
+        assert counts["orphans_removed"] == 1 and not stored.exists()
+        second = intake.start_file("second.jpg")
+        await second.write(jpeg(61))
+        await intake.finish_file(second)
+        await intake.commit(lambda c: photo_q_gallery(c, gallery_id), uploaded_by="admin")
+        answer = intake.answer()
+    assert [p["filename"] for p in answer["photos"]] == ["second.jpg"]
+    assert answer["errors"] == [{"filename": "first.jpg",
+                                 "error": "The file was lost before it could be saved; please upload it again."}]
+    rows = conn.execute("SELECT storage_key FROM photos").fetchall()
+    assert len(rows) == 1 and services.storage.original_path(rows[0]["storage_key"]).exists()
+
+
+def photo_q_gallery(conn: Any, gallery_id: int) -> dict[str, Any]:
+    return conn.execute("SELECT * FROM galleries WHERE id = ?", (gallery_id,)).fetchall()[0]
+
+
+async def test_sending_a_failed_photo_again_retries_it(services: Services, client: Any, admin: AuthActions,
+                                                      conn: Any) -> None:
+    gallery = await admin.create_gallery(name="Retry by upload")
+    data = jpeg(62)
+    photo_id, _ = stage_photo(services, gallery["id"], data)
+    with db.transaction(conn):
+        conn.execute("UPDATE photos SET status = 'failed', error = 'disk full', attempts = 3 WHERE id = ?",
+                     (photo_id,))
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"photos\"; filename=\"again.jpg\"\r\n"
+            b"Content-Type: image/jpeg\r\n\r\n" + data + b"\r\n--b--\r\n")
+    response = await client.post(f"/api/admin/galleries/{gallery['id']}/upload", data=body,
+                                 headers={**admin.headers(), "Content-Type": "multipart/form-data; boundary=b"})
+    assert response.status_code == 202, await response.get_data(as_text=True)
+    answer = await response.get_json()
+    assert answer["photos"][0]["duplicate"] is True and answer["photo_ids"] == [photo_id]
+    row = status_of(conn, photo_id)
+    assert (row["status"], row["error"], row["attempts"]) == ("pending", None, 0)
+    assert conn.execute("SELECT count(*) AS n FROM photos").fetchall()[0]["n"] == 1

@@ -19,15 +19,18 @@ from typing import Any
 import trio
 
 from ..db import Connection
+from ..queries import guests as guest_q
 from ..queries import photos as photo_q
 from ..services import Services
-from ..storage import Storage, remove_quietly
+from ..storage import Storage
 from . import queue
 
 log = logging.getLogger(__name__)
 
 ORPHAN_GRACE_SECONDS = 600.0
 RECONCILE_EVERY_SECONDS = 600.0
+# A guest session that never entered a password, picked a favourite or uploaded is forgotten after a day.
+IDLE_GUEST_SESSION_SECONDS = 86400.0
 
 
 class Janitor:
@@ -71,7 +74,10 @@ class Janitor:
         swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds, now)
         rows = await svc.db.read(photo_q.rows_with_keys)
         known = {r["storage_key"] for r in rows}
-        orphans = await trio.to_thread.run_sync(self._remove_orphans, known, now)
+        candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, now)
+        # Decided again under the write lock, which an upload's commit also holds when it checks that its files
+        # are still there: either the row wins or the upload reports the file lost; never a row without a file.
+        orphans = len(await svc.db.write(remove_orphans, self.storage, candidates)) if candidates else 0
         missing = await trio.to_thread.run_sync(self._rows_missing_original, rows)
         failed = 0
         for photo_id in missing:
@@ -79,26 +85,34 @@ class Janitor:
                 failed += 1
         if failed:
             svc.wake_webhooks()
+        pruned = await svc.db.write(guest_q.prune_idle_sessions, now - IDLE_GUEST_SESSION_SECONDS)
         counts = {"temp_swept": swept, "orphans_removed": orphans, "missing_failed": failed}
-        if swept or orphans or failed:
-            log.warning("reconciler: %s", counts)
+        if swept or orphans or failed or pruned:
+            log.warning("reconciler: %s, idle guest sessions pruned: %d", counts, pruned)
         return counts
 
-    def _remove_orphans(self, known: set[str], now: float) -> int:
-        removed = 0
-        for key, mtime in list(self.storage.iter_original_keys()):
-            if key not in known and now - mtime > self.orphan_grace:
-                remove_quietly(self.storage.original_path(key))
-                removed += 1
-        for key, path, mtime in list(self.storage.iter_derived()):
-            if key not in known and now - mtime > self.orphan_grace:
-                remove_quietly(path)
-                removed += 1
-        return removed
+    def _orphan_candidates(self, known: set[str], now: float) -> set[str]:
+        """Storage keys with files older than the grace period and no row (as of the read above)."""
+        candidates = {key for key, mtime in self.storage.iter_original_keys()
+                      if key not in known and now - mtime > self.orphan_grace}
+        candidates |= {key for key, _, mtime in self.storage.iter_derived()
+                       if key not in known and now - mtime > self.orphan_grace}
+        return candidates
 
     def _rows_missing_original(self, rows: list[dict[str, Any]]) -> list[int]:
         return [r["id"] for r in rows
                 if r["status"] != "failed" and not os.path.exists(self.storage.original_path(r["storage_key"]))]
+
+
+def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[str]:
+    """Remove the files of every key that still has no row; returns those keys. Run it in a write transaction:
+    an upload checks its files under the same lock before it inserts their rows."""
+    removed = set()
+    for key in sorted(keys):
+        if not photo_q.key_in_use(conn, key):
+            storage.remove_photo_files(key)
+            removed.add(key)
+    return removed
 
 
 def _fail_if_still_missing(conn: Connection, storage: Storage, endpoints: Any, photo_id: int, now: float) -> bool:

@@ -43,3 +43,15 @@ def has_access(conn: Connection, session_id: int, gallery_id: int, password_vers
         (session_id, gallery_id, password_version),
     ).fetchall()
     return bool(rows)
+
+
+def prune_idle_sessions(conn: Connection, before: float) -> int:
+    """Forget sessions created before ``before`` that hold nothing: no grant, favourite or upload."""
+    conn.execute(
+        "DELETE FROM guest_sessions WHERE created_at < ? "
+        "AND NOT EXISTS (SELECT 1 FROM gallery_access a WHERE a.guest_session_id = guest_sessions.id) "
+        "AND NOT EXISTS (SELECT 1 FROM favourites f WHERE f.guest_session_id = guest_sessions.id) "
+        "AND NOT EXISTS (SELECT 1 FROM uploads u WHERE u.guest_session_id = guest_sessions.id)",
+        (before,),
+    )
+    return conn.changes()

@@ -51,11 +51,16 @@ def encode_cursor(sort: str, row: Row) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+MAX_CURSOR_LENGTH = 200  # ours are about 50 characters; a long one is someone else's (deep JSON nesting)
+
+
 def decode_cursor(sort: str, cursor: str) -> tuple[str | None, int]:
+    if len(cursor) > MAX_CURSOR_LENGTH:
+        raise BadCursor("not a cursor")
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         key, photo_id = json.loads(raw)
-    except (binascii.Error, ValueError, TypeError) as error:
+    except (binascii.Error, ValueError, TypeError, RecursionError) as error:
         raise BadCursor("not a cursor") from error
     if not isinstance(photo_id, int) or isinstance(photo_id, bool):
         raise BadCursor("not a cursor")

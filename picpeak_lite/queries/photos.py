@@ -191,9 +191,18 @@ def storage_keys(conn: Connection) -> set[str]:
     return {r["storage_key"] for r in conn.execute("SELECT storage_key FROM photos").fetchall()}
 
 
+def key_in_use(conn: Connection, storage_key: str) -> bool:
+    return bool(conn.execute("SELECT 1 FROM photos WHERE storage_key = ?", (storage_key,)).fetchall())
+
+
 def keys_of_gallery(conn: Connection, gallery_id: int) -> list[str]:
     rows = conn.execute("SELECT storage_key FROM photos WHERE gallery_id = ?", (gallery_id,)).fetchall()
     return [r["storage_key"] for r in rows]
+
+
+def rows_for_check(conn: Connection) -> list[Row]:
+    """Every photo with what ``check`` and ``backup`` verify its original against."""
+    return conn.execute("SELECT id, storage_key, sha256, status, display_name FROM photos ORDER BY id").fetchall()
 
 
 def rows_with_keys(conn: Connection) -> list[Row]:
