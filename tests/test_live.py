@@ -320,3 +320,32 @@ async def test_worker_pool_and_feed_share_one_services(tmp_path: Path) -> None:
                 while (await svc.db.read(photo_q.get, photo_id))["status"] != "complete":
                     await trio.sleep(0.02)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_guest_feed_ends_when_the_gallery_is_unpublished(live: Services, client: Any, guest: Any,
+                                                                  admin: AuthActions,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from picpeak_lite.views.live import GuestAccess
+
+    monkeypatch.setattr(GuestAccess, "RECHECK_SECONDS", 0.0)  # check on every message instead of every 5 s
+    gallery = await admin.create_gallery(name="Open")
+    await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
+    async with guest.websocket(f"/ws/galleries/{gallery['id']}") as ws:
+        assert (await receive_json(ws))["type"] == "snapshot"
+        await client.post(f"/api/admin/galleries/{gallery['id']}/unpublish", headers=admin.headers())
+        stage_photo(live, gallery["id"], jpeg(70))  # any change wakes the feed, which asks again
+        with pytest.raises(Exception) as closed:
+            await receive_json(ws)
+    assert "4403" in repr(closed.value) or getattr(closed.value, "code", None) == 4403, repr(closed.value)
+
+
+async def test_guest_gallery_deltas_carry_no_file_names(live: Services, client: Any, guest: Any,
+                                                         admin: AuthActions) -> None:
+    gallery = await admin.create_gallery(name="Names")
+    await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
+    async with guest.websocket(f"/ws/galleries/{gallery['id']}") as ws:
+        assert (await receive_json(ws))["type"] == "snapshot"
+        stage_photo(live, gallery["id"], jpeg(71), name="Other guest's IMG_0001.jpg")
+        await run_pool_until_idle(live, count=1)
+        delta = await receive_json(ws)
+    assert delta["status"] == "complete" and delta["filename"] is None and delta["thumb_url"]

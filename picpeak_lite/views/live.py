@@ -80,7 +80,31 @@ async def _read_client_messages(cancel: trio.CancelScope) -> None:
 
 def _since() -> int | None:
     raw = websocket.args.get("since")
-    return int(raw) if raw is not None and raw.isdigit() else None
+    return int(raw) if raw is not None and raw.isascii() and raw.isdigit() else None
+
+
+class GuestAccess:
+    """Asks the one visibility function again while a guest's connection lives: an unpublished or expired
+    gallery, or a changed password, ends the feed within ``RECHECK_SECONDS`` (or at the next ping)."""
+
+    RECHECK_SECONDS = 5.0
+
+    def __init__(self, viewer: Viewer, slug: str) -> None:
+        self.viewer = viewer
+        self.slug = slug
+        self._checked_at = trio.current_time()
+
+    async def still_allowed(self) -> bool:
+        if self.viewer.is_admin or trio.current_time() - self._checked_at < self.RECHECK_SECONDS:
+            return True
+        svc = services()
+        try:
+            await svc.db.read(access.guest_gallery, self.slug, self.viewer.guest_id, svc.clock())
+        except AppError:
+            await websocket.close(4403, "no longer allowed")
+            return False
+        self._checked_at = trio.current_time()
+        return True
 
 
 # --- uploads -----------------------------------------------------------------------------------------------
@@ -96,23 +120,31 @@ async def upload_feed(upload_id: str) -> Response | None:
     found = await svc.db.read(_load_upload, upload_id) if UPLOAD_ID.match(upload_id) else None
     if not viewer.is_admin and (found is None or found[0]["guest_session_id"] != viewer.guest_id):
         return _refuse("This is not your upload.")
+    gallery = await svc.db.read(gallery_q.get, found[0]["gallery_id"]) if found is not None else None
+    if not viewer.is_admin:
+        # The uploader follows it only while they may still see the gallery (expired, unpublished or a changed
+        # password end that), as the HTTP status route decides through the same function.
+        try:
+            await svc.db.read(access.guest_gallery, gallery["slug"] if gallery else "", viewer.guest_id, svc.clock())
+        except AppError:
+            return _refuse("You cannot see this gallery.")
     await websocket.accept()
     if found is None:
         await _send({"type": "error", "error": "There is no upload with this id."})
         await websocket.close(4404, "unknown upload")
         return None
-    gallery = await svc.db.read(gallery_q.get, found[0]["gallery_id"])
     image_url = _image_url(viewer, gallery["slug"] if gallery else "")
     with svc.broker.subscribe(lambda change: change.upload_id == upload_id) as subscription:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_client_messages, nursery.cancel_scope)
-            await _stream_upload(upload_id, subscription, image_url, _since())
+            allowed = GuestAccess(viewer, gallery["slug"] if gallery else "")
+            await _stream_upload(upload_id, subscription, image_url, _since(), allowed)
             nursery.cancel_scope.cancel()
     return None
 
 
 async def _stream_upload(upload_id: str, subscription: Subscription, image_url: Callable[[int, str], str],
-                         since: int | None) -> None:
+                         since: int | None, allowed: GuestAccess) -> None:
     db = services().db
 
     def snapshot(conn: Any) -> tuple[Any, int, int]:
@@ -129,6 +161,8 @@ async def _stream_upload(upload_id: str, subscription: Subscription, image_url: 
         await _send({"type": "snapshot", "seq": seq, **upload_status(*found, image_url)})
     while not _all_terminal(statuses):
         change = await _next_change(subscription)
+        if not await allowed.still_allowed():
+            return
         if change is None:
             await _send({"type": "ping"})
             continue
@@ -212,12 +246,13 @@ async def gallery_feed(gallery_id: int) -> Response | None:
     with svc.broker.subscribe(lambda change: change.gallery_id == gallery_id) as subscription:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_client_messages, nursery.cancel_scope)
-            await _stream_gallery(gallery_id, viewer, subscription, image_url, _since())
+            allowed = GuestAccess(viewer, gallery["slug"])
+            await _stream_gallery(gallery_id, viewer, subscription, image_url, _since(), allowed)
     return None
 
 
 async def _stream_gallery(gallery_id: int, viewer: Viewer, subscription: Subscription,
-                          image_url: Callable[[int, str], str], since: int | None) -> None:
+                          image_url: Callable[[int, str], str], since: int | None, allowed: GuestAccess) -> None:
     db = services().db
 
     def positions(conn: Any) -> tuple[int, int]:
@@ -233,6 +268,8 @@ async def _stream_gallery(gallery_id: int, viewer: Viewer, subscription: Subscri
         await _send({"type": "snapshot", "seq": seq})
     while True:
         change = await _next_change(subscription)
+        if not await allowed.still_allowed():
+            return
         if change is None:
             await _send({"type": "ping"})
         elif change == "resync":
@@ -251,7 +288,8 @@ def _gallery_delta(change: Change, viewer: Viewer, image_url: Callable[[int, str
     if viewer.is_admin:
         return _delta(change, image_url)
     if change.status == "complete" and not change.hidden:
-        return _delta(change, image_url)
+        # Not the file name: it may be another guest's, and the guest listing does not show names either.
+        return {**_delta(change, image_url), "filename": None}
     if change.status == "deleted" or change.hidden:
         return {"type": "photo", "seq": change.seq, "id": change.photo_id, "status": "removed"}
     return None
