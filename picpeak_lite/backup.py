@@ -33,7 +33,7 @@ from . import db
 from .config import Settings
 from .errors import ConfigError
 from .queries import photos as photo_q
-from .storage import DERIVATIVES, Storage, fsync_dir, remove_quietly
+from .storage import DERIVATIVES, Storage, fsync_dir, fsync_file, remove_quietly
 
 Progress = Callable[[int, int, str], None]
 MANIFEST = "manifest.json"
@@ -103,7 +103,7 @@ def backup(settings: Settings, target: str | os.PathLike[str], progress: Progres
 
     summary.removed = _remove_stale(dest, {f["path"] for f in files})
     database = dest / "picpeak.sqlite3"
-    _fsync(partial)
+    fsync_file(partial)
     os.replace(partial, database)
     fsync_dir(dest)
     manifest = {
@@ -116,7 +116,7 @@ def backup(settings: Settings, target: str | os.PathLike[str], progress: Progres
     }
     temp = dest / (MANIFEST + ".partial")
     temp.write_text(json.dumps(manifest, indent=1))
-    _fsync(temp)
+    fsync_file(temp)
     os.replace(temp, dest / MANIFEST)
     fsync_dir(dest)
     return summary
@@ -223,13 +223,6 @@ def _remove_database(path: Path) -> None:
     for suffix in ("", "-wal", "-shm", "-journal"):
         remove_quietly(Path(str(path) + suffix))
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256_of(path: Path) -> str:

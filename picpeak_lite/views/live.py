@@ -12,7 +12,6 @@ Guests see their own uploads, and of a gallery only photos becoming visible or b
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,14 +25,13 @@ from ..broker import Change, Subscription
 from ..errors import AppError
 from ..queries import changes as change_q
 from ..queries import galleries as gallery_q
-from .photos import _load_upload, upload_status
+from ..queries import photos as photo_q
+from .photos import _load_upload, read_upload, upload_status
 
 blueprint = Blueprint("live", __name__)
 
 PING_SECONDS = 20.0
 MAX_CLIENT_MESSAGE = 4096
-UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
-TERMINAL = ("complete", "failed")
 
 
 @dataclass(frozen=True)
@@ -117,7 +115,7 @@ async def upload_feed(upload_id: str) -> Response | None:
     viewer = await _viewer()
     if viewer is None:
         return _refuse("Log in first.")
-    found = await svc.db.read(_load_upload, upload_id) if UPLOAD_ID.match(upload_id) else None
+    found = await read_upload(upload_id)
     if not viewer.is_admin and (found is None or found[0]["guest_session_id"] != viewer.guest_id):
         return _refuse("This is not your upload.")
     gallery = await svc.db.read(gallery_q.get, found[0]["gallery_id"]) if found is not None else None
@@ -187,7 +185,7 @@ async def _stream_upload(upload_id: str, subscription: Subscription, image_url: 
 
 
 def _all_terminal(statuses: dict[int, str]) -> bool:
-    return all(s in TERMINAL for s in statuses.values())
+    return all(s in photo_q.TERMINAL for s in statuses.values())
 
 
 async def _next_change(subscription: Subscription) -> Change | str | None:

@@ -73,6 +73,13 @@ def photo_status(photo: dict[str, Any], image_url: Any) -> dict[str, Any]:
     }
 
 
+async def read_upload(upload_id: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
+    """The upload group, its counts and photos; None for an unknown or malformed id."""
+    if not UPLOAD_ID.match(upload_id):
+        return None
+    return await services().db.read(_load_upload, upload_id)
+
+
 def _load_upload(conn: Any, upload_id: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
     upload = photo_q.get_upload(conn, upload_id)
     if upload is None:
@@ -83,7 +90,7 @@ def _load_upload(conn: Any, upload_id: str) -> tuple[dict[str, Any], dict[str, A
 @blueprint.get("/api/admin/uploads/<upload_id>")
 @admin_api
 async def admin_upload_status(upload_id: str) -> dict[str, Any]:
-    found = await services().db.read(_load_upload, upload_id) if UPLOAD_ID.match(upload_id) else None
+    found = await read_upload(upload_id)
     if found is None:
         raise NotFound("There is no upload with this id.")
     return upload_status(*found, admin_image_url)
@@ -93,7 +100,7 @@ async def admin_upload_status(upload_id: str) -> dict[str, Any]:
 async def guest_upload_status(slug: str, upload_id: str) -> dict[str, Any]:
     gallery = await load_gallery(slug)
     guest = await current_guest(create=False)
-    found = await services().db.read(_load_upload, upload_id) if UPLOAD_ID.match(upload_id) else None
+    found = await read_upload(upload_id)
     # Only the uploads this browser made, in this gallery; anything else is indistinguishable from unknown.
     if (found is None or guest is None or found[0]["guest_session_id"] != guest.id
             or found[0]["gallery_id"] != gallery["id"]):
