@@ -201,3 +201,18 @@ def test_ipv6_clients_count_by_their_64() -> None:
     assert throttle_key("2001:db8:1:3::1") != throttle_key("2001:db8:1:2::1")
     assert throttle_key("::ffff:203.0.113.5") == "203.0.113.5"
     assert throttle_key("203.0.113.5") == "203.0.113.5"
+
+
+async def test_right_passwords_at_the_same_moment_from_one_address_all_get_in(client: Any, app: Any) -> None:
+    """A family on one wifi logging in together: right passwords never count against the address."""
+    clients = [app.test_client() for _ in range(12)]
+    statuses: list[int] = []
+
+    async def login(c: Any) -> None:
+        response = await c.post("/admin/login", form={"username": "admin", "password": ADMIN_PASSWORD})
+        statuses.append(response.status_code)
+
+    async with trio.open_nursery() as nursery:
+        for c in clients:
+            nursery.start_soon(login, c)
+    assert statuses == [302] * 12

@@ -44,16 +44,19 @@ async def login_submit() -> Any:
     form = await request.form
     next_url = _safe_next(form.get("next"))
     ip = client_ip()
-    svc.login_throttle.attempt("admin", ip)
-    user = await svc.db.read(admin_q.get_user_by_name, form.get("username", "").strip())
-    ok = await svc.verify_password(user["password_hash"] if user else None, form.get("password", ""))
+    async with svc.login_throttle.guard("admin", ip):
+        user = await svc.db.read(admin_q.get_user_by_name, form.get("username", "").strip())
+        ok = await svc.verify_password(user["password_hash"] if user else None, form.get("password", ""))
+        if not ok or user is None:
+            svc.login_throttle.failed("admin", ip)
+        else:
+            svc.login_throttle.succeeded("admin", ip)
     if not ok or user is None:
         html = await render_template(
             "admin/login.html", next=next_url, error="Wrong user name or password.",
             username=form.get("username", ""),
         )
         return html, 401
-    svc.login_throttle.succeeded("admin", ip)
     token = security.new_token()
     now = svc.clock()
     max_age = svc.settings.session_days * 86400

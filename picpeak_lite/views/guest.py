@@ -182,10 +182,14 @@ async def password_submit(slug: str) -> Any:
         return redirect(url_for("guest.gallery", slug=slug))
     ip = client_ip()
     target = f"gallery:{row['id']}"
-    svc.gallery_throttle.attempt(target, ip)
     form = await request.form
-    if not await svc.verify_password(row["password_hash"], form.get("password", "")):
+    async with svc.gallery_throttle.guard(target, ip):
+        ok = await svc.verify_password(row["password_hash"], form.get("password", ""))
+        if ok:
+            svc.gallery_throttle.succeeded(target, ip)
+        else:
+            svc.gallery_throttle.failed(target, ip)
+    if not ok:
         return await password_page(row, status=401, error="That password is not right. Please try again.")
-    svc.gallery_throttle.succeeded(target, ip)
     await svc.db.write(guest_q.grant_access, guest.id, row["id"], row["password_version"], svc.clock())
     return redirect(url_for("guest.gallery", slug=slug))
