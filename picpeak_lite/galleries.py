@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from . import app_settings
 from .errors import NotFound
 from .gallery_input import parse_gallery_input
 from .queries import galleries as gallery_q
@@ -39,8 +40,12 @@ def default_expiry(svc: Services) -> dt.date:
 
 
 async def create_gallery(svc: Services, data: dict[str, Any]) -> Row:
+    """A new draft gallery. Fields a JSON request leaves out take the settings page's defaults for new galleries
+    (the admin form is prefilled with them and sends every field; an unchecked box there is simply absent)."""
+    chosen = await svc.db.read(app_settings.load, svc.settings)
     values = parse_gallery_input(
-        data, partial=False, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days
+        _with_defaults(data, chosen), partial=False, today=_today(svc),
+        default_expiry_days=chosen.default_expiry_days,
     )
     password_hash = await svc.hash_password(values["password"]) if "password" in values else None
 
@@ -58,6 +63,15 @@ async def create_gallery(svc: Services, data: dict[str, Any]) -> Row:
         return row
 
     return await svc.db.write(insert)
+
+
+def _with_defaults(data: dict[str, Any], chosen: app_settings.AdminSettings) -> dict[str, Any]:
+    if data.get("_form"):
+        return data
+    defaults = {"allow_downloads": chosen.default_allow_downloads,
+                "allow_guest_uploads": chosen.default_allow_guest_uploads,
+                "watermark": chosen.default_watermark, "photo_cap": chosen.default_photo_cap}
+    return {**{k: v for k, v in defaults.items() if k not in data}, **data}
 
 
 async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *, partial: bool) -> Row:

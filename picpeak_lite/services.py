@@ -26,6 +26,8 @@ class Services:
     monotonic: Callable[[], float] = time.monotonic
     # argon2 uses 64 MiB and ~50 ms of CPU per check: bound how many run at once.
     hash_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
+    # A watermarked download decodes the full-size original (up to max_pixels): one at a time, then cached on disk.
+    watermark_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
     # Set by server.run once the worker pool and the webhook sender run; no-ops until then (and in tests that
     # do not start them). Both are sync, non-blocking, and safe to call after a commit.
     wake_workers: Callable[[], None] = lambda: None

@@ -6,6 +6,7 @@ Layout under the data directory::
     originals/ab/<key>        the uploaded bytes, byte-exact, under a key we generate (never a client name)
     derived/ab/<key>.grid.jpg
     derived/ab/<key>.view.jpg
+    derived/ab/<key>.wm-<tag>.jpg  a full-size watermarked download, cached; <tag> names the watermark it carries
 
 Durability rule: a file is written to ``tmp/``, fsynced, renamed into place atomically, and its directory is
 fsynced, all before the database row that points at it is committed. A crash between the rename and the commit
@@ -29,6 +30,7 @@ from pathlib import Path
 from .errors import InsufficientStorage
 
 DERIVATIVES = ("grid", "view")
+WATERMARK_TAG_CHARS = 16  # hex characters of a hash of the watermark's parameters
 TEMP_PREFIX = "up-"
 # Uploads and thumbnails stop this far short of a full disk, so that the database can still commit the
 # deletes that free space again: at 0 bytes free even a DELETE fails, and SQLite's WAL grows to about 4 MB
@@ -65,6 +67,13 @@ class Storage:
             raise ValueError(f"unknown derivative {kind!r}")
         return self.root / "derived" / key[:2] / f"{key}.{kind}.jpg"
 
+    def watermarked_path(self, key: str, tag: str) -> Path:
+        """The cached watermarked download of ``key`` for the watermark ``tag`` names (see WATERMARK_TAG_CHARS)."""
+        _check_key(key)
+        if len(tag) != WATERMARK_TAG_CHARS or any(c not in "0123456789abcdef" for c in tag):
+            raise ValueError(f"not a watermark tag: {tag!r}")
+        return self.root / "derived" / key[:2] / f"{key}.wm-{tag}.jpg"
+
     def new_temp_path(self) -> Path:
         return self.tmp_dir / f"{TEMP_PREFIX}{secrets.token_hex(12)}"
 
@@ -87,7 +96,17 @@ class Storage:
 
     def write_derivative(self, key: str, kind: str, data: bytes) -> Path:
         """Write a derivative atomically (temp file, fsync, rename, fsync dir)."""
-        target = self.derived_path(key, kind)
+        return self._write_atomic(self.derived_path(key, kind), data)
+
+    def write_watermarked(self, key: str, tag: str, data: bytes) -> Path:
+        """Write the cached watermarked download atomically, and remove the copies made for earlier watermarks."""
+        target = self._write_atomic(self.watermarked_path(key, tag), data)
+        for stale in self._watermarked_files(key):
+            if stale != target:
+                remove_quietly(stale)
+        return target
+
+    def _write_atomic(self, target: Path, data: bytes) -> Path:
         self.ensure_space(len(data))
         temp = self.new_temp_path()
         with disk_errors():
@@ -104,10 +123,16 @@ class Storage:
         return target
 
     def remove_photo_files(self, key: str) -> None:
-        """Remove an original and its derivatives; missing files are fine."""
+        """Remove an original, its derivatives and its cached watermarked downloads; missing files are fine."""
         remove_quietly(self.original_path(key))
         for kind in DERIVATIVES:
             remove_quietly(self.derived_path(key, kind))
+        for path in self._watermarked_files(key):
+            remove_quietly(path)
+
+    def _watermarked_files(self, key: str) -> list[Path]:
+        _check_key(key)
+        return list((self.root / "derived" / key[:2]).glob(f"{key}.wm-*.jpg"))
 
     def iter_original_keys(self) -> Iterator[tuple[str, float]]:
         """Every stored original as (key, mtime)."""

@@ -122,12 +122,29 @@
         tile.querySelector(".name").textContent = p.filename || "";
         grid.appendChild(tile);
       }
+      // Hiding and showing change only `hidden`: apply it even when the status (and so the body) stays.
+      const hidden = "hidden" in p ? Boolean(p.hidden) : tile.classList.contains("is-hidden");
+      tile.classList.toggle("is-hidden", hidden);
+      setHiddenBadge(tile, hidden);
       if (tile.dataset.status === p.status && p.status === "complete") return;
       tile.dataset.status = p.status;
-      tile.className = `tile tile-${p.status}` + (p.hidden ? " is-hidden" : "");
+      tile.className = `tile tile-${p.status}` + (hidden ? " is-hidden" : "");
       let body = tile.querySelector(".body, .thumb-link, .ph");
       const next = tileBody(p);
       if (body) body.replaceWith(next); else tile.insertBefore(next, tile.querySelector(".meta"));
+    }
+    function setHiddenBadge(tile, hidden) {
+      const meta = tile.querySelector(".meta");
+      if (!meta) return;
+      const badge = [...meta.querySelectorAll(".badge")].find((b) => b.textContent === "Hidden");
+      if (hidden && !badge) {
+        const added = document.createElement("span");
+        added.className = "badge"; added.textContent = "Hidden";
+        const name = meta.querySelector(".name");
+        meta.insertBefore(added, name ? name.nextSibling : meta.firstChild);
+      } else if (!hidden && badge) {
+        badge.remove();
+      }
     }
     function tileBody(p) {
       if (p.status === "complete") {

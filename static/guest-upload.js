@@ -2,12 +2,21 @@
 // not hold up or sink the rest), transfer progress per file, then each file's processing live over the
 // WebSocket (PicpeakLive.watchUpload, polling when it is missing), thumbnails as files finish, per-file
 // errors, retry of a failed transfer, and a confirmation before leaving while anything is still sending.
+// When the server asks to slow down (429), the queue waits for its Retry-After and carries on by itself. When
+// the upload can no longer be followed (gallery unpublished or expired, password changed, session gone: 401,
+// 403, 404, 410), following stops and each photo still processing says why, as does a note on the page.
 (function () {
   "use strict";
 
   var form = document.getElementById("upload-form");
   if (!form) return;
   var PARALLEL = 3;
+  var STOP_STATUSES = {
+    401: "The gallery now asks for its password.",
+    403: "You can no longer see this gallery.",
+    404: "This gallery is no longer available, or your browser session has ended.",
+    410: "This gallery has expired."
+  };
   var csrfMeta = document.querySelector('meta[name="csrf-token"]');
   var csrf = csrfMeta ? csrfMeta.content : "";
   var input = document.getElementById("file-input");
@@ -23,6 +32,8 @@
   var sending = 0;
   var byPhotoId = {};
   var watched = {};
+  var resumeAt = 0;  // Date.now() before which nothing is sent (the server said 429)
+  var resumeTimer = 0;
 
   function setStatus(item, text, kind) {
     item.row.querySelector(".file-status").textContent = text;
@@ -65,7 +76,23 @@
   }
 
   function pump() {
+    var wait = resumeAt - Date.now();
+    if (wait > 0) {
+      clearTimeout(resumeTimer);
+      resumeTimer = setTimeout(pump, wait);
+      return;
+    }
     while (sending < PARALLEL && queue.length) send(queue.shift());
+  }
+
+  function slowDown(item, seconds) {
+    resumeAt = Math.max(resumeAt, Date.now() + seconds * 1000);
+    item.state = "queued";
+    item.row.querySelector("progress").hidden = true;
+    var wait = seconds > 90 ? "about " + Math.ceil(seconds / 60) + " minutes" : seconds + " seconds";
+    setStatus(item, "Waiting: the server asked to slow down. Sending again in " + wait + "…", "sending");
+    queue.unshift(item);
+    pump();
   }
 
   function send(item) {
@@ -87,7 +114,7 @@
     xhr.upload.onprogress = function (event) {
       if (event.lengthComputable) progress.value = Math.round(100 * event.loaded / event.total);
     };
-    xhr.onload = function () { finished(); received(item, xhr); };
+    xhr.onload = function () { received(item, xhr); finished(); };  // a 429 pauses the queue before it moves on
     xhr.onerror = xhr.ontimeout = xhr.onabort = function () {
       finished();
       transferFailed(item, "The transfer was interrupted. Check your connection and retry.");
@@ -112,6 +139,7 @@
       } else if (photo) {
         item.state = "processing";
         item.photoId = photo.id;
+        item.uploadId = body.upload_id;
         byPhotoId[photo.id] = item;
         setStatus(item, "Uploaded · processing…", "processing");
         if (body.upload_id) watch(body.upload_id);
@@ -121,7 +149,9 @@
       return;
     }
     var message = body && ((body.errors && body.errors[0] && body.errors[0].error) || body.error);
-    if (xhr.status === 429 || xhr.status >= 500 || xhr.status === 0) {
+    if (xhr.status === 429) {
+      slowDown(item, Math.max(1, Number(xhr.getResponseHeader("Retry-After")) || 10));
+    } else if (xhr.status >= 500 || xhr.status === 0) {
       transferFailed(item, message || "The server could not take this photo right now. Please retry.");
     } else {
       fail(item, message || "This photo was refused (error " + xhr.status + ").");
@@ -182,6 +212,7 @@
       watched[uploadId] = window.PicpeakLive.watchUpload({
         wsPath: "/ws/uploads/" + uploadId, statusUrl: statusUrl,
         onSnapshot: applyStatus, onPhoto: applyPhoto, onDone: applyStatus,
+        // Asks the status endpoint once more: it answers with the state, or with why it cannot be followed.
         onError: function () { poll(uploadId, statusUrl); }
       });
     } else {
@@ -194,15 +225,43 @@
     function tick() {
       if (stopped) return;
       fetch(statusUrl, {credentials: "same-origin", headers: {"Accept": "application/json"}})
-        .then(function (r) { return r.ok ? r.json() : null; })
-        .then(function (status) {
-          if (status) applyStatus(status);
-          if (!status || !status.done) setTimeout(tick, 1500);
+        .then(function (r) {
+          if (r.ok) {
+            return r.json().then(function (status) {
+              applyStatus(status);
+              if (!status.done) setTimeout(tick, 1500);
+            });
+          }
+          if (STOP_STATUSES[r.status]) {
+            stopped = true;
+            return r.json().catch(function () { return null; }).then(function (body) {
+              cannotFollow(uploadId, (body && body.error) || STOP_STATUSES[r.status]);
+            });
+          }
+          setTimeout(tick, 3000);  // busy or briefly broken (429, 5xx): ask again later
         })
-        .catch(function () { setTimeout(tick, 3000); });
+        .catch(function () { if (!stopped) setTimeout(tick, 3000); });
     }
     tick();
     return {close: function () { stopped = true; }};
+  }
+
+  // The upload can no longer be followed: say so on every photo of it still in progress, and once on the page.
+  function cannotFollow(uploadId, reason) {
+    items.forEach(function (item) {
+      if (item.uploadId === uploadId && item.state === "processing") {
+        fail(item, "Uploaded, but its progress can no longer be shown. " + reason);
+      }
+    });
+    var note = document.getElementById("upload-stopped");
+    if (!note) {
+      note = document.createElement("p");
+      note.id = "upload-stopped";
+      note.className = "notice";
+      note.setAttribute("role", "alert");
+      summary.parentNode.insertBefore(note, summary.nextSibling);
+    }
+    note.textContent = reason + " Reload the page to see where things stand.";
   }
 
   // ---- Choosing and dropping -------------------------------------------------------------------------------

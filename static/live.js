@@ -104,8 +104,10 @@
           const status = await response.json();
           options.onSnapshot && options.onSnapshot(status);
           if (status.done) { options.onDone && options.onDone(status); return; }
-        } else if (response.status === 404) {
-          options.onError && options.onError("This upload is unknown.");
+        } else if ([401, 403, 404, 410].includes(response.status)) {
+          // Gone for good (unknown upload, gallery unpublished or expired, session ended): stop, say so.
+          options.onError && options.onError(response.status === 404 ? "This upload is unknown."
+                                              : "This gallery is no longer available.");
           return;
         }
       } catch (error) { /* offline for a moment: try again */ }

@@ -293,3 +293,17 @@ async def test_gallery_delete_keeps_confirmation(admin: AuthActions, filled: dic
                                        form={"csrf_token": admin.csrf, "confirm_name": "nope"})
     assert response.status_code == 400
     assert "Type the gallery&#39;s name exactly" in await response.get_data(as_text=True)
+
+
+async def test_unknown_query_keys_never_reach_url_for(admin: AuthActions, services: Any,
+                                                      filled: dict[str, Any]) -> None:
+    """``?gallery_id=`` (or any other key) once clashed with url_for's own arguments: a 500."""
+    query = f"gallery_id={filled['other']}&status=hidden&favourites=1&_anchor=x&evil=1"
+    html = await page(admin, f"/admin/galleries/{filled['id']}?{query}")
+    action = re.search(r'id="photo-actions" class="photo-actions"\s+action="([^"]+)"', html).group(1)
+    assert action == f"/admin/galleries/{filled['id']}/photos?status=hidden&amp;favourites=1"
+    form = {"csrf_token": admin.csrf, "action": "hide", "ids": [str(filled["good"][0])]}
+    response = await admin.client.post(f"/admin/galleries/{filled['id']}/photos?{query}", form=multi(form))
+    assert response.status_code == 302
+    assert response.headers["Location"] == f"/admin/galleries/{filled['id']}?status=hidden&favourites=1#photos"
+    assert [r["id"] for r in sql(services, "SELECT id FROM photos WHERE hidden = 1")] == [filled["good"][0]]

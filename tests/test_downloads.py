@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import threading
+import time
 import zipfile
 from typing import Any
 
@@ -10,7 +12,7 @@ import httpx
 import trio
 from PIL import Image
 
-from picpeak_lite import bootstrap, server, zipstream
+from picpeak_lite import app_settings, bootstrap, images, server, zipstream
 from picpeak_lite.db import Database
 from picpeak_lite.services import Services
 
@@ -152,3 +154,101 @@ async def test_zip_streams_from_the_real_server(tmp_path: Any) -> None:
     archive = zipfile.ZipFile(io.BytesIO(body))
     assert archive.testzip() is None
     assert [archive.read(f"IMG_{i}.jpg") for i in range(8)] == blobs
+
+
+async def _storage_keys(services: Services) -> list[str]:
+    rows = await services.db.read(lambda c: c.execute("SELECT storage_key FROM photos ORDER BY id").fetchall())
+    return [r["storage_key"] for r in rows]
+
+
+def _count_watermarking(monkeypatch: Any) -> dict[str, int]:
+    """Counts full decodes for watermarking, and the most that ran at once."""
+    real = images.apply_watermark
+    stats = {"calls": 0, "running": 0, "most": 0}
+    lock = threading.Lock()
+
+    def counted(*args: Any, **kwargs: Any) -> bytes:
+        with lock:
+            stats["calls"] += 1
+            stats["running"] += 1
+            stats["most"] = max(stats["most"], stats["running"])
+        try:
+            time.sleep(0.05)  # long enough for concurrent requests to overlap
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                stats["running"] -= 1
+
+    monkeypatch.setattr(images, "apply_watermark", counted)
+    return stats
+
+
+async def test_watermarked_download_is_made_once_and_cached_on_disk(guest: Any, admin: AuthActions,
+                                                                    services: Services, monkeypatch: Any) -> None:
+    stats = _count_watermarking(monkeypatch)
+    gallery = await published(admin, name="Marked", watermark=True)
+    photo = add_photo(services, gallery["id"], data=imagefactory.save(imagefactory.photo(300, 200), "jpeg"))
+    url = f"/g/{gallery['slug']}/photos/{photo}/download"
+    first = await guest.get(url)
+    second = await guest.get(url)
+    assert first.status_code == second.status_code == 200
+    assert await first.get_data() == await second.get_data()
+    assert stats["calls"] == 1, "the second download decoded the original again"
+    [key] = await _storage_keys(services)
+    [cached] = services.storage.root.glob(f"derived/{key[:2]}/{key}.wm-*.jpg")
+    assert cached.read_bytes() == await second.get_data()
+    # The reconciler sees the cached copy as one of the key's files, and deleting the photo removes it.
+    assert (key, cached) in [(k, p) for k, p, _ in services.storage.iter_derived()]
+    services.storage.remove_photo_files(key)
+    assert not cached.exists()
+
+
+async def test_a_changed_watermark_makes_a_new_copy_and_drops_the_old(guest: Any, admin: AuthActions,
+                                                                      services: Services, monkeypatch: Any) -> None:
+    stats = _count_watermarking(monkeypatch)
+    gallery = await published(admin, name="Marked", watermark=True)
+    photo = add_photo(services, gallery["id"], data=imagefactory.save(imagefactory.photo(300, 200), "jpeg"))
+    url = f"/g/{gallery['slug']}/photos/{photo}/download"
+    before = await (await guest.get(url)).get_data()
+    await services.db.write(app_settings.save, {"watermark_text": "Studio Nord", "watermark_position": "center"})
+    after = await (await guest.get(url)).get_data()
+    assert stats["calls"] == 2 and before != after
+    [key] = await _storage_keys(services)
+    [cached] = services.storage.root.glob(f"derived/{key[:2]}/{key}.wm-*.jpg")
+    assert cached.read_bytes() == after
+
+
+async def test_watermarking_runs_one_at_a_time(guest: Any, admin: AuthActions, services: Services,
+                                               monkeypatch: Any) -> None:
+    stats = _count_watermarking(monkeypatch)
+    gallery = await published(admin, name="Marked", watermark=True)
+    ids = [add_photo(services, gallery["id"], data=imagefactory.save(imagefactory.photo(200, 150, seed=i), "jpeg"))
+           for i in range(4)]
+    statuses = []
+
+    async def download(photo_id: int) -> None:
+        statuses.append((await guest.get(f"/g/{gallery['slug']}/photos/{photo_id}/download")).status_code)
+
+    async with trio.open_nursery() as nursery:
+        for photo_id in ids:
+            nursery.start_soon(download, photo_id)
+    assert statuses == [200] * 4
+    assert stats["calls"] == 4 and stats["most"] == 1
+
+
+async def test_watermarked_zip_uses_and_fills_the_same_cache(guest: Any, admin: AuthActions, services: Services,
+                                                            monkeypatch: Any) -> None:
+    stats = _count_watermarking(monkeypatch)
+    gallery = await published(admin, name="Marked", watermark=True)
+    ids = [add_photo(services, gallery["id"], name=f"p{i}.png", fmt="png", taken_at=f"2024-06-20T10:0{i}:00",
+                     data=imagefactory.save(imagefactory.photo(200, 150, seed=i), "png")) for i in range(3)]
+    single = await (await guest.get(f"/g/{gallery['slug']}/photos/{ids[0]}/download")).get_data()
+    assert stats["calls"] == 1
+    first = zipfile.ZipFile(io.BytesIO(await (await guest.get(f"/g/{gallery['slug']}/download")).get_data()))
+    assert first.namelist() == ["p0.jpg", "p1.jpg", "p2.jpg"]
+    assert first.read("p0.jpg") == single
+    assert stats["calls"] == 3, "the zip decoded a photo whose watermarked copy was cached"
+    second = zipfile.ZipFile(io.BytesIO(await (await guest.get(f"/g/{gallery['slug']}/download")).get_data()))
+    assert stats["calls"] == 3
+    assert [second.read(n) for n in second.namelist()] == [first.read(n) for n in first.namelist()]
+    assert Image.open(io.BytesIO(second.read("p2.jpg"))).size == (200, 150)

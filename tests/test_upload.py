@@ -20,6 +20,7 @@ from picpeak_lite.intake import clean_filename, clean_guest_name
 from picpeak_lite.queries import admin as admin_q
 from picpeak_lite.queries import guests as guest_q
 from picpeak_lite.storage import Storage
+from picpeak_lite.views import upload as upload_view
 
 from . import imagefactory
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
@@ -431,3 +432,65 @@ async def test_real_server_client_gone_mid_upload_leaves_no_temp_file(tmp_path: 
         async with httpx.AsyncClient(base_url=running.url) as http:
             assert (await http.get("/healthz")).status_code == 200
         running.stop()
+
+
+class _Clock:
+    """A monotonic clock the test moves by hand (the upload budgets are read through ``services.monotonic``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _guest_upload(guest: Any, slug: str, csrf: str, files: list[tuple[str, bytes]]) -> Any:
+    body, headers = multipart(files)
+    return await guest.post(f"/api/g/{slug}/upload", data=body, headers={**headers, "X-CSRF-Token": csrf})
+
+
+async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin: AuthActions, guest: Any,
+                                                                services: Any, settings: Any,
+                                                                monkeypatch: Any) -> None:
+    monkeypatch.setattr(upload_view, "GUEST_UPLOADS_PER_SESSION", (3, 0.01))
+    monkeypatch.setattr(upload_view, "GUEST_UPLOADS_PER_IP", (4, 0.01))
+    clock = services.monotonic = _Clock()
+    gallery = await published(admin, name="Party", allow_guest_uploads=True)
+    csrf = await start_guest_session(services, guest)
+    for i in range(3):
+        assert (await _guest_upload(guest, gallery["slug"], csrf, [(f"{i}.jpg", jpeg(i))])).status_code == 202
+    refused = await _guest_upload(guest, gallery["slug"], csrf, [("3.jpg", jpeg(3))])
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == "100" and refused.headers["Connection"] == "close"
+    assert "faster than this server accepts" in (await refused.get_json())["error"]
+    assert len(await rows(services, "SELECT id FROM photos")) == 3 and temp_files(settings) == []
+    # Another browser on the same address has its own session budget but shares the address's: one more.
+    other = app.test_client()
+    other_csrf = await start_guest_session(services, other)
+    assert (await _guest_upload(other, gallery["slug"], other_csrf, [("4.jpg", jpeg(4))])).status_code == 202
+    assert (await _guest_upload(other, gallery["slug"], other_csrf, [("5.jpg", jpeg(5))])).status_code == 429
+    # The budgets refill with time.
+    clock.now += 100
+    assert (await _guest_upload(guest, gallery["slug"], csrf, [("3.jpg", jpeg(3))])).status_code == 202
+    # Admin uploads are not the guests' budget.
+    assert (await admin_upload(admin, gallery["id"], [("6.jpg", jpeg(6))])).status_code == 202
+
+
+async def test_guest_uploads_have_a_byte_budget(admin: AuthActions, guest: Any, services: Any,
+                                                monkeypatch: Any) -> None:
+    monkeypatch.setattr(upload_view, "GUEST_BYTES_PER_SESSION", (10_000, 100.0))
+    clock = services.monotonic = _Clock()
+    gallery = await published(admin, name="Party", allow_guest_uploads=True)
+    csrf = await start_guest_session(services, guest)
+    big = imagefactory.save(imagefactory.photo(200, 150, seed=1), "png")  # noisy pixels: tens of KB
+    assert len(big) > 20_000
+    assert (await _guest_upload(guest, gallery["slug"], csrf, [("big.png", big)])).status_code == 202
+    # Charged after the fact: the budget is now in debt by len(big) - 10_000 bytes, refilled at 100 a second.
+    refused = await _guest_upload(guest, gallery["slug"], csrf, [("small.jpg", jpeg(2))])
+    assert refused.status_code == 429
+    wait = int(refused.headers["Retry-After"])
+    assert wait == -(-(len(big) - 10_000 + 1) // 100)
+    clock.now += wait - 1
+    assert (await _guest_upload(guest, gallery["slug"], csrf, [("small.jpg", jpeg(2))])).status_code == 429
+    clock.now += 1
+    assert (await _guest_upload(guest, gallery["slug"], csrf, [("small.jpg", jpeg(2))])).status_code == 202

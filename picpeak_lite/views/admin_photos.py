@@ -57,6 +57,15 @@ def read_filters(args: Any) -> dict[str, Any]:
     }
 
 
+def filter_query(filters: dict[str, Any]) -> dict[str, str]:
+    """The query string of ``read_filters``' output: only the known keys, so no client key can clash with a
+    route's own arguments in ``url_for``."""
+    query = {key: filters[key] for key in ("status", "source") if filters[key]}
+    if filters["favourites"]:
+        query["favourites"] = "1"
+    return query
+
+
 async def load_grid(gallery_id: int, filters: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, list[str]]]:
     def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, list[str]]]:
         return q.list_photos(conn, gallery_id, **filters), q.favourites_by_photo(conn, gallery_id)
@@ -105,7 +114,7 @@ async def bulk_form(gallery_id: int) -> Any:
         ids = [int(v) for v in form.getlist("ids")]
     except ValueError:
         raise BadRequest("The selection is not valid; reload the page and try again.") from None
-    back = url_for("admin.gallery", gallery_id=gallery_id, **{k: v for k, v in request.args.items()})
+    back = url_for("admin.gallery", gallery_id=gallery_id, **filter_query(read_filters(request.args)))
     if action == "delete" and form.get("confirm") != "yes":
         gallery = await galleries.get_gallery(services(), gallery_id)
         ids = await services().db.read(q.ids_in_gallery, gallery_id, ids)

@@ -1,14 +1,26 @@
 """Guest downloads: one photo, the whole gallery as a zip, and the guest's favourites as a zip.
 
 All of them go through ``access.guest_gallery`` and list only ``access.GUEST_VISIBLE_PHOTO`` photos, and all
-respect the gallery's ``allow_downloads``. A gallery that watermarks downloads gets watermarked full-size JPEGs
-(made in a worker thread from the original, which is only read), in single downloads and in zips alike; the
-others get the original bytes. Zips are streamed as they are built (``zipstream``).
+respect the gallery's ``allow_downloads``. A gallery that watermarks downloads gets watermarked full-size JPEGs,
+in single downloads and in zips alike; the others get the original bytes. Zips are streamed as they are built
+(``zipstream``).
+
+A watermarked copy decodes the whole original (up to ``max_pixels``, hundreds of MB of pixels), so it is made
+once per photo and watermark, one at a time (``Services.watermark_limiter``), and kept on disk next to the
+derivatives (``Storage.watermarked_path``); every later download of it, single or zipped, streams that file. The
+tag in its name is a hash of the watermark's parameters, so a changed watermark makes new copies (and
+``Storage.write_watermarked`` removes the old ones).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -17,19 +29,22 @@ from quart import Blueprint, Response, current_app
 
 from .. import access, app_settings, images, zipstream
 from ..auth import current_guest, services
-from ..errors import Forbidden, NotFound
+from ..errors import Forbidden, InsufficientStorage, NotFound
 from ..queries import listing
+from ..services import Services
+from ..storage import WATERMARK_TAG_CHARS
 from .guest import load_gallery
-from .photos import attachment_header, send_original
+from .photos import attachment_header, send_original, send_path
 
 blueprint = Blueprint("downloads", __name__)
 
 NO_DOWNLOADS = "The photographer has turned off downloads for this gallery."
 SANDBOX_CSP = "default-src 'none'; sandbox"
+WATERMARK_QUALITY = 92  # JPEG quality of watermarked downloads; part of the cached copy's tag
 
 
 def _limiter() -> trio.CapacityLimiter:
-    """Disk reads and watermarking for downloads: bounded, so that a few zips cannot starve page views."""
+    """Disk reads for zips: bounded, so that a few zips cannot starve page views (watermarking has its own)."""
     limiter = current_app.extensions.get("download_limiter")
     if limiter is None:
         limiter = current_app.extensions["download_limiter"] = trio.CapacityLimiter(4)
@@ -40,6 +55,44 @@ async def watermark_for(gallery: dict[str, Any]) -> images.Watermark | None:
     """The same watermark as the gallery's view images (settings page over config defaults)."""
     svc = services()
     return await svc.db.read(app_settings.gallery_watermark, svc.settings, gallery)
+
+
+def watermark_tag(watermark: images.Watermark) -> str:
+    """A short hash of what a watermarked copy depends on besides the original: the watermark's parameters, the
+    JPEG quality, and the logo file's size and mtime (an uploaded logo replaces the file at the same path)."""
+    logo = None
+    if watermark.logo_path:
+        try:
+            stat = os.stat(watermark.logo_path)
+            logo = [stat.st_size, stat.st_mtime_ns]
+        except FileNotFoundError:
+            logo = "missing"
+    text = json.dumps([dataclasses.asdict(watermark), logo, WATERMARK_QUALITY], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:WATERMARK_TAG_CHARS]
+
+
+async def watermarked_copy(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Path | bytes:
+    """The cached watermarked copy of a photo, made first if need be. Raises FileNotFoundError without an original.
+
+    Returns the bytes instead of a path only when the disk is too full to keep the copy.
+    """
+    cached = svc.storage.watermarked_path(key, tag)
+    if cached.exists():
+        return cached
+    return await trio.to_thread.run_sync(_make_watermarked, svc, key, watermark, tag, limiter=svc.watermark_limiter)
+
+
+def _make_watermarked(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Path | bytes:
+    storage = svc.storage
+    cached = storage.watermarked_path(key, tag)
+    if cached.exists():  # made by another download while this one waited for its turn
+        return cached
+    data = images.apply_watermark(storage.original_path(key), watermark, quality=WATERMARK_QUALITY,
+                                  max_pixels=svc.settings.max_pixels)
+    try:
+        return storage.write_watermarked(key, tag, data)
+    except InsufficientStorage:
+        return data
 
 
 async def _downloadable_gallery(slug: str) -> dict[str, Any]:
@@ -58,13 +111,14 @@ async def photo(slug: str, photo_id: int) -> Response:
     if watermark is None:
         response = await send_original(row)
     else:
-        path = svc.storage.original_path(row["storage_key"])
-        if not path.exists():
-            raise NotFound("The original file is missing from storage.")
-        data = await trio.to_thread.run_sync(
-            lambda: images.apply_watermark(path, watermark, max_pixels=svc.settings.max_pixels),
-            limiter=_limiter())
-        response = Response(data, mimetype="image/jpeg")
+        try:
+            made = await watermarked_copy(svc, row["storage_key"], watermark, watermark_tag(watermark))
+        except FileNotFoundError:
+            raise NotFound("The original file is missing from storage.") from None
+        if isinstance(made, Path):
+            response = await send_path(made, "image/jpeg")
+        else:
+            response = Response(made, mimetype="image/jpeg")
         response.headers["Content-Disposition"] = attachment_header(_as_jpeg_name(row["display_name"]), "jpeg")
         response.headers["Content-Security-Policy"] = SANDBOX_CSP
         response.headers["Cache-Control"] = "private, no-cache"
@@ -98,15 +152,7 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
     watermark = await watermark_for(gallery)
     names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
                                   force_extension=".jpg" if watermark else None)
-    storage = svc.storage
-    entries = []
-    for row, name in zip(rows, names, strict=True):
-        path = storage.original_path(row["storage_key"])
-        render = None
-        if watermark is not None:
-            render = _watermark_renderer(path, watermark, svc.settings.max_pixels)
-        entries.append(zipstream.Entry(name=name, path=path, render=render,
-                                       date_time=zipstream.zip_date(row["taken_at"], svc.clock())))
+    entries = _zip_entries(svc, rows, names, watermark)
     filename = _zip_name(gallery["name"], favourites_only)
     response = Response(zipstream.stream_zip(entries, limiter=_limiter()), mimetype="application/zip")
     response.headers["Content-Disposition"] = (
@@ -118,9 +164,29 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
     return response
 
 
-def _watermark_renderer(path: Any, watermark: images.Watermark, max_pixels: int) -> Any:
+def _zip_entries(svc: Services, rows: list[dict[str, Any]], names: list[str],
+                 watermark: images.Watermark | None) -> Iterator[zipstream.Entry]:
+    """Made as the zip reaches each photo: a watermarked copy that is cached by then is streamed from disk."""
+    storage = svc.storage
+    tag = watermark_tag(watermark) if watermark is not None else ""
+    for row, name in zip(rows, names, strict=True):
+        key = row["storage_key"]
+        date_time = zipstream.zip_date(row["taken_at"], svc.clock())
+        if watermark is None:
+            yield zipstream.Entry(name=name, path=storage.original_path(key), date_time=date_time)
+        elif storage.watermarked_path(key, tag).exists():
+            yield zipstream.Entry(name=name, path=storage.watermarked_path(key, tag), date_time=date_time)
+        else:
+            yield zipstream.Entry(name=name, path=storage.original_path(key), date_time=date_time,
+                                  render=_cached_renderer(svc, key, watermark, tag))
+
+
+def _cached_renderer(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Any:
+    """Runs in the zip's worker thread: has the event loop make the copy the way a single download does (same
+    limiter, same cache), then reads it."""
     def render() -> bytes:
-        return images.apply_watermark(path, watermark, max_pixels=max_pixels)
+        made = trio.from_thread.run(watermarked_copy, svc, key, watermark, tag)
+        return made.read_bytes() if isinstance(made, Path) else made
 
     return render
 

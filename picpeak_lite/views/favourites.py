@@ -2,62 +2,27 @@
 
 ``PUT`` / ``DELETE /api/g/<slug>/favourites/<photo_id>`` add and remove a heart; ``POST /api/g/<slug>/guest``
 sets the optional guest name. All three are state changes by a guest: same origin and the session's CSRF
-token (``auth.check_guest_state_change``), and a per-session rate limit (:class:`RateLimit`).
+token (``auth.check_guest_state_change``), and a per-session rate limit (:class:`..ratelimit.RateLimit`).
 The photo must be one the guest may see in that gallery (``access.visible_photo``); anything else is 404,
 whether it exists or not.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from quart import Blueprint, current_app, request
 
 from .. import access
 from ..auth import check_guest_state_change, current_guest, services
-from ..errors import BadRequest, TooManyRequests
+from ..errors import BadRequest
 from ..intake import clean_guest_name
 from ..queries import favourites as favourite_q
 from ..queries import guests as guest_q
+from ..ratelimit import RateLimit
 from .guest import load_gallery
 
 blueprint = Blueprint("favourites", __name__)
-
-MAX_KEYS = 50_000
-
-
-class RateLimit:
-    """A token bucket per key: ``burst`` actions at once, refilled at ``per_second``. Bounded: when the table
-    is full the stalest keys go (they would have refilled by then anyway).
-
-    Chosen over ``throttle.Throttle`` because that one counts failures in a window, while this limits every
-    action: a guest tapping hearts through 300 photos should not be stopped, a script toggling one 50 times a
-    second should.
-    """
-
-    def __init__(self, burst: float, per_second: float, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst = burst
-        self.per_second = per_second
-        self.clock = clock
-        self._buckets: OrderedDict[Any, tuple[float, float]] = OrderedDict()
-
-    def take(self, key: Any) -> None:
-        """Spend one token or raise TooManyRequests with the seconds until the next one."""
-        now = self.clock()
-        tokens, last = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - last) * self.per_second)
-        if tokens < 1:
-            raise TooManyRequests(math.ceil((1 - tokens) / self.per_second),
-                                  "Slow down a little, please: too many changes at once.")
-        self._buckets[key] = (tokens - 1, now)
-        self._buckets.move_to_end(key)
-        while len(self._buckets) > MAX_KEYS:
-            self._buckets.popitem(last=False)
-
 
 def guest_rate_limit() -> RateLimit:
     """One limiter per app: 60 changes at once, then 2 a second."""

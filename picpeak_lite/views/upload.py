@@ -19,6 +19,10 @@ Limits, and why they differ:
   the other 19. When nothing was accepted the answer is 413 (all too large), 415 (all unsupported), 409
   (gallery full) or 400, with ``errors`` and no ``upload_id``; every 413 also says ``Connection: close``.
 
+Guest uploads are throttled per guest session and per client IP, before any of the body is read (429 with
+``Retry-After`` and ``Connection: close``): a budget of requests, and a budget of bytes that each request's
+accepted files are charged against once it has been read (see GUEST_UPLOADS_PER_SESSION and below).
+
 A request whose files were all duplicates is accepted (202, each with ``"duplicate": true`` and its existing
 id) but creates no upload group, so ``upload_id`` is null: there is nothing to follow, and an id whose status
 is 404 must never be handed out.
@@ -27,10 +31,11 @@ is 404 must never be handed out.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from quart import Blueprint, Response, after_this_request, g, request
+from quart import Blueprint, Response, after_this_request, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder
 
@@ -41,6 +46,8 @@ from ..errors import AppError, BadRequest, Conflict, Forbidden, NotFound, TooLar
 from ..intake import FileSink, Intake, Limits, clean_guest_name
 from ..queries import galleries as gallery_q
 from ..queries import photos as photo_q
+from ..ratelimit import RateLimit
+from .common import client_ip
 
 blueprint = Blueprint("upload", __name__)
 
@@ -51,6 +58,56 @@ FILE_FIELD = "photos"
 MALFORMED = "The upload was cut off or is not valid multipart/form-data."
 CSRF_MESSAGE = "The form has expired or is missing its security token. Reload the page and try again."
 FAILURES = {413: TooLarge, 415: UnsupportedMedia, 409: Conflict}
+
+# Guest upload budgets, as token buckets: (burst, refill per second). The upload page sends one file per request,
+# three at a time, so a guest sharing 200 photos makes 200 requests: 60 at once and then one a second is more than
+# a phone on venue Wi-Fi manages, while a script gets nowhere fast. Bytes are what fill the disk: 1 GiB per hour
+# per session is some 200 phone photos. A whole venue may share one IP (NAT), so its budgets are 5x a session's.
+# The page waits out a 429 and carries on by itself.
+GiB = 1024**3
+GUEST_UPLOADS_PER_SESSION = (60, 1.0)
+GUEST_UPLOADS_PER_IP = (300, 5.0)
+GUEST_BYTES_PER_SESSION = (1 * GiB, 1 * GiB / 3600)
+GUEST_BYTES_PER_IP = (5 * GiB, 5 * GiB / 3600)
+UPLOAD_SLOW_DOWN = "You are sending photos faster than this server accepts. Please wait a little and retry."
+
+
+@dataclass
+class GuestUploadLimits:
+    """The four budgets above, one set per app (``guest_upload_limits``)."""
+
+    clock: Callable[[], float]
+    per_session: RateLimit = field(init=False)
+    per_ip: RateLimit = field(init=False)
+    bytes_per_session: RateLimit = field(init=False)
+    bytes_per_ip: RateLimit = field(init=False)
+
+    def __post_init__(self) -> None:
+        def bucket(burst_and_rate: tuple[float, float]) -> RateLimit:
+            return RateLimit(*burst_and_rate, clock=self.clock, message=UPLOAD_SLOW_DOWN)
+
+        self.per_session, self.per_ip = bucket(GUEST_UPLOADS_PER_SESSION), bucket(GUEST_UPLOADS_PER_IP)
+        self.bytes_per_session = bucket(GUEST_BYTES_PER_SESSION)
+        self.bytes_per_ip = bucket(GUEST_BYTES_PER_IP)
+
+    def take(self, session_id: int, ip: str) -> None:
+        """Count one request, or raise TooManyRequests if any budget is spent (then nothing is counted)."""
+        for limit, key in ((self.per_session, session_id), (self.per_ip, ip),
+                           (self.bytes_per_session, session_id), (self.bytes_per_ip, ip)):
+            limit.take(key, 0)
+        self.per_session.take(session_id)
+        self.per_ip.take(ip)
+
+    def charge_bytes(self, session_id: int, ip: str, size: int) -> None:
+        self.bytes_per_session.charge(session_id, size)
+        self.bytes_per_ip.charge(ip, size)
+
+
+def guest_upload_limits() -> GuestUploadLimits:
+    limits = current_app.extensions.get("guest_upload_limits")
+    if limits is None:
+        limits = current_app.extensions["guest_upload_limits"] = GuestUploadLimits(services().monotonic)
+    return limits
 
 
 def _closes_unless_drained(view: Any) -> Any:
@@ -104,10 +161,13 @@ async def guest_upload(slug: str) -> Any:
     sent = request.headers.get("X-CSRF-Token")
     if sent is not None and not security.tokens_equal(sent, guest.csrf_token):
         raise Forbidden(CSRF_MESSAGE)
+    limits, ip = guest_upload_limits(), client_ip()
+    limits.take(guest.id, ip)
     authorize = functools.partial(_guest_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
     return await _upload(
         authorize, Limits.guest(svc.settings), uploaded_by="guest", guest_session_id=guest.id,
         default_name=guest.name, form_csrf=None if sent is not None else guest.csrf_token,
+        on_accepted=lambda size: limits.charge_bytes(guest.id, ip, size),
     )
 
 
@@ -127,7 +187,9 @@ def _guest_gallery(conn: Connection, *, slug: str, guest_session_id: int, clock:
 
 
 async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_session_id: int | None = None,
-                  default_name: str | None = None, form_csrf: str | None = None) -> Any:
+                  default_name: str | None = None, form_csrf: str | None = None,
+                  on_accepted: Callable[[int], None] | None = None) -> Any:
+    """``on_accepted`` is told the bytes of the files accepted (duplicates included) once they are committed."""
     svc = services()
     gallery = await svc.db.read(authorize)
     if request.mimetype != "multipart/form-data" or not request.mimetype_params.get("boundary"):
@@ -153,6 +215,8 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
                             guest_name=guest_name)
     if intake.upload_id is not None:
         svc.wake_workers()
+    if on_accepted is not None:
+        on_accepted(sum(e.size for e in intake.accepted()))
     if not intake.accepted():
         error: AppError = FAILURES.get(intake.failure_status(), BadRequest)(
             "None of the files could be accepted.", errors=[e.to_json() for e in intake.errors()])
@@ -227,7 +291,7 @@ class _Receiver:
                 self._field_count += 1
                 if self._field_count > MAX_FIELDS:
                     raise BadRequest("The upload form has too many fields.")
-                self._field = (event.name, bytearray())
+                self._field = (event.name or "", bytearray())  # a part may have no name at all
             elif isinstance(event, Data):
                 await self._data(event)
 

@@ -143,6 +143,57 @@ def test_guest_upload_page_shows_progress_thumbnails_and_errors(server: LiveServ
     assert page.locator("#grid .tile").count() == 3
 
 
+def test_guest_upload_page_stops_following_a_gallery_that_went_away(server: LiveServer, api: httpx.Client,
+                                                                    page: Page, tmp_path: Path) -> None:
+    """The status endpoint answers 404 (gallery unpublished, session gone): the page says so and stops asking."""
+    gallery = make_gallery(api, [], allow_guest_uploads=True)
+    path = tmp_path / "late.jpg"
+    path.write_bytes(photo_bytes(300, (600, 400)))
+    asked: list[float] = []
+
+    def gone(route: Any) -> None:
+        asked.append(time.monotonic())
+        route.fulfill(status=404, content_type="application/json",
+                      body='{"error": "There is no upload with this id."}')
+
+    page.add_init_script("delete window.WebSocket")  # live.js then follows the upload by polling the endpoint
+    page.route(re.compile(r".*/api/g/[^/]+/uploads/[0-9a-f]{32}$"), gone)
+    page.goto(gallery["share_url"] + "/upload")
+    page.set_input_files("#file-input", [str(path)])
+    page.wait_for_selector("#upload-stopped", timeout=20_000)
+    assert "There is no upload with this id." in page.inner_text("#upload-stopped")
+    row = page.locator("#files .file")
+    assert "is-error" in row.get_attribute("class")
+    assert "progress can no longer be shown" in row.locator(".file-status").inner_text()
+    seen = len(asked)
+    page.wait_for_timeout(4000)  # the old page asked again every 1.5 s, forever
+    assert len(asked) == seen
+
+
+def test_guest_upload_page_waits_out_a_429_by_itself(server: LiveServer, api: httpx.Client, page: Page,
+                                                     tmp_path: Path) -> None:
+    gallery = make_gallery(api, [], allow_guest_uploads=True)
+    path = tmp_path / "patient.jpg"
+    path.write_bytes(photo_bytes(301, (600, 400)))
+    answered: list[int] = []
+
+    def slow_down_once(route: Any) -> None:
+        if answered:
+            answered.append(0)
+            route.continue_()
+            return
+        answered.append(429)
+        route.fulfill(status=429, headers={"Retry-After": "2", "Connection": "close"},
+                      content_type="application/json", body='{"error": "Slow down."}')
+
+    page.route(re.compile(r".*/api/g/[^/]+/upload$"), slow_down_once)
+    page.goto(gallery["share_url"] + "/upload")
+    page.set_input_files("#file-input", [str(path)])
+    page.wait_for_function("() => /slow down/i.test(document.querySelector('#files .file-status').textContent)")
+    page.wait_for_selector("#files .file.is-done .file-thumb img", timeout=30_000)
+    assert answered == [429, 0]
+
+
 def test_phone_favourites_and_favourites_zip(server: LiveServer, api: httpx.Client, phone: Page) -> None:
     photos = [(f"DSC_{i}.jpg", photo_bytes(200 + i, (600, 900) if i % 2 else (900, 600))) for i in range(5)]
     gallery = make_gallery(api, photos)

@@ -1,0 +1,60 @@
+"""The admin gallery grid follows hide and show made elsewhere (another tab, the API) without a reload."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .. import imagefactory
+from .conftest import LiveServer, Page, admin_login, start_server, stop_server
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    live = start_server(tmp_path / "data")
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture
+def api(server: LiveServer) -> Iterator[httpx.Client]:
+    out = subprocess.run(
+        [sys.executable, "-m", "picpeak_lite", "admin", "token", "create", "--name", "browser",
+         "--data-dir", str(server.data_dir)], capture_output=True, text=True, check=True)
+    token = re.search(r"ppk_\S+", out.stdout + out.stderr).group(0)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+        yield client
+
+
+def test_live_grid_shows_hide_and_show_of_a_complete_photo(server: LiveServer, api: httpx.Client,
+                                                           page: Page) -> None:
+    gallery = api.post("/api/admin/galleries", json={"name": "Live"}).json()
+    photo = imagefactory.save(imagefactory.photo(600, 400, seed=7), "jpeg")
+    upload = api.post(f"/api/admin/galleries/{gallery['id']}/upload", files=[("photos", ("a.jpg", photo))]).json()
+    deadline = time.monotonic() + 30
+    while not api.get(f"/api/admin/uploads/{upload['upload_id']}").json()["done"]:
+        assert time.monotonic() < deadline, "the photo was not processed in time"
+        time.sleep(0.2)
+    [photo_id] = upload["photo_ids"]
+
+    admin_login(page, server)
+    page.goto(f"{server.url}/admin/galleries/{gallery['id']}")
+    tile = f'#grid li[data-id="{photo_id}"]'
+    page.wait_for_selector(f'{tile}[data-status="complete"]:not(.is-hidden)')
+    page.wait_for_timeout(500)  # the live connection is open
+
+    bulk = f"/api/admin/galleries/{gallery['id']}/photos/bulk"
+    assert api.post(bulk, json={"action": "hide", "ids": [photo_id]}).json()["changed"] == 1
+    page.wait_for_selector(f"{tile}.is-hidden", timeout=5000)
+    assert page.locator(f"{tile} .meta .badge", has_text="Hidden").count() == 1
+    assert api.post(bulk, json={"action": "show", "ids": [photo_id]}).json()["changed"] == 1
+    page.wait_for_selector(f"{tile}:not(.is-hidden)", timeout=5000)
+    assert page.locator(f"{tile} .meta .badge", has_text="Hidden").count() == 0
+    assert page.locator(f"{tile} img.thumb").count() == 1
