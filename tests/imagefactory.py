@@ -8,6 +8,7 @@ metadata into any of the four formats we accept.
 
 from __future__ import annotations
 
+import functools
 import io
 import random
 import struct
@@ -56,7 +57,9 @@ def marked(width: int = 40, height: int = 20) -> Image.Image:
     return image
 
 
+@functools.cache
 def srgb_icc() -> bytes:
+    """One sRGB profile per run: a new one carries its creation time, so two calls a second apart differ."""
     return ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
 
 
