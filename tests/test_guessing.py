@@ -1,0 +1,191 @@
+"""Guessing (issue 7, suite 5): 1,000 wrong passwords from one IP at one gallery and at the admin login.
+
+At most ``login_attempts`` (5) real password-hash checks per (target, IP) per window, the rest 429 with
+``Retry-After``; a second IP with the right password gets in at once. Hash checks are counted by wrapping the
+services object's own ``verify_password`` (as tests/test_admin_auth.py does), so a check skipped by the
+throttle is really skipped, not just answered differently.
+
+"An unknown gallery takes about as long as a known one": the gallery's existence is already told by its status
+(404 versus the 401 password page), and a slug carries 40 random bits, so the time of the password check can
+add nothing for a *published* gallery. What must not leak is what the status hides:
+
+* a draft gallery (it exists, but is not shown yet) must be indistinguishable from an unknown slug: the same
+  status, the same body, no hash check in either, and about the same time;
+* at the admin login, an unknown user name must cost the same hash check (and so about the same time) as a
+  known name with a wrong password, or the time would tell which user names exist.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from typing import Any
+
+import pytest
+
+from .conftest import ADMIN_PASSWORD, AuthActions
+
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+GUESSES = 1000
+GALLERY_PASSWORD = "letmein-please"
+SECOND_IP = {"client": ("10.0.0.2", 1)}
+
+
+class HashCounter:
+    """Wraps ``Services.verify_password`` on this services object and counts the real hash checks."""
+
+    def __init__(self, services: Any) -> None:
+        self.calls = 0
+        self._original = services.verify_password
+        services.verify_password = self._counting
+
+    async def _counting(self, password_hash: str | None, password: str) -> bool:
+        self.calls += 1
+        return await self._original(password_hash, password)
+
+
+async def published(admin: AuthActions, **fields: Any) -> dict[str, Any]:
+    gallery = await admin.create_gallery(**fields)
+    response = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
+    return await response.get_json()
+
+
+async def guest_csrf(client: Any, slug: str, **kw: Any) -> str:
+    page = await client.get(f"/g/{slug}", **kw)
+    assert page.status_code == 401
+    return CSRF.search(await page.get_data(as_text=True)).group(1)
+
+
+def retry_after_ok(response: Any, window: int) -> bool:
+    value = response.headers.get("Retry-After", "")
+    return value.isdigit() and 0 < int(value) <= window
+
+
+async def test_a_thousand_wrong_gallery_passwords(services: Any, admin: AuthActions, app: Any,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    gallery = await published(admin, name="Private party", password=GALLERY_PASSWORD)
+    window = services.settings.login_window_seconds
+    attacker = app.test_client()
+    csrf = await guest_csrf(attacker, gallery["slug"])
+    url = f"/g/{gallery['slug']}/password"
+    counter = HashCounter(services)
+    statuses: list[int] = []
+    bad_retry_after = 0
+    for i in range(GUESSES):
+        response = await attacker.post(url, form={"password": f"guess-{i}", "csrf_token": csrf})
+        statuses.append(response.status_code)
+        if response.status_code == 429 and not retry_after_ok(response, window):
+            bad_retry_after += 1
+    hashes = counter.calls
+    # The right password from the attacker's IP is refused too: the IP, not the password, is out of attempts.
+    assert (await attacker.post(url, form={"password": GALLERY_PASSWORD, "csrf_token": csrf})).status_code == 429
+    # A real guest on another IP gets in at once.
+    friend = app.test_client()
+    friend_csrf = await guest_csrf(friend, gallery["slug"], scope_base=SECOND_IP)
+    started = time.perf_counter()
+    entered = await friend.post(url, form={"password": GALLERY_PASSWORD, "csrf_token": friend_csrf},
+                                scope_base=SECOND_IP)
+    friend_seconds = time.perf_counter() - started
+    assert entered.status_code == 302
+    assert (await friend.get(f"/g/{gallery['slug']}", scope_base=SECOND_IP)).status_code == 200
+    with capsys.disabled():
+        print(f"\nguessing gallery: attempts={GUESSES} hash_checks={hashes} refused_401={statuses.count(401)} "
+              f"throttled_429={statuses.count(429)} bad_retry_after={bad_retry_after} "
+              f"second_ip_in_ms={friend_seconds * 1000:.0f}")
+    limit = services.settings.login_attempts
+    assert hashes == limit <= 10
+    assert statuses == [401] * limit + [429] * (GUESSES - limit)
+    assert bad_retry_after == 0
+
+
+async def test_a_thousand_wrong_admin_passwords(services: Any, auth: AuthActions, app: Any,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    window = services.settings.login_window_seconds
+    counter = HashCounter(services)
+    statuses: list[int] = []
+    bad_retry_after = 0
+    for i in range(GUESSES):
+        response = await auth.login(password=f"guess-{i}")
+        statuses.append(response.status_code)
+        if response.status_code == 429 and not retry_after_ok(response, window):
+            bad_retry_after += 1
+    hashes = counter.calls
+    assert (await auth.login()).status_code == 429
+    other = app.test_client()
+    started = time.perf_counter()
+    entered = await other.post("/admin/login", form={"username": "admin", "password": ADMIN_PASSWORD},
+                               scope_base=SECOND_IP)
+    second_seconds = time.perf_counter() - started
+    assert entered.status_code == 302
+    assert (await other.get("/admin/", scope_base=SECOND_IP)).status_code == 200
+    with capsys.disabled():
+        print(f"\nguessing admin: attempts={GUESSES} hash_checks={hashes} refused_401={statuses.count(401)} "
+              f"throttled_429={statuses.count(429)} bad_retry_after={bad_retry_after} "
+              f"second_ip_in_ms={second_seconds * 1000:.0f}")
+    limit = services.settings.login_attempts
+    assert hashes == limit <= 10
+    assert statuses == [401] * limit + [429] * (GUESSES - limit)
+    assert bad_retry_after == 0
+
+
+async def timed(call: Any, n: int) -> tuple[float, list[Any]]:
+    """Median seconds of ``n`` calls, and their responses."""
+    seconds, responses = [], []
+    for i in range(n):
+        started = time.perf_counter()
+        responses.append(await call(i))
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds), responses
+
+
+def about_as_long(a: float, b: float) -> bool:
+    """Within 2x of each other, or both so quick (under 5 ms apart) that scheduling noise dominates."""
+    return abs(a - b) < 0.005 or max(a, b) <= 2 * min(a, b)
+
+
+async def test_a_draft_gallery_looks_exactly_like_an_unknown_one(services: Any, admin: AuthActions, app: Any,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    draft = await admin.create_gallery(name="Not yet", password=GALLERY_PASSWORD)
+    unknown_slug = draft["slug"][:-8] + "zzzzzzzz"
+    guest = app.test_client()
+    csrf = await guest_csrf(guest, (await published(admin, name="Open one", password="x-pass-1"))["slug"])
+    counter = HashCounter(services)
+    results = {}
+    for label, slug in (("draft", draft["slug"]), ("unknown", unknown_slug)):
+        async def attempt(i: int, slug: str = slug) -> tuple[int, str]:
+            response = await guest.post(f"/g/{slug}/password", form={"password": f"g{i}", "csrf_token": csrf},
+                                        scope_base={"client": (f"10.2.0.{i % 200}", 1)})
+            return response.status_code, await response.get_data(as_text=True)
+
+        median, responses = await timed(attempt, 30)
+        page = await guest.get(f"/g/{slug}", headers={"Accept": "application/json"})
+        results[label] = (median, {r for r in responses}, page.status_code, await page.get_json())
+    with capsys.disabled():
+        print(f"\nguessing draft-vs-unknown: hash_checks={counter.calls} "
+              f"draft_ms={results['draft'][0] * 1000:.1f} unknown_ms={results['unknown'][0] * 1000:.1f}")
+    assert counter.calls == 0
+    assert results["draft"][1] == results["unknown"][1] and len(results["draft"][1]) == 1
+    assert {status for status, _ in results["draft"][1]} == {404}
+    assert results["draft"][2:] == results["unknown"][2:]
+    assert about_as_long(results["draft"][0], results["unknown"][0])
+
+
+async def test_an_unknown_admin_name_costs_the_same_hash_check(services: Any, app: Any,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    client = app.test_client()
+    counter = HashCounter(services)
+    medians = {}
+    for label, username in (("known", "admin"), ("unknown", "root")):
+        async def attempt(i: int, username: str = username, label: str = label) -> int:
+            response = await client.post("/admin/login", form={"username": username, "password": f"nope {i}"},
+                                         scope_base={"client": (f"10.3.{len(label)}.{i}", 1)})
+            return response.status_code
+
+        medians[label], statuses = await timed(attempt, 8)
+        assert statuses == [401] * 8
+    with capsys.disabled():
+        print(f"\nguessing admin-names: hash_checks={counter.calls} known_ms={medians['known'] * 1000:.1f} "
+              f"unknown_ms={medians['unknown'] * 1000:.1f}")
+    assert counter.calls == 16
+    assert about_as_long(medians["known"], medians["unknown"])

@@ -1,0 +1,141 @@
+"""Webhook targets (issue 7, suite 8): what tests/test_webhooks.py does not already show.
+
+That file checks the URL list against ``resolve_target`` and, for the loopback spellings, that the sender
+makes no connection. Here: every spelling of the list *and* names resolving to each private range go through
+the sender with 0 connections and one lookup each; and two end-to-end paths (a config webhook fired by the
+worker pool when a photo completes, and a webhook added on the settings page and tested with its button)
+leave a ``refused`` delivery row and make no connection. The only listener is a receiver on 127.0.0.1, which
+stays untouched unless private targets are allowed; made-up names are answered by a fake resolver.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from picpeak_lite import bootstrap, db, schema
+from picpeak_lite.db import Database
+from picpeak_lite.queries import webhooks as webhook_q
+from picpeak_lite.services import Services
+from picpeak_lite.webhooks import WebhookSender
+
+from .conftest import AuthActions, make_settings
+from .test_pipeline import create_gallery, jpeg, run_pool_until_idle, stage_photo
+from .test_webhooks import SECRET, FakeResolver, Receiver, enqueue, settings_for
+
+# Names the fake resolver answers with a private address: "names resolving to them".
+PRIVATE_NAMES = {
+    "loopback.test": ["127.0.0.1"],
+    "loopback6.test": ["::1"],
+    "metadata.test": ["169.254.169.254"],
+    "cgnat.test": ["100.64.0.1"],
+    "ten.test": ["10.20.30.40"],
+    "home.test": ["192.168.0.10"],
+    "mapped.test": ["::ffff:127.0.0.1"],
+    "rebind.test": ["93.184.216.34", "127.0.0.1"],  # one public answer does not excuse a private one
+}
+SPELLINGS = ["127.0.0.1", "[::1]", "[::ffff:127.0.0.1]", "2130706433", "127.1", "0177.0.0.1", "localhost",
+             "169.254.169.254", "100.64.0.1", "10.0.0.1", "10.255.1.2", "192.168.1.1", "192.168.200.7"]
+
+
+@pytest.fixture
+async def receiver(nursery: trio.Nursery) -> Receiver:
+    receiver = Receiver()
+    await nursery.start(receiver.run)
+    return receiver
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Iterator[Database]:
+    path = tmp_path / "picpeak.sqlite3"
+    conn = db.connect(path)
+    schema.migrate(conn)
+    conn.close()
+    database = Database(path, readers=2)
+    yield database
+    database.close()
+
+
+async def test_every_refused_target_makes_no_connection(database: Any, receiver: Receiver,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # Numeric spellings never reach a resolver (trio parses them itself); "localhost" gets the system's answer.
+    resolver = FakeResolver({**PRIVATE_NAMES, "localhost": ["127.0.0.1", "::1"]})
+    trio.socket.set_custom_hostname_resolver(resolver)
+    port = receiver.port
+    urls = [f"http://{host}:{port}/hook" for host in SPELLINGS] + [f"http://{n}:{port}/hook" for n in PRIVATE_NAMES]
+    settings = settings_for(*urls, allow_private=False)
+    sender = WebhookSender(database, settings, concurrency=len(urls))
+    await enqueue(database, settings, now=1000.0)
+    assert await sender.deliver_due() == len(urls)
+    rows = await database.read(webhook_q.list_deliveries)
+    refused = [r for r in rows if r["last_error"].startswith("refused:")]
+    name_lookups = [n for n in resolver.lookups if n in PRIVATE_NAMES]
+    with capsys.disabled():
+        print(f"\nwebhook_targets: urls={len(urls)} refused={len(refused)} connections={receiver.connections} "
+              f"name_lookups={len(name_lookups)} names={len(PRIVATE_NAMES)}")
+    assert receiver.connections == 0
+    assert sorted(r["endpoint_url"] for r in refused) == sorted(urls)
+    assert all(r["status"] == "pending" and r["attempts"] == 1 for r in rows)
+    # Refused for what the address is, not for failing to resolve.
+    assert all("not a public address" in r["last_error"] for r in rows), [r["last_error"] for r in rows]
+    assert sorted(name_lookups) == sorted(PRIVATE_NAMES), "each name is looked up once, and only once"
+
+
+async def test_the_same_targets_are_delivered_when_private_targets_are_allowed(database: Any,
+                                                                               receiver: Receiver) -> None:
+    """The control: the refusals above are the check's doing, not an unreachable receiver."""
+    resolver = FakeResolver({"loopback.test": ["127.0.0.1"]})
+    trio.socket.set_custom_hostname_resolver(resolver)
+    urls = [f"http://{host}:{receiver.port}/hook" for host in ("127.0.0.1", "127.1", "2130706433", "loopback.test")]
+    settings = settings_for(*urls, allow_private=True)
+    await enqueue(database, settings, now=1000.0)
+    assert await WebhookSender(database, settings, concurrency=len(urls)).deliver_due() == len(urls)
+    rows = await database.read(webhook_q.list_deliveries)
+    assert [r["status"] for r in rows] == ["delivered"] * len(urls)
+    assert receiver.connections == len(urls)
+
+
+async def test_pipeline_webhook_at_a_refused_target_leaves_a_refused_row(tmp_path: Path,
+                                                                          receiver: Receiver) -> None:
+    """A photo completes, the outbox gets its photo.uploaded event, the sender refuses the loopback target."""
+    url = f"http://127.0.0.1:{receiver.port}/hook"
+    settings = make_settings(tmp_path, webhooks=[{"url": url, "secret": SECRET}])
+    bootstrap.prepare(settings)
+    database = Database(settings.database_path)
+    svc = Services(settings=settings, db=database)
+    try:
+        gallery_id = await database.write(create_gallery)
+        photo_id, _ = stage_photo(svc, gallery_id, jpeg(3))
+        await run_pool_until_idle(svc)
+        sender = WebhookSender(database, settings)
+        assert await sender.deliver_due() >= 1
+        rows = await database.read(webhook_q.list_deliveries)
+    finally:
+        database.close()
+    uploaded = [r for r in rows if r["event_type"] == "photo.uploaded"]
+    assert [json.loads(r["body"])["data"]["photo_id"] for r in uploaded] == [photo_id]
+    for row in rows:
+        assert row["last_error"].startswith("refused:") and "127.0.0.1" in row["last_error"]
+        assert (row["status"], row["attempts"], row["last_status_code"]) == ("pending", 1, None)
+    assert receiver.connections == 0
+
+
+async def test_settings_page_webhook_at_a_refused_target_is_refused_when_tested(
+        services: Services, client: Any, admin: AuthActions, receiver: Receiver) -> None:
+    url = f"http://127.1:{receiver.port}/hook"
+    added = await client.post("/admin/settings/webhooks", form={"csrf_token": admin.csrf, "url": url,
+                                                                 "events": "photo.uploaded"})
+    assert added.status_code == 201, await added.get_data(as_text=True)
+    endpoint_id = await services.db.read(
+        lambda conn: conn.execute("SELECT id FROM webhook_endpoints WHERE url = ?", (url,)).fetchall()[0]["id"])
+    tested = await client.post(f"/admin/settings/webhooks/{endpoint_id}/test", form={"csrf_token": admin.csrf})
+    assert tested.status_code == 302
+    assert await WebhookSender(services.db, services.settings).deliver_due() == 1
+    [row] = await services.db.read(webhook_q.list_deliveries)
+    assert row["endpoint_url"] == url and row["last_error"].startswith("refused:")
+    assert receiver.connections == 0
