@@ -33,7 +33,7 @@ from . import db
 from .config import Settings
 from .errors import ConfigError
 from .queries import photos as photo_q
-from .storage import DERIVATIVES, Storage, fsync_dir, fsync_file, remove_quietly
+from .storage import DERIVATIVES, Storage, file_sha256, fsync_dir, fsync_file, remove_quietly
 
 Progress = Callable[[int, int, str], None]
 MANIFEST = "manifest.json"
@@ -110,7 +110,7 @@ def backup(settings: Settings, target: str | os.PathLike[str], progress: Progres
         "format": FORMAT,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "source": str(data),
-        "database": {"path": database.name, "size": database.stat().st_size, "sha256": _sha256_of(database)},
+        "database": {"path": database.name, "size": database.stat().st_size, "sha256": file_sha256(database)},
         "photos": summary.photos - summary.deleted_meanwhile,
         "files": [{k: v for k, v in f.items() if k != "photo_id"} for f in files],
     }
@@ -224,13 +224,6 @@ def _remove_database(path: Path) -> None:
         remove_quietly(Path(str(path) + suffix))
 
 
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(COPY_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --- SQL, run on the copy only -------------------------------------------------------------------------------

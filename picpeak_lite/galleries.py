@@ -84,13 +84,18 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
         values["password_hash"] = None
 
     def change(conn: Any) -> Row:
-        if not gallery_q.update(conn, gallery_id, values, svc.clock()):
-            raise NotFound("There is no such gallery.")
-        row = gallery_q.get(conn, gallery_id)
-        assert row is not None
-        return row
+        return _row_if(gallery_q.update(conn, gallery_id, values, svc.clock()), conn, gallery_id)
 
     return await svc.db.write(change)
+
+
+def _row_if(changed: bool, conn: Any, gallery_id: int) -> Row:
+    """The gallery as it is now, after a change that found it; NotFound when the change found nothing."""
+    if not changed:
+        raise NotFound("There is no such gallery.")
+    row = gallery_q.get(conn, gallery_id)
+    assert row is not None
+    return row
 
 
 async def get_gallery(svc: Services, gallery_id: int) -> Row:
@@ -102,11 +107,7 @@ async def get_gallery(svc: Services, gallery_id: int) -> Row:
 
 async def set_published(svc: Services, gallery_id: int, published: bool) -> Row:
     def change(conn: Any) -> Row:
-        if not gallery_q.set_draft(conn, gallery_id, not published, svc.clock()):
-            raise NotFound("There is no such gallery.")
-        row = gallery_q.get(conn, gallery_id)
-        assert row is not None
-        return row
+        return _row_if(gallery_q.set_draft(conn, gallery_id, not published, svc.clock()), conn, gallery_id)
 
     return await svc.db.write(change)
 

@@ -20,7 +20,6 @@ Sync on purpose, like the rest of the command line; the SQL is in the small func
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -33,11 +32,10 @@ from .errors import ConfigError
 from .pipeline import queue
 from .pipeline.janitor import remove_orphans
 from .queries import photos as photo_q
-from .storage import DERIVATIVES, Storage
+from .storage import DERIVATIVES, Storage, file_sha256
 
 Progress = Callable[[int, int, str], None]
 DEFAULT_GRACE_SECONDS = 600.0
-HASH_CHUNK = 1024 * 1024
 
 
 @dataclass
@@ -74,13 +72,6 @@ class Report:
                 f"missing_derivatives={len(self.missing_derivatives)} orphans={len(self.orphans)} "
                 f"young_orphans={self.young_orphans} temp_files={self.temp_files} integrity={self.integrity}")
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def scrub(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, repair: bool = False,

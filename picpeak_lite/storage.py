@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import secrets
 import shutil
@@ -164,6 +165,15 @@ class Storage:
 
     def disk_usage(self) -> shutil._ntuple_diskusage:
         return shutil.disk_usage(self.root)
+
+
+def file_sha256(path: Path, chunk: int = 1024 * 1024) -> str:
+    """The sha256 of a stored file, read in steps (originals may be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def fsync_file(path: Path) -> None:

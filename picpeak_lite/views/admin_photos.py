@@ -18,7 +18,7 @@ from ..errors import BadRequest, Conflict, NotFound
 from ..pipeline import queue
 from ..queries import admin_photos as q
 from ..queries import photos as photo_q
-from .photos import admin_image_url
+from .photos import admin_image_url, photo_status
 
 blueprint = Blueprint("admin_photos", __name__)
 
@@ -27,14 +27,9 @@ MAX_IDS = 5000
 
 
 def photo_json(row: dict[str, Any], favourited_by: list[str], cover_id: int | None) -> dict[str, Any]:
-    complete = row["status"] == "complete"
+    """The status endpoint's shape of a photo, plus what the admin grid shows about it."""
     return {
-        "id": row["id"],
-        "filename": row["display_name"],
-        "status": row["status"],
-        "error": row["error"],
-        "width": row["width"],
-        "height": row["height"],
+        **photo_status(row, admin_image_url),
         "size": row["size"],
         "hidden": bool(row["hidden"]),
         "uploaded_by": row["uploaded_by"],
@@ -42,8 +37,6 @@ def photo_json(row: dict[str, Any], favourited_by: list[str], cover_id: int | No
         "favourite_count": row["favourite_count"],
         "favourited_by": favourited_by,
         "is_cover": row["id"] == cover_id,
-        "thumb_url": admin_image_url(row["id"], "grid") if complete else None,
-        "view_url": admin_image_url(row["id"], "view") if complete else None,
     }
 
 
