@@ -35,27 +35,3 @@ def count_for_guest(conn: Connection, guest_session_id: int, gallery_id: int) ->
         f"(SELECT id FROM photos WHERE gallery_id = ? AND {GUEST_VISIBLE_PHOTO})",
         (guest_session_id, gallery_id),
     ).fetchall()[0]["n"]
-
-
-def favourites_by_photo(conn: Connection, gallery_id: int) -> list[Row]:
-    """For the admin: every photo of the gallery that someone picked, most picked first, with who picked it.
-
-    ``[{"photo_id", "display_name", "count", "guests": [{"guest_session_id", "guest_name", "created_at"}]}]``;
-    ``guest_name`` is None for guests who gave no name. Hidden photos are included (the admin sees them).
-    """
-    rows = conn.execute(
-        "SELECT p.id AS photo_id, p.display_name, p.hidden, f.guest_session_id, s.guest_name, f.created_at "
-        "FROM favourites f JOIN photos p ON p.id = f.photo_id JOIN guest_sessions s ON s.id = f.guest_session_id "
-        "WHERE p.gallery_id = ? ORDER BY p.id, f.created_at",
-        (gallery_id,),
-    ).fetchall()
-    by_photo: dict[int, Row] = {}
-    for row in rows:
-        entry = by_photo.setdefault(row["photo_id"], {
-            "photo_id": row["photo_id"], "display_name": row["display_name"], "hidden": bool(row["hidden"]),
-            "count": 0, "guests": [],
-        })
-        entry["count"] += 1
-        entry["guests"].append({"guest_session_id": row["guest_session_id"], "guest_name": row["guest_name"],
-                                "created_at": row["created_at"]})
-    return sorted(by_photo.values(), key=lambda e: (-e["count"], e["photo_id"]))

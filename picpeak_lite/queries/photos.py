@@ -187,10 +187,6 @@ def delete(conn: Connection, photo_id: int) -> Row | None:
     return rows[0] if rows else None
 
 
-def storage_keys(conn: Connection) -> set[str]:
-    return {r["storage_key"] for r in conn.execute("SELECT storage_key FROM photos").fetchall()}
-
-
 def key_in_use(conn: Connection, storage_key: str) -> bool:
     return bool(conn.execute("SELECT 1 FROM photos WHERE storage_key = ?", (storage_key,)).fetchall())
 

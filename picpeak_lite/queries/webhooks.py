@@ -15,12 +15,10 @@ import hashlib
 import json
 import secrets
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import WEBHOOK_EVENTS, WebhookEndpoint
-
-if TYPE_CHECKING:
-    import apsw
+from ..db import Connection
 
 # Delay before the retry that follows the n-th failed attempt. After the last one fails the delivery is given
 # up: five attempts in all, spread over about two and a half hours.
@@ -52,7 +50,7 @@ def event_body(event_id: str, event_type: str, data: dict[str, Any], now: float)
 
 
 def enqueue_event(
-    conn: apsw.Connection,
+    conn: Connection,
     endpoints: Iterable[WebhookEndpoint],
     event_type: str,
     subject: str,
@@ -86,14 +84,14 @@ def enqueue_event(
         )
 
 
-def stored_endpoints(conn: apsw.Connection, *, active_only: bool = True) -> list[WebhookEndpoint]:
+def stored_endpoints(conn: Connection, *, active_only: bool = True) -> list[WebhookEndpoint]:
     """Receivers added on the settings page."""
     where = "WHERE active = 1" if active_only else ""
     rows = conn.execute(f"SELECT url, secret, events FROM webhook_endpoints {where} ORDER BY id").fetchall()
     return [WebhookEndpoint(url=r["url"], secret=r["secret"], events=tuple(json.loads(r["events"]))) for r in rows]
 
 
-def with_stored_endpoints(conn: apsw.Connection, configured: Iterable[WebhookEndpoint]) -> list[WebhookEndpoint]:
+def with_stored_endpoints(conn: Connection, configured: Iterable[WebhookEndpoint]) -> list[WebhookEndpoint]:
     """The configured endpoints, then the stored ones whose URL the config does not already name."""
     out = list(configured)
     seen = {e.url for e in out}
@@ -101,7 +99,7 @@ def with_stored_endpoints(conn: apsw.Connection, configured: Iterable[WebhookEnd
     return out
 
 
-def endpoint_for_url(conn: apsw.Connection, url: str) -> WebhookEndpoint | None:
+def endpoint_for_url(conn: Connection, url: str) -> WebhookEndpoint | None:
     """A stored endpoint by URL (active or paused), for the sender to sign a queued delivery with."""
     for endpoint in stored_endpoints(conn, active_only=False):
         if endpoint.url == url:
@@ -109,7 +107,7 @@ def endpoint_for_url(conn: apsw.Connection, url: str) -> WebhookEndpoint | None:
     return None
 
 
-def enqueue_test(conn: apsw.Connection, endpoint_url: str, now: float) -> int:
+def enqueue_test(conn: Connection, endpoint_url: str, now: float) -> int:
     """Queue a "send test" delivery to one endpoint, due now; returns its row id. Each test is its own event."""
     eid = event_id(TEST_EVENT, f"test:{endpoint_url}:{secrets.token_hex(8)}")
     body = event_body(eid, TEST_EVENT, {"message": "A test delivery from picpeak-lite."}, now)
@@ -121,7 +119,7 @@ def enqueue_test(conn: apsw.Connection, endpoint_url: str, now: float) -> int:
     return conn.last_insert_rowid()
 
 
-def claim_due(conn: apsw.Connection, now: float, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
+def claim_due(conn: Connection, now: float, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
     """Return up to ``limit`` pending deliveries that are due, oldest due first, and push them
     ``lease_seconds`` into the future.
 
@@ -144,7 +142,7 @@ def claim_due(conn: apsw.Connection, now: float, limit: int, lease_seconds: floa
     return rows
 
 
-def next_due_at(conn: apsw.Connection) -> float | None:
+def next_due_at(conn: Connection) -> float | None:
     """When the next pending delivery falls due (None: nothing pending); the sender sleeps until then."""
     row = conn.execute(
         "SELECT min(next_attempt_at) AS due FROM webhook_deliveries WHERE status = 'pending'"
@@ -152,7 +150,7 @@ def next_due_at(conn: apsw.Connection) -> float | None:
     return row["due"]
 
 
-def record_delivered(conn: apsw.Connection, delivery_id: int, status_code: int, now: float) -> None:
+def record_delivered(conn: Connection, delivery_id: int, status_code: int, now: float) -> None:
     """The receiver answered 2xx: the delivery is done."""
     conn.execute(
         """
@@ -166,7 +164,7 @@ def record_delivered(conn: apsw.Connection, delivery_id: int, status_code: int, 
 
 
 def record_failure(
-    conn: apsw.Connection,
+    conn: Connection,
     delivery_id: int,
     error: str,
     now: float,
@@ -200,13 +198,8 @@ def record_failure(
     ).fetchall()[0]
 
 
-def get_delivery(conn: apsw.Connection, delivery_id: int) -> dict[str, Any] | None:
-    rows = conn.execute("SELECT * FROM webhook_deliveries WHERE id = ?", (delivery_id,)).fetchall()
-    return rows[0] if rows else None
-
-
 def list_deliveries(
-    conn: apsw.Connection,
+    conn: Connection,
     *,
     status: str | None = None,
     event_id: str | None = None,
@@ -230,7 +223,7 @@ def list_deliveries(
     ).fetchall()
 
 
-def delivery_counts(conn: apsw.Connection) -> dict[str, int]:
+def delivery_counts(conn: Connection) -> dict[str, int]:
     """How many deliveries are pending, delivered and failed, for the dashboard."""
     counts = {"pending": 0, "delivered": 0, "failed": 0}
     for row in conn.execute("SELECT status, count(*) AS n FROM webhook_deliveries GROUP BY status"):
