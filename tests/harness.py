@@ -137,7 +137,9 @@ class ServerProcess:
         return "".join(list(self.output)[-lines:])
 
     def tracebacks(self) -> list[str]:
-        return [line for line in self.output if "Traceback" in line]
+        """Each traceback the server printed, with the 40 lines that follow it (the frames and the error)."""
+        lines = list(self.output)
+        return ["".join(lines[i:i + 40]) for i, line in enumerate(lines) if "Traceback" in line]
 
 
 # --- webhooks ----------------------------------------------------------------------------------------------

@@ -209,7 +209,7 @@ async def run_crash_suite(tmp_path: Path, cycles: int, capsys: Any, seed: int | 
         # A photo killed mid-processing in three cycles in a row is given up by design; anything else is a bug.
         assert all(r["error"].startswith("Gave up after") for r in failed), failed
         assert check.returncode == 0, check.stdout + check.stderr
-        assert not server.tracebacks(), server.log_tail()
+        assert not server.tracebacks(), "\n".join(server.tracebacks())
 
 
 async def test_kill_9_at_random_moments_loses_nothing(tmp_path: Path, capsys: Any) -> None:

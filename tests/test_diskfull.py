@@ -146,4 +146,4 @@ async def test_disk_full_gives_507_leaves_nothing_half_written_and_recovers(smal
     assert lost == []
     assert low_disk_shown, "the dashboard shows no low-disk warning"
     assert failed_processing == [] and unfinished == [], (failed_processing, unfinished)
-    assert not server.tracebacks(), server.log_tail()
+    assert not server.tracebacks(), "\n".join(server.tracebacks())

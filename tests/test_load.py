@@ -186,7 +186,7 @@ async def run_load_suite(tmp_path: Path, guests: int, megabytes: int, capsys: An
     assert peak_rss < 300, line
     assert lag < max_lag_ms, line
     assert restored["ok"], restored
-    assert not server.tracebacks(), server.log_tail()
+    assert not server.tracebacks(), "\n".join(server.tracebacks())
 
 
 async def check_restore(tmp_path: Path, backup_dir: Path, config: Path, token: str) -> dict[str, Any]:
