@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+from typing import Any
+
 import trio
+from PIL import Image
 
 from picpeak_lite.asgi import STREAM_BUFFER_BYTES, BoundedBody
 
@@ -38,3 +43,33 @@ async def test_streaming_lifts_the_whole_body_limit_and_a_whole_read_lifts_the_b
                 await whole.wait_for_room()  # never blocks once the app wants the body whole
             whole.append(b"z" * STREAM_BUFFER_BYTES)
         whole.set_complete()
+
+
+async def test_an_upload_over_the_whole_body_limit_keeps_every_byte(client: Any, admin: Any,
+                                                                     services: Any) -> None:
+    """Content-Length above MAX_CONTENT_LENGTH (16 MiB): Quart would refuse at once and drop what arrived
+    before the upload code lifted the limit, corrupting the multipart body."""
+    gallery = await admin.create_gallery(name="Big files")
+    image = io.BytesIO()
+    Image.new("RGB", (64, 48), (10, 120, 200)).save(image, "JPEG")
+    data = image.getvalue() + b"\0" * (17 * 1024 * 1024)  # bytes after EOI: still a JPEG, now 17 MiB
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"photos\"; filename=\"big.jpg\"\r\n"
+            b"Content-Type: image/jpeg\r\n\r\n" + data + b"\r\n--b--\r\n")
+    response = await client.post(f"/api/admin/galleries/{gallery['id']}/upload", data=body,
+                                 headers={**admin.headers(), "Content-Type": "multipart/form-data; boundary=b"})
+    assert response.status_code == 202, await response.get_data(as_text=True)
+    photo_id = (await response.get_json())["photo_ids"][0]
+    row = await services.db.read(lambda conn: conn.execute("SELECT * FROM photos WHERE id = ?",
+                                                           (photo_id,)).fetchall()[0])
+    stored = services.storage.original_path(row["storage_key"])
+    assert stored.read_bytes() == data and row["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+async def test_json_and_forms_over_the_limit_are_refused(client: Any, admin: Any) -> None:
+    big = b'{"name": "' + b"x" * (17 * 1024 * 1024) + b'"}'
+    response = await client.post("/api/admin/galleries", data=big,
+                                 headers={**admin.headers(), "Content-Type": "application/json"})
+    assert response.status_code == 413
+    form = await client.post("/admin/login", data=b"password=" + b"y" * (17 * 1024 * 1024),
+                             headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 413
