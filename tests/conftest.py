@@ -11,6 +11,7 @@ import apsw
 import PIL
 import pytest
 import trio
+from quart.testing.connections import WebsocketResponseError
 
 from picpeak_lite import bootstrap
 from picpeak_lite.app import create_app
@@ -73,6 +74,50 @@ def client(app: Any) -> Any:
 def guest(app: Any) -> Any:
     """A second browser, for the guest: its own cookie jar."""
     return app.test_client()
+
+
+class HashChecks:
+    """Counts the password hash checks the app really runs (our own Services method, wrapped, not mocked)."""
+
+    def __init__(self, services: Services) -> None:
+        self.count = 0
+        original = services.verify_password
+
+        async def counting(password_hash: str | None, password: str) -> bool:
+            self.count += 1
+            return await original(password_hash, password)
+
+        services.verify_password = counting  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def hash_checks(services: Services) -> HashChecks:
+    return HashChecks(services)
+
+
+async def websocket_status(client: Any, path: str, headers: dict[str, str] | None = None) -> int:
+    """101 when the handshake is accepted and a first message arrives; the refusal's HTTP status otherwise
+    (Quart's test client raises it inside an exception group)."""
+    try:
+        with trio.fail_after(10):
+            async with client.websocket(path, headers=headers or {}) as ws:
+                await ws.receive()
+        return 101
+    except BaseExceptionGroup as group:
+        refusals = [e for e in _leaves(group) if isinstance(e, WebsocketResponseError)]
+        if not refusals:
+            raise
+        return refusals[0].response.status_code
+    except WebsocketResponseError as error:
+        return error.response.status_code
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
 
 
 CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')

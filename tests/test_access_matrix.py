@@ -21,13 +21,12 @@ from typing import Any
 
 import pytest
 import trio
-from quart.testing.connections import WebsocketResponseError
 
 from picpeak_lite import security
 from picpeak_lite.queries import admin as admin_q
 
 from . import imagefactory
-from .conftest import AuthActions
+from .conftest import AuthActions, websocket_status
 from .test_pipeline import run_pool_until_idle
 from .test_upload import multipart, published
 
@@ -265,27 +264,7 @@ async def call(world: World, rule: Any, method: str, role: str, values: dict[str
 
 
 async def ws_status(client: Any, path: str) -> int:
-    """101 when the handshake is accepted and a first message arrives; the refusal's status otherwise."""
-    try:
-        with trio.fail_after(10):
-            async with client.websocket(path) as ws:
-                await ws.receive()
-        return 101
-    except BaseExceptionGroup as group:
-        refusals = [e for e in _leaves(group) if isinstance(e, WebsocketResponseError)]
-        if not refusals:
-            raise
-        return refusals[0].response.status_code
-    except WebsocketResponseError as error:
-        return error.response.status_code
-
-
-def _leaves(error: BaseException) -> Any:
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield error
+    return await websocket_status(client, path)
 
 
 def _order(item: tuple[Any, str]) -> tuple[int, str]:

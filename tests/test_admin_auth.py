@@ -10,7 +10,7 @@ import trio
 from picpeak_lite import bootstrap, db, security
 from picpeak_lite.queries import admin as admin_q
 
-from .conftest import ADMIN_PASSWORD, AuthActions
+from .conftest import ADMIN_PASSWORD, AuthActions, HashChecks
 
 
 async def test_pages_need_login(client: Any) -> None:
@@ -85,20 +85,11 @@ async def test_login_throttled_per_ip_then_released(client: Any, auth: AuthActio
     assert (await auth.login()).status_code == 302
 
 
-async def test_throttle_skips_the_hash_check(services: Any, client: Any, auth: AuthActions) -> None:
-    """Past the limit no password hash is computed: 1,000 guesses cost 5 hash checks."""
-    calls = 0
-    original = services.verify_password
-
-    async def counting(password_hash: str | None, password: str) -> bool:
-        nonlocal calls
-        calls += 1
-        return await original(password_hash, password)
-
-    services.verify_password = counting
+async def test_throttle_skips_the_hash_check(hash_checks: HashChecks, client: Any, auth: AuthActions) -> None:
+    """Past the limit no password hash is computed: 40 guesses cost 5 hash checks."""
     statuses = [(await auth.login(password=f"guess {i}")).status_code for i in range(40)]
     assert statuses.count(401) == 5 and statuses.count(429) == 35
-    assert calls == 5
+    assert hash_checks.count == 5
 
 
 async def test_password_change_revokes_sessions(client: Any, admin: AuthActions) -> None:
@@ -150,17 +141,9 @@ async def test_unknown_route_renders_html_or_json(client: Any) -> None:
     assert api.status_code == 404 and (await api.get_json())["error"]
 
 
-async def test_concurrent_guesses_are_counted_before_hashing(services: Any, client: Any, auth: AuthActions) -> None:
-    """Forty guesses sent at once: each is counted before its hash, so only five hashes run."""
-    calls = 0
-    original = services.verify_password
-
-    async def counting(password_hash: str | None, password: str) -> bool:
-        nonlocal calls
-        calls += 1
-        return await original(password_hash, password)
-
-    services.verify_password = counting
+async def test_concurrent_guesses_are_counted_before_hashing(hash_checks: HashChecks, client: Any,
+                                                             auth: AuthActions) -> None:
+    """Forty guesses sent at once take their turns, so only five hashes run."""
     statuses: list[int] = []
 
     async def guess(i: int) -> None:
@@ -170,7 +153,7 @@ async def test_concurrent_guesses_are_counted_before_hashing(services: Any, clie
         for i in range(40):
             nursery.start_soon(guess, i)
     assert sorted(statuses) == [401] * 5 + [429] * 35
-    assert calls == 5
+    assert hash_checks.count == 5
 
 
 async def test_forwarded_for_is_believed_only_from_trusted_proxies(tmp_path: Any) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from quart.testing.connections import WebsocketResponseError
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
 from picpeak_lite import bootstrap, db, security, server
@@ -25,7 +24,7 @@ from picpeak_lite.queries import admin as admin_q
 from picpeak_lite.queries import photos as photo_q
 from picpeak_lite.services import Services
 
-from .conftest import ADMIN_PASSWORD, AuthActions, make_settings, own_services
+from .conftest import ADMIN_PASSWORD, AuthActions, make_settings, own_services, websocket_status
 from .test_pipeline import create_gallery, jpeg, run_pool_until_idle, stage_photo
 
 
@@ -63,26 +62,9 @@ async def live(services: Services) -> AsyncIterator[Services]:
 
 
 async def refused_status(ws_client: Any, path: str, headers: dict[str, str] | None = None) -> int:
-    """The HTTP status of a refused handshake (the test client raises it inside an exception group)."""
-    try:
-        async with ws_client.websocket(path, headers=headers or {}) as ws:
-            await ws.receive()
-    except BaseExceptionGroup as group:
-        refusals = [e for e in _leaves(group) if isinstance(e, WebsocketResponseError)]
-        if not refusals:
-            raise
-        return refusals[0].response.status_code
-    except WebsocketResponseError as error:
-        return error.response.status_code
-    raise AssertionError(f"{path} was not refused")
-
-
-def _leaves(error: BaseException) -> Any:
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield error
+    status = await websocket_status(ws_client, path, headers)
+    assert status != 101, f"{path} was not refused"
+    return status
 
 
 async def receive_json(ws: Any) -> dict[str, Any]:
