@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,9 +23,9 @@ import trio
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests import imagefactory
+from serve import start_server  # bench/serve.py: run as a script, its folder is on sys.path
 
-PASSWORD = "bench password 123"
+from tests import imagefactory
 
 
 def make_photos(count: int, megapixels: int, folder: Path) -> list[Path]:
@@ -48,22 +46,6 @@ def make_photos(count: int, megapixels: int, folder: Path) -> list[Path]:
     return paths
 
 
-def start_server(data: Path) -> tuple[subprocess.Popen[str], str, str]:
-    token = subprocess.run(
-        [sys.executable, "-m", "picpeak_lite", "admin", "token", "create", "--name", "bench", "--data-dir", str(data)],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(data)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PICPEAK_ADMIN_PASSWORD": PASSWORD},
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        match = re.search(r"running at (http://127\.0\.0\.1:\d+)/admin", line)
-        if match:
-            return proc, match.group(1), token
-    raise SystemExit("server did not start")
 
 
 def disk_write_seconds(paths: list[Path], folder: Path) -> float:

@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import trio
+from serve import start_server  # bench/serve.py: run as a script, its folder is on sys.path
 from trio_websocket import open_websocket_url
 
 from picpeak_lite import db
-
-PASSWORD = "bench password 123"
 
 
 def rss_kb(pid: int) -> int:
@@ -36,22 +31,6 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def start(data: Path) -> tuple[subprocess.Popen[str], str, str]:
-    token = subprocess.run(
-        [sys.executable, "-m", "picpeak_lite", "admin", "token", "create", "--name", "bench", "--data-dir", str(data)],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(data)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PICPEAK_ADMIN_PASSWORD": PASSWORD, "PICPEAK_PROCESSING_ENABLED": "false"},
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        match = re.search(r"running at (http://127\.0\.0\.1:\d+)/admin", line)
-        if match:
-            return proc, match.group(1), token
-    raise SystemExit("server did not start")
 
 
 def seed(database: Path, count: int) -> tuple[int, list[int]]:
@@ -149,7 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
-        proc, url, token = start(data)
+        proc, url, token = start_server(data, {"PICPEAK_PROCESSING_ENABLED": "false"})
         try:
             gid, ids = seed(data / "picpeak.sqlite3", args.changes)
             trio.run(latency, url, token, data / "picpeak.sqlite3", gid, ids, args.clients)

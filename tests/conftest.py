@@ -13,7 +13,7 @@ import pytest
 import trio
 from quart.testing.connections import WebsocketResponseError
 
-from picpeak_lite import bootstrap
+from picpeak_lite import bootstrap, db
 from picpeak_lite.app import create_app
 from picpeak_lite.config import Settings, load_settings
 from picpeak_lite.db import Database
@@ -74,6 +74,16 @@ def client(app: Any) -> Any:
 def guest(app: Any) -> Any:
     """A second browser, for the guest: its own cookie jar."""
     return app.test_client()
+
+
+def sql(services: Services, statement: str, *args: Any) -> list[dict[str, Any]]:
+    """Run one statement on its own connection (to set up or inspect what a test needs)."""
+    conn = db.connect(services.settings.database_path)
+    try:
+        with db.transaction(conn):
+            return conn.execute(statement, args).fetchall()
+    finally:
+        conn.close()
 
 
 class HashChecks:

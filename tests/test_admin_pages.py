@@ -15,21 +15,12 @@ from picpeak_lite import db, qr
 from picpeak_lite.queries import webhooks as webhook_q
 
 from . import imagefactory
-from .conftest import AuthActions
+from .conftest import AuthActions, sql
 from .test_pipeline import run_pool_until_idle, stage_photo
 
 
 def jpeg(seed: int, size: tuple[int, int] = (320, 240)) -> bytes:
     return imagefactory.save(imagefactory.photo(*size, seed=seed), "jpeg")
-
-
-def sql(services: Any, statement: str, *args: Any) -> list[dict[str, Any]]:
-    conn = db.connect(services.settings.database_path)
-    try:
-        with db.transaction(conn):
-            return conn.execute(statement, args).fetchall()
-    finally:
-        conn.close()
 
 
 @pytest.fixture

@@ -20,18 +20,9 @@ from picpeak_lite.queries import webhooks as webhook_q
 from picpeak_lite.webhooks import WebhookSender
 
 from . import imagefactory
-from .conftest import AuthActions, make_settings
+from .conftest import AuthActions, make_settings, sql
 from .test_pipeline import run_pool_until_idle, stage_photo
 from .test_webhooks import Receiver
-
-
-def sql(services: Any, statement: str, *args: Any) -> list[dict[str, Any]]:
-    conn = db.connect(services.settings.database_path)
-    try:
-        with db.transaction(conn):
-            return conn.execute(statement, args).fetchall()
-    finally:
-        conn.close()
 
 
 def load(services: Any) -> app_settings.AdminSettings:

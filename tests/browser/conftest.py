@@ -123,6 +123,18 @@ def phone(browser: Any, request: Any) -> Iterator[Page]:
                         is_mobile=True, has_touch=True)
 
 
+def api_client(server: LiveServer) -> Iterator[Any]:
+    """An httpx client on the server's JSON API with a fresh API token (made by the real CLI)."""
+    import httpx
+
+    out = subprocess.run(
+        [sys.executable, "-m", "picpeak_lite", "admin", "token", "create", "--name", "browser",
+         "--data-dir", str(server.data_dir)], capture_output=True, text=True, check=True)
+    token = re.search(r"ppk_\S+", out.stdout + out.stderr).group(0)  # type: ignore[union-attr]
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+        yield client
+
+
 def admin_login(page: Page, server: LiveServer) -> None:
     page.goto(server.url + "/admin/login")
     page.fill("input[name=password]", server.admin_password)

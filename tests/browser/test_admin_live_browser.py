@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +10,7 @@ import httpx
 import pytest
 
 from .. import imagefactory
-from .conftest import LiveServer, Page, admin_login, start_server, stop_server
+from .conftest import LiveServer, Page, admin_login, api_client, start_server, stop_server
 
 
 @pytest.fixture
@@ -25,12 +22,7 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def api(server: LiveServer) -> Iterator[httpx.Client]:
-    out = subprocess.run(
-        [sys.executable, "-m", "picpeak_lite", "admin", "token", "create", "--name", "browser",
-         "--data-dir", str(server.data_dir)], capture_output=True, text=True, check=True)
-    token = re.search(r"ppk_\S+", out.stdout + out.stderr).group(0)
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
-        yield client
+    yield from api_client(server)
 
 
 def test_live_grid_shows_hide_and_show_of_a_complete_photo(server: LiveServer, api: httpx.Client,

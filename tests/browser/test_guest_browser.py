@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import io
 import re
-import subprocess
-import sys
 import time
 import zipfile
 from collections.abc import Iterator
@@ -17,7 +15,7 @@ import httpx
 import pytest
 
 from .. import imagefactory
-from .conftest import LiveServer, Page, start_server, stop_server
+from .conftest import LiveServer, Page, api_client, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +27,7 @@ def server(tmp_path_factory: Any) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def api(server: LiveServer) -> Iterator[httpx.Client]:
-    out = subprocess.run(
-        [sys.executable, "-m", "picpeak_lite", "admin", "token", "create", "--name", "browser",
-         "--data-dir", str(server.data_dir)], capture_output=True, text=True, check=True)
-    token = re.search(r"ppk_\S+", out.stdout + out.stderr).group(0)
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
-        yield client
+    yield from api_client(server)
 
 
 def photo_bytes(seed: int, size: tuple[int, int] = (900, 600)) -> bytes:
