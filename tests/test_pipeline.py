@@ -258,6 +258,26 @@ async def test_worker_hands_photo_back_on_shutdown(services: Services, conn: Any
     assert row["status"] == "pending" and row["attempts"] == 0 and row["claim_token"] is None
 
 
+async def test_photo_deleted_while_processing_is_discarded_quietly(services: Services, client: Any,
+                                                                   admin: AuthActions, conn: Any, gallery_id: int,
+                                                                   caplog: Any) -> None:
+    doomed, _ = stage_photo(services, gallery_id, jpeg(7))
+    later, _ = stage_photo(services, gallery_id, jpeg(8))  # claimed second (by id)
+    pool = WorkerPool(services, services.storage, count=1, poll_seconds=0.05)
+    async with trio.open_nursery() as nursery:
+        async with pool.image_limiter:  # the worker claims, finds the original, then waits here to decode it
+            await nursery.start(pool.run)
+            while status_of(conn, doomed)["status"] != "processing":
+                await trio.sleep(0.005)
+            deleted = await client.delete(f"/api/admin/photos/{doomed}", headers=admin.headers())
+            assert deleted.status_code == 204
+        while status_of(conn, later)["status"] != "complete":  # the worker lives on
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert photo_q.get(conn, doomed) is None
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text  # a normal race, not a bug
+
+
 async def test_lease_is_renewed_while_working(tmp_path: Path) -> None:
     """A photo that takes longer than its lease is not stolen from a live worker."""
     with own_services(tmp_path, lease_seconds=5) as svc:

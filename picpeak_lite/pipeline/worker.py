@@ -26,6 +26,7 @@ from . import queue
 log = logging.getLogger(__name__)
 
 SAFETY_POLL_SECONDS = 5.0
+ORIGINAL_MISSING = "The original file is missing from storage."
 DISK_FULL = "disk full"  # what _process returns when the thumbnails did not fit: the photo is handed back
 
 
@@ -60,7 +61,9 @@ class WorkerPool:
             except InsufficientStorage:
                 log.error("worker %d: the disk is full; pausing before the next photo", index)
                 busy = False
-            if not busy:
+            if busy:
+                self.svc.trimmer.freed()  # a decode's small buffers stay in this thread's heap (memory.py)
+            else:
                 with trio.move_on_after(self.poll_seconds):
                     await wakeup.wait()
 
@@ -98,7 +101,7 @@ class WorkerPool:
         else:
             result = await svc.db.write(queue.complete_photo, endpoints, row["id"], token, outcome, svc.clock())
         if result is None:
-            log.warning("photo %s: claim expired before the result was saved; discarded", row["id"])
+            log.warning("photo %s: deleted, or its claim expired, before the result was saved; discarded", row["id"])
         else:
             svc.wake_webhooks()
         return True
@@ -107,7 +110,7 @@ class WorkerPool:
         """Metadata values for a complete photo, or the reason it failed."""
         path = self.storage.original_path(row["storage_key"])
         if not path.exists():
-            return "The original file is missing from storage."
+            return ORIGINAL_MISSING
         spec = await self._spec(row["gallery_id"])
         run = self._in_thread
         try:
@@ -120,6 +123,8 @@ class WorkerPool:
             view_jpeg = await run(images.encode, view, spec)
             grid_jpeg = await run(images.encode, grid, spec)
             metadata = exif.read_metadata(view.exif)
+        except FileNotFoundError:  # deleted while we worked (its row is gone too), or lost from the disk
+            return ORIGINAL_MISSING
         except images.InvalidImage as error:
             log.info("photo %s failed: %s %s", row["id"], error.reason, error.detail)
             return error.reason
