@@ -12,7 +12,10 @@ Limits, and why they differ:
   client that is still sending without leaving the keep-alive connection in a broken state): a
   ``Content-Length`` above what a legitimate request can be, more bytes than that counted as they arrive,
   more files than allowed (413; nothing of that request is kept), a malformed body (400), a missing CSRF
-  token before the first file (403), a full disk (507).
+  token before the first file (403).
+* A full disk (507) stops storing at once, but the rest of the body (within the request cap) is read and
+  dropped before the answer: most HTTP clients read the answer only once they have sent everything, and with
+  the server no longer reading, a client with a megabyte still to send would wait for its timeout instead.
 * A file over the per-file limit is a per-file error: its remaining bytes are counted and dropped (never
   written, never buffered), the request goes on, and the other files are kept. Draining costs at most what
   the request cap already allows a legitimate request, and the guest whose 12th photo was too large keeps
@@ -42,7 +45,17 @@ from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, Mu
 from .. import access, security
 from ..auth import admin_api, check_origin, current_admin, current_guest, services
 from ..db import Connection
-from ..errors import AppError, BadRequest, Conflict, Forbidden, NotFound, TooLarge, Unauthorized, UnsupportedMedia
+from ..errors import (
+    AppError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InsufficientStorage,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+    UnsupportedMedia,
+)
 from ..intake import FileSink, Intake, Limits, clean_guest_name
 from ..queries import galleries as gallery_q
 from ..queries import photos as photo_q
@@ -204,7 +217,11 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
     with Intake(db=svc.db, storage=svc.storage, settings=svc.settings, gallery=gallery, limits=limits,
                 clock=svc.clock) as intake:
         request.body.stream()  # our limits, counted as bytes arrive; backpressure instead of buffering
-        fields = await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
+        try:
+            fields = await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
+        except InsufficientStorage:
+            await _drop_rest(request.body, limits.max_request_bytes)
+            raise
         g.upload_drained = True
         if not intake.entries:
             raise BadRequest(f"Choose at least one photo to upload (field '{FILE_FIELD}').")
@@ -222,6 +239,16 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
             "None of the files could be accepted.", errors=[e.to_json() for e in intake.errors()])
         raise error
     return intake.answer(), 202
+
+
+async def _drop_rest(body: AsyncIterable[bytes], max_bytes: int) -> None:
+    """Read the rest of the body and drop it; if it ends within ``max_bytes``, the connection stays usable."""
+    dropped = 0
+    async for chunk in body:
+        dropped += len(chunk)
+        if dropped > max_bytes:
+            return
+    g.upload_drained = True
 
 
 async def receive_multipart(intake: Intake, body: AsyncIterable[bytes], boundary: bytes, *,
