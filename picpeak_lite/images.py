@@ -18,8 +18,6 @@ Three rules shape the code:
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import io
 import os
 from collections.abc import Iterator
@@ -67,21 +65,6 @@ SRGB = ImageCms.createProfile("sRGB")
 # deflate compresses at most about 1032:1, and a PNG row holds at least one bit per pixel and a filter byte, so a
 # PNG shorter than that bound claims a size its data cannot have: a bomb's header or a cut-off file.
 DEFLATE_MAX_RATIO = 1032
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-
-
-def _return_big_buffers_to_the_os() -> None:
-    """Keep every allocation of 1 MiB or more in its own mapping, unmapped when freed.
-
-    glibc raises its mmap threshold after the first large free (up to 32 MiB); from then on Pillow's 16 MiB image
-    blocks come from per-thread heaps that are seldom given back. One 144 MP decode left a server 300-500 MB
-    larger for good (tests/test_badinput.py measures it); with a fixed threshold it returns to where it was.
-    """
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
-        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 20)
-
-
-_return_big_buffers_to_the_os()
 
 
 class InvalidImage(ValueError):

@@ -19,7 +19,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
-from . import bootstrap
+from . import bootstrap, memory
 from .app import create_app
 from .config import Settings
 from .db import Database
@@ -68,9 +68,11 @@ async def run(
 
 
 async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, workers: bool) -> None:
-    """Start the webhook sender, the janitor and (unless processing is off) the worker pool, each ready before
-    the next. Shared by ``run`` and by ``picpeak-lite worker``."""
+    """Start the memory trimmer, the webhook sender, the janitor and (unless processing is off) the worker
+    pool, each ready before the next. Shared by ``run`` and by ``picpeak-lite worker``."""
     svc.storage.create_dirs()
+    memory.keep_big_buffers_in_their_own_mappings()
+    await nursery.start(svc.trimmer.run)
     sender = WebhookSender(svc.db, svc.settings, clock=svc.clock)
     await nursery.start(sender.run)
     svc.wake_webhooks = sender.wake
@@ -117,9 +119,10 @@ async def _serve(
     # Phones upload slowly; the read timeout only applies between bytes, keep it generous.
     config.read_timeout = 120
     config.h11_max_incomplete_size = 64 * 1024
-    # At most 4 received chunks (64 KiB each) wait for the app per connection; with the bounded request body
-    # (asgi.py) that keeps each of 200 concurrent uploads to well under a megabyte of buffers.
-    config.max_app_queue_size = 4
+    # At most one received chunk (up to 64 KiB) waits in hypercorn's queue per connection, one more in the hand
+    # of its reader; with the bounded request body (asgi.py) each of 200 concurrent uploads holds a few hundred
+    # KiB. A deeper queue made no upload faster (tests/test_load.py), only the server larger.
+    config.max_app_queue_size = 1
     # Clients of our WebSockets only send keep-alives.
     config.websocket_max_message_size = 4096
     await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)

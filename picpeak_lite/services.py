@@ -12,6 +12,7 @@ from . import security
 from .broker import Broker
 from .config import Settings
 from .db import Database
+from .memory import MemoryTrimmer
 from .storage import Storage
 from .throttle import Throttle
 
@@ -33,6 +34,8 @@ class Services:
     wake_workers: Callable[[], None] = lambda: None
     wake_webhooks: Callable[[], None] = lambda: None
     broker: Broker = field(default_factory=Broker)
+    # Started by server.run; code that has just let go of a lot (an upload, a processed photo) calls freed().
+    trimmer: MemoryTrimmer = field(default_factory=MemoryTrimmer)
     login_throttle: Throttle = field(init=False)
     gallery_throttle: Throttle = field(init=False)
 

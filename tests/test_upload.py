@@ -324,6 +324,13 @@ async def test_guest_file_over_the_limit(admin: AuthActions, guest: Any, service
     assert await rows(services, "SELECT count(*) AS n FROM uploads") == [{"n": 1}]
 
 
+async def test_an_upload_asks_for_a_memory_trim(admin: AuthActions, services: Any) -> None:
+    gallery = await admin.create_gallery()
+    assert not services.trimmer.due
+    response = await admin_upload(admin, gallery["id"], [("a.jpg", jpeg())])
+    assert response.status_code == 202 and services.trimmer.due  # see memory.py
+
+
 async def test_disk_full_is_507_and_leaves_nothing(admin: AuthActions, services: Any, settings: Any,
                                                   monkeypatch: Any) -> None:
     gallery = await admin.create_gallery()

@@ -64,6 +64,11 @@ from .common import client_ip
 
 blueprint = Blueprint("upload", __name__)
 
+
+@blueprint.teardown_request
+async def _after_upload(_error: BaseException | None) -> None:
+    services().trimmer.freed()  # a burst of uploads leaves its buffers scattered over the heap (memory.py)
+
 SLICE = 256 * 1024  # most bytes handed to the decoder at once: Quart hands over everything buffered
 FIELD_MAX = 4096  # form fields (csrf_token, guest_name) are small
 MAX_FIELDS = 16
