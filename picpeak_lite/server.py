@@ -1,10 +1,10 @@
 """``run(settings, *, task_status)``: the one place that wires up all concurrency.
 
-It opens the database, opens our own nursery for the long-lived tasks (worker pool, janitor, webhook sender),
-starts each with ``nursery.start`` so that it is really ready, then serves HTTP with ``hypercorn.trio.serve``.
-On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight requests get
-``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their photos back)
-and the database is closed cleanly.
+It opens the database, opens our own nursery for the long-lived tasks (memory trimmer, webhook sender, janitor,
+worker pool, change feed), starts each with ``nursery.start`` so that it is really ready, then serves HTTP with
+``hypercorn.trio.serve``. On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight
+requests get ``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their
+photos back) and the database is closed cleanly.
 """
 
 from __future__ import annotations
