@@ -7,14 +7,14 @@ import struct
 import time
 import tracemalloc
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from picpeak_lite.exif import PhotoMetadata, read_metadata, read_orientation
+from tests.corpus import PIEXIF_OOM
 from tests.imagefactory import jpeg_segments, make_exif
 
-CORPUS = Path("/work/shared/corpus/piexif_oom_655b.jpg")
+CORPUS = PIEXIF_OOM
 NOW = datetime(2024, 6, 1, 12, 0, 0)
 
 

@@ -13,6 +13,7 @@ from PIL import Image, ImageChops
 from picpeak_lite import images
 from picpeak_lite.exif import read_metadata
 from picpeak_lite.images import InvalidImage, RenderSpec, Watermark
+from tests.corpus import PIEXIF_OOM
 from tests.imagefactory import (
     RED,
     XMP,
@@ -26,7 +27,7 @@ from tests.imagefactory import (
     srgb_icc,
 )
 
-CORPUS = Path("/work/shared/corpus/piexif_oom_655b.jpg")
+CORPUS = PIEXIF_OOM
 MIMES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp", "heif": "image/heic"}
 
 
