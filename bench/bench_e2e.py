@@ -1,6 +1,6 @@
 """End to end through the real server: from the first upload byte to the last photo `complete`.
 
-    /work/venv/bin/python bench/bench_e2e.py --photos 50 --megapixels 12
+    python bench/bench_e2e.py --photos 50 --megapixels 12
 
 Starts `picpeak-lite serve` as a subprocess on a temp data directory (port 0), uploads the photos in batches of
 10 with 2 requests in parallel (as the bulk uploader does), and reports: time until every 202, the slowest

@@ -1,6 +1,6 @@
 """Live progress: commit-to-receipt latency with 100 subscribers, and the memory of 500 idle WebSockets.
 
-    /work/venv/bin/python bench/bench_live.py --clients 100 --changes 50 --idle 500
+    python bench/bench_live.py --clients 100 --changes 50 --idle 500
 
 Starts `picpeak-lite serve` as a subprocess (processing off, so only our own changes happen), opens N
 WebSocket clients on one gallery with trio-websocket, then makes state changes from this process (another

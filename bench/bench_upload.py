@@ -1,6 +1,6 @@
 """Upload throughput over loopback against a raw write + fsync of the same bytes on the same disk.
 
-    /work/venv/bin/python bench/bench_upload.py --mb 200 --files 2
+    python bench/bench_upload.py --mb 200 --files 2
 
 Starts the real server (hypercorn, port 0, processing off) on a temp data directory, uploads ``--files`` files of
 ``--mb`` MB each in one multipart request with httpx (streamed from a generator, no body in memory), and reports
