@@ -11,6 +11,7 @@ from .db import Connection
 from .errors import AppError, Gone, NotFound
 from .queries import galleries as gallery_q
 from .queries import guests as guest_q
+from .queries import photos as photo_q
 
 Row = dict[str, Any]
 
@@ -55,15 +56,13 @@ def is_expired(gallery: Row, now: float) -> bool:
     return gallery["expires_at"] is not None and gallery["expires_at"] <= now
 
 
-# The SQL condition for a photo a guest may see; used by every query that lists photos for guests.
-GUEST_VISIBLE_PHOTO = "status = 'complete' AND hidden = 0"
+# The SQL condition for a photo a guest may see; used by every query that lists photos for guests. Defined with
+# the photo queries (so that they need not import this module), named here too as part of the guest rules.
+GUEST_VISIBLE_PHOTO = photo_q.GUEST_VISIBLE_PHOTO
 
 
 def visible_photo(conn: Connection, gallery: Row, photo_id: int) -> Row:
-    rows = conn.execute(
-        f"SELECT * FROM photos WHERE id = ? AND gallery_id = ? AND {GUEST_VISIBLE_PHOTO}",
-        (photo_id, gallery["id"]),
-    ).fetchall()
-    if not rows:
+    photo = photo_q.get_visible(conn, gallery["id"], photo_id)
+    if photo is None:
         raise NotFound("There is no such photo in this gallery.")
-    return rows[0]
+    return photo

@@ -78,20 +78,20 @@ def backup(settings: Settings, target: str | os.PathLike[str], progress: Progres
         copy = db.connect(partial)
         try:
             with db.transaction(copy):
-                summary.released = release_claims(copy)
+                summary.released = photo_q.release_all_claims(copy)
                 rows = photo_q.rows_for_check(copy)
             summary.photos = len(rows)
             files, gone = _copy_files(Storage(settings.data_path), dest, rows, previous, summary, progress)
             if gone:
                 # Deleted live after the snapshot: confirm against the live database, then drop them here too.
                 with db.transaction(live, immediate=False):
-                    still_there = set(photo_ids(live, gone))
+                    still_there = set(photo_q.existing_ids(live, gone))
                 with db.transaction(copy):
                     for photo_id in gone:
                         if photo_id in still_there:
                             summary.missing_originals.append(photo_id)
                         else:
-                            summary.deleted_meanwhile += delete_photo_row(copy, photo_id)
+                            summary.deleted_meanwhile += photo_q.delete(copy, photo_id) is not None
                 files = [f for f in files if f.get("photo_id") not in set(gone) - still_there]
             integrity = "; ".join(r["integrity_check"] for r in copy.execute("PRAGMA integrity_check"))
             if integrity != "ok":
@@ -222,28 +222,3 @@ def _remove_stale(dest: Path, keep: set[str]) -> int:
 def _remove_database(path: Path) -> None:
     for suffix in ("", "-wal", "-shm", "-journal"):
         remove_quietly(Path(str(path) + suffix))
-
-
-
-
-# --- SQL, run on the copy only -------------------------------------------------------------------------------
-
-def release_claims(conn: db.Connection) -> int:
-    """Photos that were ``processing`` when the snapshot was taken go back to ``pending`` (this attempt does
-    not count, as on a clean shutdown)."""
-    conn.execute(
-        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
-        "attempts = max(attempts - 1, 0) WHERE status = 'processing'"
-    )
-    return conn.changes()
-
-
-
-def photo_ids(conn: db.Connection, ids: list[int]) -> list[int]:
-    marks = ", ".join("?" * len(ids))
-    return [r["id"] for r in conn.execute(f"SELECT id FROM photos WHERE id IN ({marks})", ids).fetchall()]
-
-
-def delete_photo_row(conn: db.Connection, photo_id: int) -> bool:
-    conn.execute("DELETE FROM photos WHERE id = ?", (photo_id,))
-    return conn.changes() == 1

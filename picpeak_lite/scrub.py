@@ -15,7 +15,7 @@ derivative is queued again (``pending``, fresh attempts; its webhooks keep their
 twice), a row whose original is gone is failed with that reason (as the reconciler does), and orphan files
 older than the grace period are removed. A changed original cannot be repaired: restore it from a backup.
 
-Sync on purpose, like the rest of the command line; the SQL is in the small functions at the end.
+Sync on purpose, like the rest of the command line; the SQL is in ``queries.photos``.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def scrub(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, repair: b
 def _repair(conn: db.Connection, settings: Settings, storage: Storage, report: Report, now: float) -> None:
     for photo_id in report.missing_derivatives:
         with db.transaction(conn):
-            report.requeued += requeue_for_derivatives(conn, photo_id)
+            report.requeued += photo_q.requeue_for_derivatives(conn, photo_id)
     for photo_id in report.missing_original:
         with db.transaction(conn):
             report.failed_now += queue.fail_missing_original(conn, settings.webhooks, photo_id, now) is not None
@@ -153,21 +153,3 @@ def _repair(conn: db.Connection, settings: Settings, storage: Storage, report: R
         with db.transaction(conn):
             removed = remove_orphans(conn, storage, {path.name.split(".", 1)[0] for path in report.orphans})
         report.orphans_removed += sum(path.name.split(".", 1)[0] in removed for path in report.orphans)
-
-
-# --- SQL -----------------------------------------------------------------------------------------------------
-
-
-
-def requeue_for_derivatives(conn: db.Connection, photo_id: int) -> bool:
-    """``complete`` -> ``pending`` with a fresh attempts budget, so that a worker makes the images again.
-
-    Guarded by the status: a photo that moved on (deleted, already requeued) is left alone. The upload group
-    stays completed, so no second ``upload.completed`` is sent; ``photo.uploaded`` keeps its id.
-    """
-    conn.execute(
-        "UPDATE photos SET status = 'pending', attempts = 0, error = NULL, claim_token = NULL, lease_until = NULL, "
-        "completed_at = NULL WHERE id = ? AND status = 'complete'",
-        (photo_id,),
-    )
-    return conn.changes() == 1

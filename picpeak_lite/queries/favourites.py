@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..access import GUEST_VISIBLE_PHOTO
 from ..db import Connection
+from .photos import GUEST_VISIBLE_PHOTO
 
 Row = dict[str, Any]
 

@@ -21,8 +21,8 @@ import binascii
 import json
 from typing import Any
 
-from ..access import GUEST_VISIBLE_PHOTO
 from ..db import Connection
+from .photos import GUEST_VISIBLE_PHOTO
 
 Row = dict[str, Any]
 

@@ -20,6 +20,10 @@ Row = dict[str, Any]
 MAX_ERROR_LENGTH = 1000
 TERMINAL = ("complete", "failed")
 
+# The SQL condition for a photo a guest may see; used by every query that lists photos for guests. Here rather
+# than in ``access`` (which re-exports it) so that ``access`` can call these functions without an import cycle.
+GUEST_VISIBLE_PHOTO = "status = 'complete' AND hidden = 0"
+
 
 def create_upload(conn: Connection, upload_id: str, gallery_id: int, uploaded_by: str,
                   guest_session_id: int | None, guest_name: str | None, now: float) -> None:
@@ -61,6 +65,15 @@ def count_in_gallery(conn: Connection, gallery_id: int) -> int:
 
 def get(conn: Connection, photo_id: int) -> Row | None:
     rows = conn.execute("SELECT * FROM photos WHERE id = ?", (photo_id,)).fetchall()
+    return rows[0] if rows else None
+
+
+def get_visible(conn: Connection, gallery_id: int, photo_id: int) -> Row | None:
+    """The photo if it is in this gallery and a guest may see it (``access.visible_photo`` turns None into 404)."""
+    rows = conn.execute(
+        f"SELECT * FROM photos WHERE id = ? AND gallery_id = ? AND {GUEST_VISIBLE_PHOTO}",
+        (photo_id, gallery_id),
+    ).fetchall()
     return rows[0] if rows else None
 
 
@@ -115,6 +128,19 @@ def release(conn: Connection, photo_id: int, token: str) -> bool:
     return conn.changes() == 1
 
 
+def release_all_claims(conn: Connection) -> int:
+    """Every ``processing`` photo back to ``pending`` (this attempt does not count, as on a clean shutdown).
+
+    For a backup's copy of the database only, never the live one: there no worker holds those claims any more,
+    so a restored server reprocesses them at once instead of waiting for their lease.
+    """
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
+        "attempts = max(attempts - 1, 0) WHERE status = 'processing'"
+    )
+    return conn.changes()
+
+
 def expired_claims(conn: Connection, now: float) -> list[Row]:
     return conn.execute(
         "SELECT id, attempts, claim_token, upload_id, gallery_id FROM photos "
@@ -144,6 +170,20 @@ def retry(conn: Connection, photo_id: int) -> bool:
                      (photo_id,))
         return True
     return False
+
+
+def requeue_for_derivatives(conn: Connection, photo_id: int) -> bool:
+    """``complete`` -> ``pending`` with a fresh attempts budget, so that a worker makes the images again.
+
+    Guarded by the status: a photo that moved on (deleted, already requeued) is left alone. The upload group
+    stays completed, so no second ``upload.completed`` is sent; ``photo.uploaded`` keeps its id.
+    """
+    conn.execute(
+        "UPDATE photos SET status = 'pending', attempts = 0, error = NULL, claim_token = NULL, lease_until = NULL, "
+        "completed_at = NULL WHERE id = ? AND status = 'complete'",
+        (photo_id,),
+    )
+    return conn.changes() == 1
 
 
 def mark_missing_original(conn: Connection, photo_id: int, now: float) -> bool:
@@ -185,6 +225,12 @@ def finish_upload_if_terminal(conn: Connection, upload_id: str, now: float) -> b
 def delete(conn: Connection, photo_id: int) -> Row | None:
     rows = conn.execute("DELETE FROM photos WHERE id = ? RETURNING *", (photo_id,)).fetchall()
     return rows[0] if rows else None
+
+
+def existing_ids(conn: Connection, ids: list[int]) -> list[int]:
+    """Those of ``ids`` that still have a row (backup asks the live database which photos went meanwhile)."""
+    marks = ", ".join("?" * len(ids))
+    return [r["id"] for r in conn.execute(f"SELECT id FROM photos WHERE id IN ({marks})", ids).fetchall()]
 
 
 def key_in_use(conn: Connection, storage_key: str) -> bool:
