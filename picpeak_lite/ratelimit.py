@@ -11,6 +11,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import TooManyRequests
@@ -58,3 +59,47 @@ class RateLimit:
         self._buckets.move_to_end(key)
         while len(self._buckets) > MAX_KEYS:
             self._buckets.popitem(last=False)
+
+
+# Guest upload budgets, as token buckets: (burst, refill per second). The upload page sends one file per request,
+# three at a time, so a guest sharing 200 photos makes 200 requests: 60 at once and then one a second is more than
+# a phone on venue Wi-Fi manages, while a script gets nowhere fast. Bytes are what fill the disk: 1 GiB per hour
+# per session is some 200 phone photos. A whole venue may share one IP (NAT), so its budgets are 5x a session's.
+# The page waits out a 429 and carries on by itself.
+GiB = 1024**3
+GUEST_UPLOADS_PER_SESSION = (60, 1.0)
+GUEST_UPLOADS_PER_IP = (300, 5.0)
+GUEST_BYTES_PER_SESSION = (1 * GiB, 1 * GiB / 3600)
+GUEST_BYTES_PER_IP = (5 * GiB, 5 * GiB / 3600)
+UPLOAD_SLOW_DOWN = "You are sending photos faster than this server accepts. Please wait a little and retry."
+
+
+@dataclass
+class GuestUploadLimits:
+    """The four budgets above, one set per app (``Services.guest_upload_limits``)."""
+
+    clock: Callable[[], float]
+    per_session: RateLimit = field(init=False)
+    per_ip: RateLimit = field(init=False)
+    bytes_per_session: RateLimit = field(init=False)
+    bytes_per_ip: RateLimit = field(init=False)
+
+    def __post_init__(self) -> None:
+        def bucket(burst_and_rate: tuple[float, float]) -> RateLimit:
+            return RateLimit(*burst_and_rate, clock=self.clock, message=UPLOAD_SLOW_DOWN)
+
+        self.per_session, self.per_ip = bucket(GUEST_UPLOADS_PER_SESSION), bucket(GUEST_UPLOADS_PER_IP)
+        self.bytes_per_session = bucket(GUEST_BYTES_PER_SESSION)
+        self.bytes_per_ip = bucket(GUEST_BYTES_PER_IP)
+
+    def take(self, session_id: int, ip: str) -> None:
+        """Count one request, or raise TooManyRequests if any budget is spent (then nothing is counted)."""
+        for limit, key in ((self.per_session, session_id), (self.per_ip, ip),
+                           (self.bytes_per_session, session_id), (self.bytes_per_ip, ip)):
+            limit.take(key, 0)
+        self.per_session.take(session_id)
+        self.per_ip.take(ip)
+
+    def charge_bytes(self, session_id: int, ip: str, size: int) -> None:
+        self.bytes_per_session.charge(session_id, size)
+        self.bytes_per_ip.charge(ip, size)

@@ -13,6 +13,7 @@ from .broker import Broker
 from .config import Settings
 from .db import Database
 from .memory import MemoryTrimmer
+from .ratelimit import GuestUploadLimits, RateLimit
 from .storage import Storage
 from .throttle import Throttle
 
@@ -29,6 +30,8 @@ class Services:
     hash_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
     # A watermarked download decodes the full-size original (up to max_pixels): one at a time, then cached on disk.
     watermark_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
+    # Disk reads for zips: bounded, so that a few zips cannot starve page views (watermarking has its own).
+    download_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(4))
     # Set by server.run once the worker pool and the webhook sender run; no-ops until then (and in tests that
     # do not start them). Both are sync, non-blocking, and safe to call after a commit.
     wake_workers: Callable[[], None] = lambda: None
@@ -38,11 +41,17 @@ class Services:
     trimmer: MemoryTrimmer = field(default_factory=MemoryTrimmer)
     login_throttle: Throttle = field(init=False)
     gallery_throttle: Throttle = field(init=False)
+    # Guest state changes (hearts, names), per guest session: 60 changes at once, then 2 a second.
+    guest_rate_limit: RateLimit = field(init=False)
+    # Guest upload budgets per session and per IP (ratelimit.GUEST_*), read when Services is made.
+    guest_upload_limits: GuestUploadLimits = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
         self.login_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
         self.gallery_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
+        self.guest_rate_limit = RateLimit(60, 2, clock=self.monotonic)
+        self.guest_upload_limits = GuestUploadLimits(self.monotonic)
 
     @property
     def storage(self) -> Storage:

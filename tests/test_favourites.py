@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from picpeak_lite.queries import admin_photos as admin_photo_q
+from picpeak_lite.ratelimit import RateLimit
 from picpeak_lite.services import Services
-from picpeak_lite.views.favourites import RateLimit
 
 from .conftest import AuthActions
 from .test_guest_pages import add_photo, enter_password, guest_csrf, published

@@ -15,12 +15,11 @@ import pytest
 import trio
 from PIL import Image
 
-from picpeak_lite import bootstrap, db, images, intake, security, server
+from picpeak_lite import bootstrap, db, images, intake, ratelimit, security, server
 from picpeak_lite.intake import clean_filename, clean_guest_name
 from picpeak_lite.queries import admin as admin_q
 from picpeak_lite.queries import guests as guest_q
 from picpeak_lite.storage import Storage
-from picpeak_lite.views import upload as upload_view
 
 from . import imagefactory
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
@@ -459,9 +458,10 @@ async def _guest_upload(guest: Any, slug: str, csrf: str, files: list[tuple[str,
 async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin: AuthActions, guest: Any,
                                                                 services: Any, settings: Any,
                                                                 monkeypatch: Any) -> None:
-    monkeypatch.setattr(upload_view, "GUEST_UPLOADS_PER_SESSION", (3, 0.01))
-    monkeypatch.setattr(upload_view, "GUEST_UPLOADS_PER_IP", (4, 0.01))
+    monkeypatch.setattr(ratelimit, "GUEST_UPLOADS_PER_SESSION", (3, 0.01))
+    monkeypatch.setattr(ratelimit, "GUEST_UPLOADS_PER_IP", (4, 0.01))
     clock = services.monotonic = _Clock()
+    services.guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # the budgets are read when it is made
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
     for i in range(3):
@@ -485,8 +485,9 @@ async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin:
 
 async def test_guest_uploads_have_a_byte_budget(admin: AuthActions, guest: Any, services: Any,
                                                 monkeypatch: Any) -> None:
-    monkeypatch.setattr(upload_view, "GUEST_BYTES_PER_SESSION", (10_000, 100.0))
+    monkeypatch.setattr(ratelimit, "GUEST_BYTES_PER_SESSION", (10_000, 100.0))
     clock = services.monotonic = _Clock()
+    services.guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # the budgets are read when it is made
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
     big = imagefactory.save(imagefactory.photo(200, 150, seed=1), "png")  # noisy pixels: tens of KB

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 import trio
-from quart import Blueprint, Response, current_app
+from quart import Blueprint, Response
 
 from .. import access, app_settings, images, zipstream
 from ..auth import current_guest, services
@@ -41,14 +41,6 @@ blueprint = Blueprint("downloads", __name__)
 NO_DOWNLOADS = "The photographer has turned off downloads for this gallery."
 SANDBOX_CSP = "default-src 'none'; sandbox"
 WATERMARK_QUALITY = 92  # JPEG quality of watermarked downloads; part of the cached copy's tag
-
-
-def _limiter() -> trio.CapacityLimiter:
-    """Disk reads for zips: bounded, so that a few zips cannot starve page views (watermarking has its own)."""
-    limiter = current_app.extensions.get("download_limiter")
-    if limiter is None:
-        limiter = current_app.extensions["download_limiter"] = trio.CapacityLimiter(4)
-    return limiter
 
 
 async def watermark_for(gallery: dict[str, Any]) -> images.Watermark | None:
@@ -154,7 +146,7 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
                                   force_extension=".jpg" if watermark else None)
     entries = _zip_entries(svc, rows, names, watermark)
     filename = _zip_name(gallery["name"], favourites_only)
-    response = Response(zipstream.stream_zip(entries, limiter=_limiter()), mimetype="application/zip")
+    response = Response(zipstream.stream_zip(entries, limiter=svc.download_limiter), mimetype="application/zip")
     response.headers["Content-Disposition"] = (
         f"attachment; filename=\"{_ascii(filename)}\"; filename*=UTF-8''{quote(filename, safe='')}")
     response.headers["Content-Security-Policy"] = SANDBOX_CSP

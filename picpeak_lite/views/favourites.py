@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, request
 
 from .. import access
 from ..auth import check_guest_state_change, current_guest, services
@@ -19,25 +19,16 @@ from ..errors import BadRequest
 from ..intake import clean_guest_name
 from ..queries import favourites as favourite_q
 from ..queries import guests as guest_q
-from ..ratelimit import RateLimit
 from .guest import load_gallery
 
 blueprint = Blueprint("favourites", __name__)
-
-def guest_rate_limit() -> RateLimit:
-    """One limiter per app: 60 changes at once, then 2 a second."""
-    limiter = current_app.extensions.get("guest_rate_limit")
-    if limiter is None:
-        limiter = current_app.extensions["guest_rate_limit"] = RateLimit(60, 2, clock=services().monotonic)
-    return limiter
-
 
 async def _guest_change(slug: str) -> tuple[dict[str, Any], Any]:
     gallery = await load_gallery(slug)
     guest = await current_guest(create=False)
     await check_guest_state_change(guest)
     assert guest is not None
-    guest_rate_limit().take(guest.id)
+    services().guest_rate_limit.take(guest.id)
     return gallery, guest
 
 

@@ -35,10 +35,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from quart import Blueprint, Response, after_this_request, current_app, g, request
+from quart import Blueprint, Response, after_this_request, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder
 
@@ -59,7 +58,6 @@ from ..errors import (
 from ..intake import FileSink, Intake, Limits, clean_guest_name
 from ..queries import galleries as gallery_q
 from ..queries import photos as photo_q
-from ..ratelimit import RateLimit
 from .common import client_ip
 
 blueprint = Blueprint("upload", __name__)
@@ -76,57 +74,6 @@ FILE_FIELD = "photos"
 MALFORMED = "The upload was cut off or is not valid multipart/form-data."
 CSRF_MESSAGE = "The form has expired or is missing its security token. Reload the page and try again."
 FAILURES = {413: TooLarge, 415: UnsupportedMedia, 409: Conflict}
-
-# Guest upload budgets, as token buckets: (burst, refill per second). The upload page sends one file per request,
-# three at a time, so a guest sharing 200 photos makes 200 requests: 60 at once and then one a second is more than
-# a phone on venue Wi-Fi manages, while a script gets nowhere fast. Bytes are what fill the disk: 1 GiB per hour
-# per session is some 200 phone photos. A whole venue may share one IP (NAT), so its budgets are 5x a session's.
-# The page waits out a 429 and carries on by itself.
-GiB = 1024**3
-GUEST_UPLOADS_PER_SESSION = (60, 1.0)
-GUEST_UPLOADS_PER_IP = (300, 5.0)
-GUEST_BYTES_PER_SESSION = (1 * GiB, 1 * GiB / 3600)
-GUEST_BYTES_PER_IP = (5 * GiB, 5 * GiB / 3600)
-UPLOAD_SLOW_DOWN = "You are sending photos faster than this server accepts. Please wait a little and retry."
-
-
-@dataclass
-class GuestUploadLimits:
-    """The four budgets above, one set per app (``guest_upload_limits``)."""
-
-    clock: Callable[[], float]
-    per_session: RateLimit = field(init=False)
-    per_ip: RateLimit = field(init=False)
-    bytes_per_session: RateLimit = field(init=False)
-    bytes_per_ip: RateLimit = field(init=False)
-
-    def __post_init__(self) -> None:
-        def bucket(burst_and_rate: tuple[float, float]) -> RateLimit:
-            return RateLimit(*burst_and_rate, clock=self.clock, message=UPLOAD_SLOW_DOWN)
-
-        self.per_session, self.per_ip = bucket(GUEST_UPLOADS_PER_SESSION), bucket(GUEST_UPLOADS_PER_IP)
-        self.bytes_per_session = bucket(GUEST_BYTES_PER_SESSION)
-        self.bytes_per_ip = bucket(GUEST_BYTES_PER_IP)
-
-    def take(self, session_id: int, ip: str) -> None:
-        """Count one request, or raise TooManyRequests if any budget is spent (then nothing is counted)."""
-        for limit, key in ((self.per_session, session_id), (self.per_ip, ip),
-                           (self.bytes_per_session, session_id), (self.bytes_per_ip, ip)):
-            limit.take(key, 0)
-        self.per_session.take(session_id)
-        self.per_ip.take(ip)
-
-    def charge_bytes(self, session_id: int, ip: str, size: int) -> None:
-        self.bytes_per_session.charge(session_id, size)
-        self.bytes_per_ip.charge(ip, size)
-
-
-def guest_upload_limits() -> GuestUploadLimits:
-    limits = current_app.extensions.get("guest_upload_limits")
-    if limits is None:
-        limits = current_app.extensions["guest_upload_limits"] = GuestUploadLimits(services().monotonic)
-    return limits
-
 
 def _closes_unless_drained(view: Any) -> Any:
     """Answer with ``Connection: close`` whenever the body was not read to its end (and on every 413)."""
@@ -179,7 +126,7 @@ async def guest_upload(slug: str) -> Any:
     sent = request.headers.get("X-CSRF-Token")
     if sent is not None and not security.tokens_equal(sent, guest.csrf_token):
         raise Forbidden(CSRF_MESSAGE)
-    limits, ip = guest_upload_limits(), client_ip()
+    limits, ip = svc.guest_upload_limits, client_ip()
     limits.take(guest.id, ip)
     authorize = functools.partial(_guest_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
     return await _upload(
