@@ -24,7 +24,7 @@ Limits, and why they differ:
 
 Guest uploads are throttled per guest session and per client IP, before any of the body is read (429 with
 ``Retry-After`` and ``Connection: close``): a budget of requests, and a budget of bytes that each request's
-accepted files are charged against once it has been read (see GUEST_UPLOADS_PER_SESSION and below).
+accepted files are charged against once it has been read (see GUEST_UPLOADS_PER_SESSION in ratelimit.py).
 
 A request whose files were all duplicates is accepted (202, each with ``"duplicate": true`` and its existing
 id) but creates no upload group, so ``upload_id`` is null: there is nothing to follow, and an id whose status
