@@ -23,6 +23,7 @@ from .guest import load_gallery
 
 blueprint = Blueprint("favourites", __name__)
 
+
 async def _guest_change(slug: str) -> tuple[dict[str, Any], Any]:
     gallery = await load_gallery(slug)
     guest = await current_guest(create=False)
