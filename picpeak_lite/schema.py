@@ -216,6 +216,15 @@ MIGRATIONS: tuple[str, ...] = (
         gallery_id, coalesce(taken_at, strftime('%Y-%m-%dT%H:%M:%S', created_at, 'unixepoch')), id
     ) WHERE status = 'complete' AND hidden = 0;
     """,
+    # 5: a photo id is never given twice. Without AUTOINCREMENT (which needs a table rebuild) SQLite gives the
+    # next photo the highest id deleted before it, and browsers cache images by URL for a week, webhook
+    # receivers and the change log know photos by id. queries.photos.insert_photo takes ids from this counter;
+    # it starts past every id the photos table and the change log still remember.
+    """
+    CREATE TABLE photo_id_counter (next_id INTEGER NOT NULL) STRICT;
+    INSERT INTO photo_id_counter (next_id) SELECT max(
+        (SELECT coalesce(max(id), 0) FROM photos), (SELECT coalesce(max(photo_id), 0) FROM photo_changes)) + 1;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

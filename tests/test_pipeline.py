@@ -278,6 +278,17 @@ async def test_photo_deleted_while_processing_is_discarded_quietly(services: Ser
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text  # a normal race, not a bug
 
 
+async def test_photo_ids_are_never_given_twice(services: Services, client: Any, admin: AuthActions,
+                                               gallery_id: int) -> None:
+    """SQLite alone would give the next photo the id of the last one deleted: browsers would show the deleted
+    photo's cached images under the new photo's URL for a week."""
+    stage_photo(services, gallery_id, jpeg(9))
+    last, _ = stage_photo(services, gallery_id, jpeg(10))
+    assert (await client.delete(f"/api/admin/photos/{last}", headers=admin.headers())).status_code == 204
+    again, _ = stage_photo(services, gallery_id, jpeg(11))
+    assert again == last + 1
+
+
 async def test_lease_is_renewed_while_working(tmp_path: Path) -> None:
     """A photo that takes longer than its lease is not stolen from a live worker."""
     with own_services(tmp_path, lease_seconds=5) as svc:

@@ -7,6 +7,7 @@ import pytest
 
 from picpeak_lite import db, schema
 from picpeak_lite.errors import ConfigError, InsufficientStorage
+from picpeak_lite.queries import photos as photo_q
 
 
 def _tables(conn: apsw.Connection) -> set[str]:
@@ -47,6 +48,27 @@ def test_every_migration_from_its_previous_version(tmp_path: Path, start: int) -
     assert conn.execute("PRAGMA application_id").fetchall()[0]["application_id"] == schema.APPLICATION_ID
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
     assert conn.execute("PRAGMA integrity_check").fetchall() == [{"integrity_check": "ok"}]
+
+
+def test_photo_ids_continue_past_deleted_ones_after_migration_5(tmp_path: Path) -> None:
+    upload = "0" * 32
+    conn = db.connect(tmp_path / "x.sqlite3")
+    schema.migrate(conn, target=4)
+    conn.execute("INSERT INTO galleries (slug, share_token, name, created_at, updated_at) VALUES ('a', 't', 'A', 0, 0)")
+    conn.execute("INSERT INTO uploads (id, gallery_id, uploaded_by, created_at) VALUES (?, 1, 'admin', 0)", (upload,))
+    for n in (1, 2, 3):
+        conn.execute(
+            "INSERT INTO photos (gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
+            "uploaded_by, width, height, created_at) VALUES (1, ?, ?, ?, 'p.jpg', 1, 'jpeg', 'admin', 1, 1, 0)",
+            (upload, f"{n:032x}", f"{n:064x}"),
+        )
+    conn.execute("DELETE FROM photos WHERE id = 3")  # only the change log remembers id 3 now
+    schema.migrate(conn)
+    with db.transaction(conn):
+        new_id = photo_q.insert_photo(conn, gallery_id=1, upload_id=upload, storage_key=f"{4:032x}", sha256=f"{4:064x}",
+                                      display_name="p.jpg", size=1, format="jpeg", uploaded_by="admin",
+                                      guest_name=None, width=1, height=1, now=0)
+    assert new_id == 4
 
 
 def test_migrating_twice_is_a_no_op(tmp_path: Path) -> None:

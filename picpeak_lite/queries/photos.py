@@ -42,13 +42,18 @@ def get_upload(conn: Connection, upload_id: str) -> Row | None:
 def insert_photo(conn: Connection, *, gallery_id: int, upload_id: str, storage_key: str, sha256: str,
                  display_name: str, size: int, format: str, uploaded_by: str, guest_name: str | None,
                  width: int, height: int, now: float) -> int:
+    """Insert a pending photo under a new id: one never given before, even to a photo since deleted (schema 5)."""
+    photo_id = conn.execute(
+        "UPDATE photo_id_counter SET next_id = max(next_id, (SELECT coalesce(max(id), 0) FROM photos) + 1) + 1 "
+        "RETURNING next_id - 1 AS id"
+    ).fetchall()[0]["id"]
     conn.execute(
-        "INSERT INTO photos (gallery_id, upload_id, storage_key, sha256, display_name, size, format, uploaded_by, "
-        "guest_name, width, height, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (gallery_id, upload_id, storage_key, sha256, display_name, size, format, uploaded_by, guest_name,
-         width, height, now),
+        "INSERT INTO photos (id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
+        "uploaded_by, guest_name, width, height, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (photo_id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, uploaded_by,
+         guest_name, width, height, now),
     )
-    return conn.last_insert_rowid()
+    return photo_id
 
 
 def find_by_sha(conn: Connection, gallery_id: int, sha256: str) -> Row | None:
