@@ -11,7 +11,10 @@ Sync and free of trio and quart, like ``config``: the worker reads these through
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,8 @@ from typing import Any
 from . import images
 from .config import WATERMARK_POSITIONS, Settings
 from .db import Connection
+from .queries import galleries as gallery_q
+from .queries import photos as photo_q
 from .queries import settings as settings_q
 
 LOGO_FILE = "watermark-logo.png"
@@ -119,9 +124,42 @@ def load(conn: Connection, settings: Settings) -> AdminSettings:
 
 def gallery_watermark(conn: Connection, settings: Settings, gallery: Mapping[str, Any]) -> images.Watermark | None:
     """The one answer to "what watermark does this gallery get": for its view images and its downloads alike."""
-    if not gallery["watermark"]:
-        return None
-    return load(conn, settings).watermark(gallery["name"])
+    return _watermark_of(load(conn, settings), gallery)
+
+
+def _watermark_of(chosen: AdminSettings, gallery: Mapping[str, Any]) -> images.Watermark | None:
+    return chosen.watermark(gallery["name"]) if gallery["watermark"] else None
+
+
+def watermark_fingerprint(watermark: images.Watermark | None) -> str:
+    """What images made with ``watermark`` depend on besides the photo: its parameters, and the logo file's size
+    and mtime (an uploaded logo replaces the file at the same path). "" for no watermark."""
+    if watermark is None:
+        return ""
+    logo: Any = None
+    if watermark.logo_path:
+        try:
+            stat = os.stat(watermark.logo_path)
+            logo = [stat.st_size, stat.st_mtime_ns]
+        except FileNotFoundError:
+            logo = "missing"
+    text = json.dumps([dataclasses.asdict(watermark), logo], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def watermark_fingerprints(conn: Connection, settings: Settings) -> dict[int, str]:
+    """Each gallery's :func:`watermark_fingerprint`: compared before and after a change to find the galleries
+    whose view images must be made again."""
+    chosen = load(conn, settings)
+    return {row["id"]: watermark_fingerprint(_watermark_of(chosen, row)) for row in gallery_q.watermark_fields(conn)}
+
+
+def mark_changed_watermarks(conn: Connection, settings: Settings, before: Mapping[int, str]) -> int:
+    """Mark the photos of every gallery whose watermark is no longer what ``before`` (the fingerprints from before
+    a change) says, so that idle workers make their view images again. Returns how many photos were marked."""
+    after = watermark_fingerprints(conn, settings)
+    changed = [gallery_id for gallery_id, now in after.items() if gallery_id in before and before[gallery_id] != now]
+    return photo_q.mark_views_stale(conn, changed)
 
 
 def save(conn: Connection, values: Mapping[str, Any]) -> None:

@@ -84,9 +84,14 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
         values["password_hash"] = None
 
     def change(conn: Any) -> Row:
-        return _row_if(gallery_q.update(conn, gallery_id, values, svc.clock()), conn, gallery_id)
+        before = app_settings.watermark_fingerprints(conn, svc.settings)
+        row = _row_if(gallery_q.update(conn, gallery_id, values, svc.clock()), conn, gallery_id)
+        app_settings.mark_changed_watermarks(conn, svc.settings, before)  # watermark on/off, or a new name in it
+        return row
 
-    return await svc.db.write(change)
+    row = await svc.db.write(change)
+    svc.wake_workers()
+    return row
 
 
 def _row_if(changed: bool, conn: Any, gallery_id: int) -> Row:

@@ -225,6 +225,13 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO photo_id_counter (next_id) SELECT max(
         (SELECT coalesce(max(id), 0) FROM photos), (SELECT coalesce(max(photo_id), 0) FROM photo_changes)) + 1;
     """,
+    # 6: view images follow the watermark. A change to a gallery's watermark (or to the settings behind it)
+    # counts up views_stale on its photos; an idle worker makes their images again and sets it back to 0 only
+    # if nothing counted it up meanwhile. The photo stays complete and visible throughout.
+    """
+    ALTER TABLE photos ADD COLUMN views_stale INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX photos_views_stale ON photos(id) WHERE views_stale > 0;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -57,6 +57,22 @@ def marked(width: int = 40, height: int = 20) -> Image.Image:
     return image
 
 
+FLAT = (90, 120, 150)
+
+
+def flat(width: int, height: int) -> Image.Image:
+    """One colour everywhere: anything drawn on it (a watermark) shows in :func:`largest_change_from_flat`."""
+    return Image.new("RGB", (width, height), FLAT)
+
+
+def largest_change_from_flat(data: bytes) -> int:
+    """How far the most changed pixel of an encoded :func:`flat` image is from the flat colour (JPEG: a few)."""
+    with Image.open(io.BytesIO(data)) as image:
+        pixels = image.convert("RGB")
+    return max(max(abs(value - base) for value, base in zip(pixel, FLAT, strict=True))
+               for pixel in pixels.getdata())
+
+
 @functools.cache
 def srgb_icc() -> bytes:
     """One sRGB profile per run: a new one carries its creation time, so two calls a second apart differ."""

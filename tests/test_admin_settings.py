@@ -246,3 +246,22 @@ async def test_worker_watermarks_with_the_saved_settings(services: Any) -> None:
         views.append(Image.open(services.storage.derived_path(key, "view")).convert("L"))
     assert mean_difference(*views, (20, 20, 400, 130)) > 10
     assert mean_difference(*views, (400, 450, 800, 600)) < 3  # the other corner is untouched
+
+
+async def test_a_new_watermark_marks_only_watermarked_galleries_views(admin: AuthActions, services: Any) -> None:
+    plain = await admin.create_gallery(name="Plain")
+    marked = await admin.create_gallery(name="Marked")
+    assert (await admin.client.patch(f"/api/admin/galleries/{marked['id']}", json={"watermark": True},
+                                     headers=admin.headers())).status_code == 200
+    data = imagefactory.save(imagefactory.photo(300, 200, seed=4), "jpeg")
+    ids = [stage_photo(services, gallery["id"], data)[0] for gallery in (plain, marked)]
+    await run_pool_until_idle(services)
+
+    def stale() -> list[int]:
+        return [sql(services, "SELECT views_stale FROM photos WHERE id = ?", i)[0]["views_stale"] for i in ids]
+
+    assert stale() == [0, 0]
+    same = await admin.client.post("/admin/settings/watermark", form={"csrf_token": admin.csrf, **WATERMARK_FORM})
+    assert same.status_code == 302 and stale() == [0, 1]  # the marked gallery's views are made again
+    again = await admin.client.post("/admin/settings/watermark", form={"csrf_token": admin.csrf, **WATERMARK_FORM})
+    assert again.status_code == 302 and stale() == [0, 1]  # nothing changed: nothing more to make

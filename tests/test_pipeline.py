@@ -289,6 +289,51 @@ async def test_photo_ids_are_never_given_twice(services: Services, client: Any, 
     assert again == last + 1
 
 
+async def run_pool_until_views_fresh(svc: Services) -> None:
+    pool = WorkerPool(svc, svc.storage, count=2, poll_seconds=0.05)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        with trio.fail_after(30):
+            while await svc.db.read(lambda c: c.execute("SELECT count(*) AS n FROM photos WHERE views_stale > 0 "
+                                                        "OR status IN ('pending', 'processing')").fetchall()[0]["n"]):
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+
+async def test_view_images_follow_a_watermark_turned_on_later(services: Services, client: Any, admin: AuthActions,
+                                                             conn: Any, gallery_id: int) -> None:
+    photo, _ = stage_photo(services, gallery_id, imagefactory.save(imagefactory.flat(800, 600), "jpeg"))
+    other_gallery = await services.db.write(create_gallery, "Other")
+    untouched, _ = stage_photo(services, other_gallery, jpeg(13))
+    await run_pool_until_views_fresh(services)
+    view = services.storage.derived_path(status_of(conn, photo)["storage_key"], "view")
+    plain = view.read_bytes()
+    assert imagefactory.largest_change_from_flat(plain) < 8
+    other_view = services.storage.derived_path(status_of(conn, untouched)["storage_key"], "view")
+    other_made = other_view.stat().st_mtime_ns
+    seq = conn.execute("SELECT max(seq) AS seq FROM photo_changes").fetchall()[0]["seq"]
+
+    turned_on = await client.patch(f"/api/admin/galleries/{gallery_id}", json={"watermark": True},
+                                   headers=admin.headers())
+    assert turned_on.status_code == 200
+    assert status_of(conn, photo)["views_stale"] == 1 and status_of(conn, untouched)["views_stale"] == 0
+    await run_pool_until_views_fresh(services)
+
+    marked = view.read_bytes()
+    assert imagefactory.largest_change_from_flat(marked) > 40  # the watermark is in the view now
+    row = status_of(conn, photo)
+    assert row["status"] == "complete" and row["views_stale"] == 0
+    # It stayed complete (visible) all along: the change log has nothing new, and the other gallery was left alone.
+    assert conn.execute("SELECT count(*) AS n FROM photo_changes WHERE seq > ?", (seq,)).fetchall()[0]["n"] == 0
+    assert other_view.stat().st_mtime_ns == other_made
+
+    renamed = await client.patch(f"/api/admin/galleries/{gallery_id}", json={"name": "Anna & Ben"},
+                                 headers=admin.headers())
+    assert renamed.status_code == 200 and status_of(conn, photo)["views_stale"] == 1  # the name is the text
+    await run_pool_until_views_fresh(services)
+    assert view.read_bytes() != marked
+
+
 async def test_lease_is_renewed_while_working(tmp_path: Path) -> None:
     """A photo that takes longer than its lease is not stolen from a live worker."""
     with own_services(tmp_path, lease_seconds=5) as svc:

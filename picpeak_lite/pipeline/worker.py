@@ -4,6 +4,10 @@ A worker claims with one guarded statement, renews its lease while it works, and
 if it still holds the claim (the token). Image work runs in threads, one step per thread hop (decode, view,
 watermark, grid, encode), so that cancellation lands between steps. A bad file fails that photo with a
 readable reason; the worker goes on. On shutdown a worker hands its photo back to ``pending``.
+
+When no photo waits, a worker makes the images of a photo again whose gallery's watermark changed since they
+were made (``views_stale``, schema 6). That needs no claim: the photo stays ``complete`` and visible, the files
+are replaced atomically, and the mark is cleared only if no newer change marked it meanwhile.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ class WorkerPool:
         while True:
             wakeup = self._wakeup  # taken before claiming, so a wake() during the claim is not lost
             try:
-                busy = await self.process_one()
+                busy = await self.process_one() or await self.refresh_stale_views(index)
             except InsufficientStorage:
                 log.error("worker %d: the disk is full; pausing before the next photo", index)
                 busy = False
@@ -104,6 +108,21 @@ class WorkerPool:
             log.warning("photo %s: deleted, or its claim expired, before the result was saved; discarded", row["id"])
         else:
             svc.wake_webhooks()
+        return True
+
+    async def refresh_stale_views(self, index: int) -> bool:
+        """Make the images of one photo again after its gallery's watermark changed (schema 6), while it stays
+        complete and visible. Only when no photo waits to be processed. False when there was nothing to do."""
+        svc = self.svc
+        row = await svc.db.read(photo_q.next_stale_views, index, self.count)
+        if row is None:
+            return False
+        outcome = await self._process(row)
+        if outcome is DISK_FULL:
+            raise InsufficientStorage("The server's disk is full; the images were not made again.")
+        if isinstance(outcome, str):  # e.g. deleted meanwhile; the old images stay
+            log.warning("photo %s: could not make its images again: %s", row["id"], outcome)
+        await svc.db.write(photo_q.views_refreshed, row["id"], row["views_stale"])
         return True
 
     async def _process(self, row: dict[str, Any]) -> dict[str, Any] | str:

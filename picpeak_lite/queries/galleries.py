@@ -56,6 +56,11 @@ def delete(conn: Connection, gallery_id: int) -> bool:
     return conn.changes() > 0
 
 
+def watermark_fields(conn: Connection) -> list[Row]:
+    """What each gallery's watermark depends on (``app_settings.watermark_fingerprints``)."""
+    return conn.execute("SELECT id, name, watermark FROM galleries").fetchall()
+
+
 def get(conn: Connection, gallery_id: int) -> Row | None:
     rows = conn.execute(f"SELECT g.*, {_COUNTS} FROM galleries g WHERE g.id = ?", (gallery_id,)).fetchall()
     return rows[0] if rows else None

@@ -146,6 +146,37 @@ def release_all_claims(conn: Connection) -> int:
     return conn.changes()
 
 
+def mark_views_stale(conn: Connection, gallery_ids: list[int]) -> int:
+    """These galleries' watermark changed: their photos' images are to be made again (schema 6). A photo being
+    processed may have read the old watermark, so it is marked too (complete() leaves the mark); a pending one
+    will read the new one."""
+    if not gallery_ids:
+        return 0
+    marks = ", ".join("?" * len(gallery_ids))
+    conn.execute(
+        f"UPDATE photos SET views_stale = views_stale + 1 "
+        f"WHERE gallery_id IN ({marks}) AND status IN ('processing', 'complete')",
+        gallery_ids,
+    )
+    return conn.changes()
+
+
+def next_stale_views(conn: Connection, worker: int, workers: int) -> Row | None:
+    """A complete photo whose images are to be made again; workers of one pool take disjoint photos."""
+    rows = conn.execute(
+        "SELECT * FROM photos WHERE views_stale > 0 AND status = 'complete' AND id % ? = ? ORDER BY id LIMIT 1",
+        (workers, worker),
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def views_refreshed(conn: Connection, photo_id: int, stale: int) -> bool:
+    """The images were made again from the settings of the time ``stale`` was read; False when the watermark
+    changed once more since (the photo stays marked and is made again)."""
+    conn.execute("UPDATE photos SET views_stale = 0 WHERE id = ? AND views_stale = ?", (photo_id, stale))
+    return conn.changes() == 1
+
+
 def expired_claims(conn: Connection, now: float) -> list[Row]:
     return conn.execute(
         "SELECT id, attempts, claim_token, upload_id, gallery_id FROM photos "

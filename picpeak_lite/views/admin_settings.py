@@ -82,13 +82,20 @@ async def save_watermark() -> Any:
         errors["watermark_use_logo"] = "Upload a logo first."
     if errors:
         return await settings_page(status=400, section_errors={"watermark": errors}, values=values)
+    before = await svc.db.read(app_settings.watermark_fingerprints, svc.settings)
     if logo_bytes:
         await trio.to_thread.run_sync(_store_logo, target, logo_bytes)
         values["watermark_use_logo"] = True
     elif form.get("remove_logo"):
         await trio.to_thread.run_sync(remove_quietly, target)
         values["watermark_use_logo"] = False
-    await svc.db.write(app_settings.save, values)
+
+    def save(conn: Any) -> None:
+        app_settings.save(conn, values)
+        app_settings.mark_changed_watermarks(conn, svc.settings, before)  # their view images are made again
+
+    await svc.db.write(save)
+    svc.wake_workers()
     return redirect(url_for("admin_settings.page", saved="watermark") + "#watermark")
 
 

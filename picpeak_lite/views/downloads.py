@@ -14,10 +14,8 @@ tag in its name is a hash of the watermark's parameters, so a changed watermark 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,16 +48,9 @@ async def watermark_for(gallery: dict[str, Any]) -> images.Watermark | None:
 
 
 def watermark_tag(watermark: images.Watermark) -> str:
-    """A short hash of what a watermarked copy depends on besides the original: the watermark's parameters, the
-    JPEG quality, and the logo file's size and mtime (an uploaded logo replaces the file at the same path)."""
-    logo = None
-    if watermark.logo_path:
-        try:
-            stat = os.stat(watermark.logo_path)
-            logo = [stat.st_size, stat.st_mtime_ns]
-        except FileNotFoundError:
-            logo = "missing"
-    text = json.dumps([dataclasses.asdict(watermark), logo, WATERMARK_QUALITY], sort_keys=True)
+    """A short hash of what a watermarked copy depends on besides the original: the watermark (its parameters
+    and logo file, ``app_settings.watermark_fingerprint``) and the JPEG quality."""
+    text = json.dumps([app_settings.watermark_fingerprint(watermark), WATERMARK_QUALITY])
     return hashlib.sha256(text.encode()).hexdigest()[:WATERMARK_TAG_CHARS]
 
 
