@@ -26,7 +26,10 @@ blueprint = Blueprint("photos", __name__)
 UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
 MIME = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp", "heif": "image/heif"}
 EXTENSION = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "heif": ".heic"}
-DERIVATIVE_CACHE_SECONDS = 7 * 86400
+# How long a browser keeps an image without asking again (then a 304 when unchanged). Grid images never change.
+# View images are made again when their gallery's watermark changes (worker.refresh_stale_views): an hour
+# bounds how long a guest's browser shows the old one.
+CACHE_SECONDS = {"grid": 7 * 86400, "view": 3600}
 # quart-trio reads files in 8 KiB steps with two thread hops each; 256 KiB steps cut the hops 32-fold.
 FILE_CHUNK_BYTES = 256 * 1024
 
@@ -172,7 +175,7 @@ async def send_derivative(photo: dict[str, Any], kind: str) -> Response:
     if not path.exists():
         raise NotFound("The image file is missing; the photo can be reprocessed with `picpeak-lite check --repair`.")
     response = await send_path(path, "image/jpeg")
-    response.headers["Cache-Control"] = f"private, max-age={DERIVATIVE_CACHE_SECONDS}"
+    response.headers["Cache-Control"] = f"private, max-age={CACHE_SECONDS[kind]}"
     return response
 
 
