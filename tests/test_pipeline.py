@@ -334,6 +334,32 @@ async def test_view_images_follow_a_watermark_turned_on_later(services: Services
     assert view.read_bytes() != marked
 
 
+async def test_an_older_render_never_replaces_a_newer_one(services: Services, client: Any, admin: AuthActions,
+                                                          conn: Any, gallery_id: int) -> None:
+    """Two processes may make the same photo's images again; the one that read older settings loses."""
+    photo, _ = stage_photo(services, gallery_id, imagefactory.save(imagefactory.flat(800, 600), "jpeg"))
+    await run_pool_until_views_fresh(services)
+    view = services.storage.derived_path(status_of(conn, photo)["storage_key"], "view")
+    assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"watermark": True, "name": "First"},
+                               headers=admin.headers())).status_code == 200
+    slow = WorkerPool(services, services.storage, count=1)
+    # The limiter is let go before the nursery waits: the slow render, from "First", then tries to save.
+    async with trio.open_nursery() as nursery, slow.image_limiter:
+        nursery.start_soon(slow.refresh_stale_views, 0)
+        while slow.image_limiter.statistics().tasks_waiting == 0:  # it has read the settings, waits to decode
+            await trio.sleep(0.005)
+        assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"name": "Second"},
+                                   headers=admin.headers())).status_code == 200
+        await run_pool_until_views_fresh(services)  # the other process makes it with "Second"
+        newest = view.read_bytes()
+    assert view.read_bytes() == newest and status_of(conn, photo)["views_stale"] == 0
+
+
+async def test_the_stale_views_query_seeks_its_index(conn: Any) -> None:
+    plan = conn.execute("EXPLAIN QUERY PLAN " + photo_q.NEXT_STALE_VIEWS, (2, 0)).fetchall()
+    assert [row["detail"] for row in plan] == ["SCAN photos USING INDEX photos_views_stale"]  # stale rows only
+
+
 async def test_lease_is_renewed_while_working(tmp_path: Path) -> None:
     """A photo that takes longer than its lease is not stolen from a live worker."""
     with own_services(tmp_path, lease_seconds=5) as svc:

@@ -5,9 +5,10 @@ if it still holds the claim (the token). Image work runs in threads, one step pe
 watermark, grid, encode), so that cancellation lands between steps. A bad file fails that photo with a
 readable reason; the worker goes on. On shutdown a worker hands its photo back to ``pending``.
 
-When no photo waits, a worker makes the images of a photo again whose gallery's watermark changed since they
-were made (``views_stale``, schema 6). That needs no claim: the photo stays ``complete`` and visible, the files
-are replaced atomically, and the mark is cleared only if no newer change marked it meanwhile.
+When no photo waits, a worker makes the view image of a photo again whose gallery's watermark changed since it
+was made (``views_stale``, schema 6). That needs no claim: the photo stays ``complete`` and visible, and the new
+file replaces the old one only in the transaction that clears the mark, if no newer change marked it since the
+settings were read (see :meth:`WorkerPool.refresh_stale_views`).
 """
 
 from __future__ import annotations
@@ -112,21 +113,56 @@ class WorkerPool:
 
     async def refresh_stale_views(self, index: int) -> bool:
         """Make the images of one photo again after its gallery's watermark changed (schema 6), while it stays
-        complete and visible. Only when no photo waits to be processed. False when there was nothing to do."""
+        complete and visible. Only when no photo waits to be processed. False when there was nothing to do.
+
+        No claim: two processes may both make the same photo's images. The files are replaced only in the
+        transaction that clears the mark, and only if the mark is still what it was when this render read the
+        settings, so a render from older settings can never overwrite one from newer settings.
+        """
         svc = self.svc
         row = await svc.db.read(photo_q.next_stale_views, index, self.count)
         if row is None:
             return False
-        outcome = await self._process(row)
-        if outcome is DISK_FULL:
-            raise InsufficientStorage("The server's disk is full; the images were not made again.")
-        if isinstance(outcome, str):  # e.g. deleted meanwhile; the old images stay
-            log.warning("photo %s: could not make its images again: %s", row["id"], outcome)
-        await svc.db.write(photo_q.views_refreshed, row["id"], row["views_stale"])
+        rendered = await self._render(row)
+        if isinstance(rendered, str):  # it was made before, so the file went (deleted?): keep the old images
+            log.warning("photo %s: could not make its images again: %s", row["id"], rendered)
+            await svc.db.write(photo_q.views_refreshed, row["id"], row["views_stale"])
+            return True
+        storage = self.storage
+
+        def replace_if_still_stale(conn: Any) -> bool:
+            if not photo_q.views_still_stale(conn, row["id"], row["views_stale"]):
+                return False  # changed again (or gone) since we read the settings: made again from the newer ones
+            storage.write_derivative(row["storage_key"], "view", rendered.view_jpeg)  # the grid has no watermark
+            return photo_q.views_refreshed(conn, row["id"], row["views_stale"])
+
+        try:
+            await svc.db.write(replace_if_still_stale)
+        except InsufficientStorage:
+            raise
+        except OSError as error:  # the mark stays: tried again after the worker's pause
+            log.error("photo %s: could not save its new images: %s", row["id"], error)
+            return False
         return True
 
     async def _process(self, row: dict[str, Any]) -> dict[str, Any] | str:
         """Metadata values for a complete photo, or the reason it failed."""
+        rendered = await self._render(row)
+        if isinstance(rendered, str):
+            return rendered
+        run = self._in_thread
+        try:
+            await run(self.storage.write_derivative, row["storage_key"], "view", rendered.view_jpeg)
+            await run(self.storage.write_derivative, row["storage_key"], "grid", rendered.grid_jpeg)
+        except InsufficientStorage:
+            return DISK_FULL
+        except OSError as error:
+            log.error("photo %s: could not save derivatives: %s", row["id"], error)
+            return "Could not save the thumbnails: a storage error."
+        return rendered.metadata
+
+    async def _render(self, row: dict[str, Any]) -> _Rendered | str:
+        """The photo's images with its gallery's current settings, or the reason they cannot be made."""
         path = self.storage.original_path(row["storage_key"])
         if not path.exists():
             return ORIGINAL_MISSING
@@ -153,15 +189,8 @@ class WorkerPool:
         except Exception as error:  # a bug or a decoder crash: fail this photo, keep the worker alive
             log.exception("photo %s: unexpected error while processing", row["id"])
             return f"Processing failed unexpectedly ({type(error).__name__})."
-        try:
-            await run(self.storage.write_derivative, row["storage_key"], "view", view_jpeg)
-            await run(self.storage.write_derivative, row["storage_key"], "grid", grid_jpeg)
-        except InsufficientStorage:
-            return DISK_FULL
-        except OSError as error:
-            log.error("photo %s: could not save derivatives: %s", row["id"], error)
-            return "Could not save the thumbnails: a storage error."
-        return {"width": view.width, "height": view.height, **dataclasses.asdict(metadata)}
+        values = {"width": view.width, "height": view.height, **dataclasses.asdict(metadata)}
+        return _Rendered(view_jpeg, grid_jpeg, values)
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.image_limiter)
@@ -185,6 +214,13 @@ class WorkerPool:
                 claim.lost = True
                 processing.cancel()
                 return
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rendered:
+    view_jpeg: bytes
+    grid_jpeg: bytes
+    metadata: dict[str, Any]
 
 
 @dataclasses.dataclass
