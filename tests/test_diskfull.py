@@ -150,6 +150,7 @@ async def test_disk_full_gives_507_leaves_nothing_half_written_and_recovers(smal
                     f"failed_processing={len(failed_processing)} unfinished={len(unfinished)}")
     assert full.status_code == 507 and "disk is full" in message, message
     assert big.status_code == 507, big.text
+    assert big.headers.get("connection") != "close"  # the rest was read: the connection stays usable
     assert leftovers == [], leftovers
     assert missing_after_full == [] and rows_without_original(data_dir) == []
     assert lost == []

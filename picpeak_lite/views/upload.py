@@ -166,22 +166,26 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
     if await svc.db.read(photo_q.count_in_gallery, gallery["id"]) >= cap:
         raise Conflict(f"The gallery is full: it holds at most {cap} photos.")
     boundary = request.mimetype_params["boundary"].encode("latin-1")
-    with Intake(db=svc.db, storage=svc.storage, settings=svc.settings, gallery=gallery, limits=limits,
-                clock=svc.clock) as intake:
-        request.body.stream()  # our limits, counted as bytes arrive; backpressure instead of buffering
-        try:
+    intake = Intake(db=svc.db, storage=svc.storage, settings=svc.settings, gallery=gallery, limits=limits,
+                    clock=svc.clock)
+    try:
+        with intake:
+            request.body.stream()  # our limits, counted as bytes arrive; backpressure instead of buffering
             fields = await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
-        except InsufficientStorage:
+            g.upload_drained = True
+            if not intake.entries:
+                raise BadRequest(f"Choose at least one photo to upload (field '{FILE_FIELD}').")
+            guest_name = None
+            if uploaded_by == "guest":
+                guest_name = clean_guest_name(fields.get("guest_name")) or default_name
+            await intake.commit(authorize, uploaded_by=uploaded_by, guest_session_id=guest_session_id,
+                                guest_name=guest_name)
+    except InsufficientStorage:
+        # Out of the intake first, which removed what it had stored of this request: the full disk is not kept
+        # full while a slow client sends the rest, which is read and dropped before the 507 (module docstring).
+        if not g.get("upload_drained"):
             await _drop_rest(request.body, limits.max_request_bytes)
-            raise
-        g.upload_drained = True
-        if not intake.entries:
-            raise BadRequest(f"Choose at least one photo to upload (field '{FILE_FIELD}').")
-        guest_name = None
-        if uploaded_by == "guest":
-            guest_name = clean_guest_name(fields.get("guest_name")) or default_name
-        await intake.commit(authorize, uploaded_by=uploaded_by, guest_session_id=guest_session_id,
-                            guest_name=guest_name)
+        raise
     if intake.upload_id is not None:
         svc.wake_workers()
     if on_accepted is not None:
