@@ -131,34 +131,41 @@ def _watermark_of(chosen: AdminSettings, gallery: Mapping[str, Any]) -> images.W
     return chosen.watermark(gallery["name"]) if gallery["watermark"] else None
 
 
-def watermark_fingerprint(watermark: images.Watermark | None) -> str:
+def watermark_fingerprint(watermark: images.Watermark | None, logos: dict[str, Any] | None = None) -> str:
     """What images made with ``watermark`` depend on besides the photo: its parameters, and the logo file's size
-    and mtime (an uploaded logo replaces the file at the same path). "" for no watermark."""
+    and mtime (an uploaded logo replaces the file at the same path). "" for no watermark. ``logos`` caches the
+    logo's state across the galleries of one call."""
     if watermark is None:
         return ""
     logo: Any = None
     if watermark.logo_path:
-        try:
-            stat = os.stat(watermark.logo_path)
-            logo = [stat.st_size, stat.st_mtime_ns]
-        except FileNotFoundError:
-            logo = "missing"
+        logos = {} if logos is None else logos
+        if watermark.logo_path not in logos:
+            try:
+                stat = os.stat(watermark.logo_path)
+                logos[watermark.logo_path] = [stat.st_size, stat.st_mtime_ns]
+            except OSError:
+                logos[watermark.logo_path] = "missing"
+        logo = logos[watermark.logo_path]
     text = json.dumps([dataclasses.asdict(watermark), logo], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def watermark_fingerprints(conn: Connection, settings: Settings) -> dict[int, str]:
-    """Each gallery's :func:`watermark_fingerprint`: compared before and after a change to find the galleries
-    whose view images must be made again."""
-    chosen = load(conn, settings)
-    return {row["id"]: watermark_fingerprint(_watermark_of(chosen, row)) for row in gallery_q.watermark_fields(conn)}
+def watermark_fingerprints(conn: Connection, settings: Settings, gallery_id: int | None = None) -> dict[int, str]:
+    """Each gallery's (or one gallery's) :func:`watermark_fingerprint`: compared before and after a change to
+    find the galleries whose view images must be made again."""
+    chosen, logos = load(conn, settings), {}
+    return {row["id"]: watermark_fingerprint(_watermark_of(chosen, row), logos)
+            for row in gallery_q.watermark_fields(conn, gallery_id)}
 
 
-def mark_changed_watermarks(conn: Connection, settings: Settings, before: Mapping[int, str]) -> int:
-    """Mark the photos of every gallery whose watermark is no longer what ``before`` (the fingerprints from before
-    a change) says, so that idle workers make their view images again. Returns how many photos were marked."""
-    after = watermark_fingerprints(conn, settings)
-    changed = [gallery_id for gallery_id, now in after.items() if gallery_id in before and before[gallery_id] != now]
+def mark_changed_watermarks(conn: Connection, settings: Settings, before: Mapping[int, str],
+                            gallery_id: int | None = None) -> int:
+    """Mark the photos of every gallery (or of ``gallery_id``) whose watermark is no longer what ``before`` (the
+    fingerprints from before a change) says, so that idle workers make their view images again. Returns how
+    many photos were marked."""
+    after = watermark_fingerprints(conn, settings, gallery_id)
+    changed = [key for key, now in after.items() if key in before and before[key] != now]
     return photo_q.mark_views_stale(conn, changed)
 
 

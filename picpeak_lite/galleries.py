@@ -84,9 +84,10 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
         values["password_hash"] = None
 
     def change(conn: Any) -> Row:
-        before = app_settings.watermark_fingerprints(conn, svc.settings)
+        before = app_settings.watermark_fingerprints(conn, svc.settings, gallery_id)
         row = _row_if(gallery_q.update(conn, gallery_id, values, svc.clock()), conn, gallery_id)
-        app_settings.mark_changed_watermarks(conn, svc.settings, before)  # watermark on/off, or a new name in it
+        # Watermark on or off, or a new name in it: the view images are made again.
+        app_settings.mark_changed_watermarks(conn, svc.settings, before, gallery_id)
         return row
 
     row = await svc.db.write(change)

@@ -16,7 +16,7 @@ import zlib
 from pathlib import Path
 
 import pillow_heif
-from PIL import Image, ImageCms, ImageDraw
+from PIL import Image, ImageChops, ImageCms, ImageDraw
 
 pillow_heif.register_heif_opener()
 
@@ -69,8 +69,8 @@ def largest_change_from_flat(data: bytes) -> int:
     """How far the most changed pixel of an encoded :func:`flat` image is from the flat colour (JPEG: a few)."""
     with Image.open(io.BytesIO(data)) as image:
         pixels = image.convert("RGB")
-    return max(max(abs(value - base) for value, base in zip(pixel, FLAT, strict=True))
-               for pixel in pixels.getdata())
+    difference = ImageChops.difference(pixels, Image.new("RGB", pixels.size, FLAT))
+    return max(high for _, high in difference.getextrema())
 
 
 @functools.cache

@@ -19,7 +19,7 @@ Row = dict[str, Any]
 
 
 def photo_subject(row: Row) -> str:
-    # Row ids can be reused by SQLite after a delete; the storage key never is.
+    # The storage key too: ids are never reused since schema 5, but subjects written before then may share one.
     return f"photo:{row['id']}:{row['storage_key']}"
 
 

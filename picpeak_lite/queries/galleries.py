@@ -56,8 +56,10 @@ def delete(conn: Connection, gallery_id: int) -> bool:
     return conn.changes() > 0
 
 
-def watermark_fields(conn: Connection) -> list[Row]:
-    """What each gallery's watermark depends on (``app_settings.watermark_fingerprints``)."""
+def watermark_fields(conn: Connection, gallery_id: int | None = None) -> list[Row]:
+    """What each gallery's (or one gallery's) watermark depends on (``app_settings.watermark_fingerprints``)."""
+    if gallery_id is not None:
+        return conn.execute("SELECT id, name, watermark FROM galleries WHERE id = ?", (gallery_id,)).fetchall()
     return conn.execute("SELECT id, name, watermark FROM galleries").fetchall()
 
 
