@@ -21,9 +21,8 @@ import httpx
 import trio
 from PIL import Image
 
-from picpeak_lite import bootstrap, db, security, server
+from picpeak_lite import bootstrap, db, server
 from picpeak_lite.config import load_settings
-from picpeak_lite.queries import admin as admin_q
 
 BOUNDARY = "bench-boundary-5c1e"
 BLOCK = 1024 * 1024
@@ -67,10 +66,9 @@ async def main(mb: int, files: int) -> None:
                                                         "admin_max_file_mb": mb + 1})
         bootstrap.prepare(settings)
         bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": "bench password 123"})
-        token = security.new_token("ppk_")
         conn = db.connect(settings.database_path)
         with db.transaction(conn):
-            admin_q.create_token(conn, "bench", security.token_hash(token), time.time())
+            token = bootstrap.create_api_token(conn, "bench", time.time())
             conn.execute("INSERT INTO galleries (slug, share_token, name, created_at, updated_at) "
                          "VALUES ('bench', 'bench', 'Bench', 0, 0)")
         conn.close()

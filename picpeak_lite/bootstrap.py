@@ -56,3 +56,11 @@ def ensure_admin(settings: Settings, environ: Mapping[str, str] | None = None) -
     finally:
         conn.close()
 
+
+
+def create_api_token(conn: db.Connection, name: str, now: float) -> str:
+    """Store a new API token under ``name`` and return its value, the only time it exists in clear: only its
+    hash is kept. Raises ``db.ConstraintError`` when a token of that name exists."""
+    value = security.new_token("ppk_")
+    admin_q.create_token(conn, name, security.token_hash(value), now)
+    return value

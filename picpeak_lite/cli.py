@@ -240,10 +240,9 @@ def token() -> None:
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
 def token_create(name: str, config: str | None, data_dir: str | None) -> None:
     """Create a token and print it once; only its hash is stored."""
-    value = security.new_token("ppk_")
     try:
         with _database(config, data_dir) as (_, conn), db.transaction(conn):
-            admin_q.create_token(conn, name, security.token_hash(value), time.time())
+            value = bootstrap.create_api_token(conn, name, time.time())
     except db.ConstraintError:
         raise click.ClickException(f"a token named {name!r} exists already") from None
     click.echo(value)

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from picpeak_lite import bootstrap, db, security
+from picpeak_lite import bootstrap, db
 from picpeak_lite.queries import admin as admin_q
 
 from .conftest import ADMIN_PASSWORD, AuthActions, HashChecks
@@ -108,10 +108,9 @@ async def test_password_change_revokes_sessions(client: Any, admin: AuthActions)
 
 
 async def test_api_token_works_without_csrf_and_dies_when_revoked(services: Any, client: Any) -> None:
-    token = security.new_token("ppk_")
     conn = db.connect(services.settings.database_path)
     with db.transaction(conn):
-        admin_q.create_token(conn, "script", security.token_hash(token), time.time())
+        token = bootstrap.create_api_token(conn, "script", time.time())
     headers = {"Authorization": f"Bearer {token}"}
     response = await client.post("/api/admin/galleries", json={"name": "From a script"}, headers=headers)
     assert response.status_code == 201

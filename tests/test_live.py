@@ -16,11 +16,10 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-from picpeak_lite import bootstrap, db, security, server
+from picpeak_lite import bootstrap, db, server
 from picpeak_lite.broker import Broker, Change
 from picpeak_lite.feed import ChangeFeed
 from picpeak_lite.pipeline.worker import WorkerPool
-from picpeak_lite.queries import admin as admin_q
 from picpeak_lite.queries import photos as photo_q
 from picpeak_lite.services import Services
 
@@ -164,10 +163,9 @@ async def real_server(tmp_path: Path) -> AsyncIterator[tuple[server.RunningServe
     settings = make_settings(tmp_path, shutdown_grace_seconds=1, workers=1)
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    token = security.new_token("ppk_")
     conn = db.connect(settings.database_path)
     with db.transaction(conn):
-        admin_q.create_token(conn, "test", security.token_hash(token), time.time())
+        token = bootstrap.create_api_token(conn, "test", time.time())
     conn.close()
     async with trio.open_nursery() as nursery:
         running = await nursery.start(server.run, settings)

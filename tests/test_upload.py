@@ -17,7 +17,6 @@ from PIL import Image
 
 from picpeak_lite import bootstrap, db, images, intake, ratelimit, security, server
 from picpeak_lite.intake import clean_filename, clean_guest_name
-from picpeak_lite.queries import admin as admin_q
 from picpeak_lite.queries import guests as guest_q
 from picpeak_lite.storage import Storage
 
@@ -211,8 +210,7 @@ async def test_admin_needs_csrf_header_or_token(client: Any, admin: AuthActions,
     body, headers = multipart([("a.jpg", jpeg())], fields=[("csrf_token", admin.csrf or "")])
     url = f"/api/admin/galleries/{gallery['id']}/upload"
     assert (await client.post(url, data=body, headers=headers)).status_code == 403
-    value = security.new_token("ppk_")
-    await services.db.write(admin_q.create_token, "ci", security.token_hash(value), time.time())
+    value = await services.db.write(bootstrap.create_api_token, "ci", time.time())
     with_token = await client.post(url, data=body, headers={**headers, "Authorization": f"Bearer {value}"})
     assert with_token.status_code == 202
     assert (await admin.client.post("/api/admin/galleries/999/upload", data=body,
@@ -370,10 +368,9 @@ async def read_response(stream: trio.SocketStream) -> tuple[bytes, bytes]:
 async def _serve(settings: Any, nursery: trio.Nursery) -> tuple[Any, str]:
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    value = security.new_token("ppk_")
     conn = db.connect(settings.database_path)
     with db.transaction(conn):
-        admin_q.create_token(conn, "test", security.token_hash(value), time.time())
+        value = bootstrap.create_api_token(conn, "test", time.time())
         conn.execute("INSERT INTO galleries (slug, share_token, name, is_draft, created_at, updated_at) "
                      "VALUES ('g', 'share', 'G', 0, 0, 0)")
     conn.close()
