@@ -31,7 +31,6 @@ from . import queue
 log = logging.getLogger(__name__)
 
 SAFETY_POLL_SECONDS = 5.0
-ORIGINAL_MISSING = "The original file is missing from storage."
 DISK_FULL = "disk full"  # what _process returns when the thumbnails did not fit: the photo is handed back
 
 
@@ -165,7 +164,7 @@ class WorkerPool:
         """The photo's images with its gallery's current settings, or the reason they cannot be made."""
         path = self.storage.original_path(row["storage_key"])
         if not path.exists():
-            return ORIGINAL_MISSING
+            return photo_q.ORIGINAL_MISSING
         spec = await self._spec(row["gallery_id"])
         run = self._in_thread
         try:
@@ -179,7 +178,7 @@ class WorkerPool:
             grid_jpeg = await run(images.encode, grid, spec)
             metadata = exif.read_metadata(view.exif)
         except FileNotFoundError:  # deleted while we worked (its row is gone too), or lost from the disk
-            return ORIGINAL_MISSING
+            return photo_q.ORIGINAL_MISSING
         except images.InvalidImage as error:
             log.info("photo %s failed: %s %s", row["id"], error.reason, error.detail)
             return error.reason

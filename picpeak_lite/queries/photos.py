@@ -18,6 +18,7 @@ from ..db import Connection
 Row = dict[str, Any]
 
 MAX_ERROR_LENGTH = 1000
+ORIGINAL_MISSING = "The original file is missing from storage."  # the reason a photo without its file fails
 TERMINAL = ("complete", "failed")
 
 # The SQL condition for a photo a guest may see; used by every query that lists photos for guests. Here rather
@@ -235,8 +236,8 @@ def requeue_for_derivatives(conn: Connection, photo_id: int) -> bool:
 def mark_missing_original(conn: Connection, photo_id: int, now: float) -> bool:
     conn.execute(
         "UPDATE photos SET status = 'failed', claim_token = NULL, lease_until = NULL, completed_at = ?, "
-        "error = 'The original file is missing from storage.' WHERE id = ? AND status != 'failed'",
-        (now, photo_id),
+        "error = ? WHERE id = ? AND status != 'failed'",
+        (now, ORIGINAL_MISSING, photo_id),
     )
     return conn.changes() == 1
 
