@@ -56,11 +56,6 @@ def is_expired(gallery: Row, now: float) -> bool:
     return gallery["expires_at"] is not None and gallery["expires_at"] <= now
 
 
-# The SQL condition for a photo a guest may see; used by every query that lists photos for guests. Defined with
-# the photo queries (so that they need not import this module), named here too as part of the guest rules.
-GUEST_VISIBLE_PHOTO = photo_q.GUEST_VISIBLE_PHOTO
-
-
 def visible_photo(conn: Connection, gallery: Row, photo_id: int) -> Row:
     photo = photo_q.get_visible(conn, gallery["id"], photo_id)
     if photo is None:

@@ -210,7 +210,8 @@ MIGRATIONS: tuple[str, ...] = (
     ) STRICT;
     """,
     # 4: guests page through a gallery by capture time; this partial index makes each page's cost independent
-    # of the gallery's size (the expression is queries.listing.TAKEN_KEY, the visibility is access's rule).
+    # of the gallery's size (the expression is queries.listing.TAKEN_KEY, the condition is
+    # queries.photos.GUEST_VISIBLE_PHOTO).
     """
     CREATE INDEX photos_guest_taken ON photos(
         gallery_id, coalesce(taken_at, strftime('%Y-%m-%dT%H:%M:%S', created_at, 'unixepoch')), id

@@ -11,7 +11,7 @@ Orders:
   without one; ``id`` breaks ties.
 * ``uploaded``: upload order, which is ``id`` order; served by the ``photos_by_gallery`` index.
 
-Only photos matching :data:`access.GUEST_VISIBLE_PHOTO` are ever listed.
+Only photos matching :data:`queries.photos.GUEST_VISIBLE_PHOTO` are ever listed.
 """
 
 from __future__ import annotations

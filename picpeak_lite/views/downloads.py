@@ -1,7 +1,7 @@
 """Guest downloads: one photo, the whole gallery as a zip, and the guest's favourites as a zip.
 
-All of them go through ``access.guest_gallery`` and list only ``access.GUEST_VISIBLE_PHOTO`` photos, and all
-respect the gallery's ``allow_downloads``. A gallery that watermarks downloads gets watermarked full-size JPEGs,
+All of them go through ``access.guest_gallery`` and list only ``queries.photos.GUEST_VISIBLE_PHOTO`` photos,
+and all respect the gallery's ``allow_downloads``. A gallery that watermarks downloads gets watermarked full-size JPEGs,
 in single downloads and in zips alike; the others get the original bytes. Zips are streamed as they are built
 (``zipstream``).
 

@@ -1,7 +1,7 @@
 """What guests see: the gallery page, its JSON listing, the guest upload page and the password form.
 
 Every route asks ``access.guest_gallery`` (through :func:`load_gallery`); photos come from
-``queries.listing``, which only lists what ``access.GUEST_VISIBLE_PHOTO`` allows.
+``queries.listing``, which only lists what ``queries.photos.GUEST_VISIBLE_PHOTO`` allows.
 """
 
 from __future__ import annotations
