@@ -27,6 +27,7 @@ from picpeak_lite.queries import admin as admin_q
 
 from . import imagefactory
 from .conftest import AuthActions, websocket_status
+from .harness import figures
 from .test_pipeline import run_pool_until_idle
 from .test_upload import multipart, published
 
@@ -293,7 +294,6 @@ async def test_access_matrix(app: Any, services: Any, admin: AuthActions, capsys
                                       f"expected {sorted(expected)}")
     routes = len(rules(app))
     websockets = sum(1 for rule in rules(app) if getattr(rule, "websocket", False))
-    with capsys.disabled():
-        print(f"\naccess_matrix: routes={routes} websocket_routes={websockets} roles={len(ROLES)} calls={count} "
-              f"mismatches={len(mismatches)}")
+    figures(capsys, f"access_matrix: routes={routes} websocket_routes={websockets} roles={len(ROLES)} calls={count} "
+                    f"mismatches={len(mismatches)}")
     assert mismatches == [], "\n".join(mismatches)

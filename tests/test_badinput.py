@@ -27,6 +27,7 @@ import trio
 from picpeak_lite import exif, images
 
 from . import corpus, imagefactory
+from .harness import figures
 
 BOUNDARY = "----picpeak-badinput-91c2"
 ADMIN_PASSWORD = "badinput admin password"
@@ -316,12 +317,12 @@ async def test_bad_input_on_a_real_server(tmp_path: Path, capsys: pytest.Capture
     ratio = after / before
     files = len(CASES) + len(big)
     assert sum(measured.count(o) for o in corpus.OUTCOMES) == files, measured.outcomes
-    with capsys.disabled():
-        print(f"\nbadinput: files={files} rejected_4xx={measured.count('4xx')} "
-              f"failed_with_reason={measured.count('failed')} complete_clean={measured.count('complete')} "
-              f"parser_bodies={len(RAW_BODIES)} crashes={crashes} 5xx={warm.server_errors + measured.server_errors} "
-              f"hangs={warm.hangs + measured.hangs} rss_ratio={ratio:.2f} "
-              f"rss_mb={before // 1024}->{after // 1024} peak_rss_mb={peak // 1024}")
+    figures(capsys, f"badinput: files={files} rejected_4xx={measured.count('4xx')} "
+                    f"failed_with_reason={measured.count('failed')} complete_clean={measured.count('complete')} "
+                    f"parser_bodies={len(RAW_BODIES)} crashes={crashes} "
+                    f"5xx={warm.server_errors + measured.server_errors} hangs={warm.hangs + measured.hangs} "
+                    f"rss_ratio={ratio:.2f} "
+                    f"rss_mb={before // 1024}->{after // 1024} peak_rss_mb={peak // 1024}")
     assert warm.problems == [] and measured.problems == []
     assert warm.server_errors == measured.server_errors == 0, measured.statuses
     assert crashes == 0, server.unexpected_errors()

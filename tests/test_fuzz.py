@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from picpeak_lite import exif, images
 
 from . import corpus
+from .harness import figures
 from .test_badinput import BOUNDARY, body_of, file_part
 from .test_upload import published
 
@@ -102,8 +103,7 @@ def test_fuzz_image_and_exif_path(capsys: pytest.CaptureFixture[str]) -> None:
     started = time.monotonic()
     while time.monotonic() < deadline:
         fuzz()
-    with capsys.disabled():
-        print(f"\nfuzz images: inputs={runs['n']} seconds={time.monotonic() - started:.0f} crashes=0")
+    figures(capsys, f"fuzz images: inputs={runs['n']} seconds={time.monotonic() - started:.0f} crashes=0")
 
 
 def mutate_body(rng: random.Random, body: bytes) -> bytes:
@@ -144,9 +144,8 @@ async def test_fuzz_upload_multipart(admin: Any, capsys: pytest.CaptureFixture[s
         if response.status_code >= 500:
             server_errors.append(body)
             keep_crash_body(body)
-    with capsys.disabled():
-        print(f"\nfuzz upload: bodies={sum(statuses.values())} statuses={dict(sorted(statuses.items()))} "
-              f"5xx={len(server_errors)}")
+    figures(capsys, f"fuzz upload: bodies={sum(statuses.values())} statuses={dict(sorted(statuses.items()))} "
+                    f"5xx={len(server_errors)}")
     assert server_errors == []
 
 

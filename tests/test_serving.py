@@ -14,6 +14,7 @@ import pytest
 
 from . import imagefactory
 from .conftest import AuthActions
+from .harness import figures
 from .test_pipeline import run_pool_until_idle
 from .test_upload import published, start_guest_session
 
@@ -131,8 +132,7 @@ async def test_every_accepted_upload_is_served_by_its_detected_type_without_meta
     def tally(word: str) -> int:
         return sum(1 for p in problems if word in p)
 
-    with capsys.disabled():
-        print(f"\nserving: photos={served} originals_checked={originals} derivatives_checked={derivatives} "
-              f"wrong_type={tally('content type')} missing_nosniff={tally('nosniff')} "
-              f"not_attachment={tally('attachment')} metadata_leaks={tally('carries')}")
+    figures(capsys, f"serving: photos={served} originals_checked={originals} derivatives_checked={derivatives} "
+                    f"wrong_type={tally('content type')} missing_nosniff={tally('nosniff')} "
+                    f"not_attachment={tally('attachment')} metadata_leaks={tally('carries')}")
     assert problems == []

@@ -25,6 +25,7 @@ from picpeak_lite.services import Services
 from picpeak_lite.webhooks import WebhookSender
 
 from .conftest import AuthActions, make_settings
+from .harness import figures
 from .test_pipeline import create_gallery, jpeg, run_pool_until_idle, stage_photo
 from .test_webhooks import SECRET, FakeResolver, Receiver, enqueue, settings_for
 
@@ -75,9 +76,8 @@ async def test_every_refused_target_makes_no_connection(database: Any, receiver:
     rows = await database.read(webhook_q.list_deliveries)
     refused = [r for r in rows if r["last_error"].startswith("refused:")]
     name_lookups = [n for n in resolver.lookups if n in PRIVATE_NAMES]
-    with capsys.disabled():
-        print(f"\nwebhook_targets: urls={len(urls)} refused={len(refused)} connections={receiver.connections} "
-              f"name_lookups={len(name_lookups)} names={len(PRIVATE_NAMES)}")
+    figures(capsys, f"webhook_targets: urls={len(urls)} refused={len(refused)} connections={receiver.connections} "
+                    f"name_lookups={len(name_lookups)} names={len(PRIVATE_NAMES)}")
     assert receiver.connections == 0
     assert sorted(r["endpoint_url"] for r in refused) == sorted(urls)
     assert all(r["status"] == "pending" and r["attempts"] == 1 for r in rows)
