@@ -20,11 +20,14 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from .conftest import ADMIN_PASSWORD, AuthActions
+from .harness import figures
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 GUESSES = 1000
@@ -62,22 +65,44 @@ def retry_after_ok(response: Any, window: int) -> bool:
     return value.isdigit() and 0 < int(value) <= window
 
 
-async def test_a_thousand_wrong_gallery_passwords(services: Any, admin: AuthActions, app: Any,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    gallery = await published(admin, name="Private party", password=GALLERY_PASSWORD)
+@dataclass
+class Guesses:
+    statuses: list[int]
+    bad_retry_after: int  # 429s without a Retry-After within the window
+    hash_checks: int
+
+
+async def guess(services: Any, attempt: Callable[[int], Awaitable[Any]]) -> Guesses:
+    """GUESSES wrong passwords, one after the other (``attempt(i)`` sends the i-th), counting the hash checks."""
     window = services.settings.login_window_seconds
-    attacker = app.test_client()
-    csrf = await guest_csrf(attacker, gallery["slug"])
-    url = f"/g/{gallery['slug']}/password"
     counter = HashCounter(services)
     statuses: list[int] = []
     bad_retry_after = 0
     for i in range(GUESSES):
-        response = await attacker.post(url, form={"password": f"guess-{i}", "csrf_token": csrf})
+        response = await attempt(i)
         statuses.append(response.status_code)
         if response.status_code == 429 and not retry_after_ok(response, window):
             bad_retry_after += 1
-    hashes = counter.calls
+    return Guesses(statuses, bad_retry_after, counter.calls)
+
+
+def report_and_check(capsys: Any, target: str, guesses: Guesses, second_ip_seconds: float, limit: int) -> None:
+    statuses = guesses.statuses
+    figures(capsys, f"guessing {target}: attempts={GUESSES} hash_checks={guesses.hash_checks} "
+                    f"refused_401={statuses.count(401)} throttled_429={statuses.count(429)} "
+                    f"bad_retry_after={guesses.bad_retry_after} second_ip_in_ms={second_ip_seconds * 1000:.0f}")
+    assert guesses.hash_checks == limit <= 10
+    assert statuses == [401] * limit + [429] * (GUESSES - limit)
+    assert guesses.bad_retry_after == 0
+
+
+async def test_a_thousand_wrong_gallery_passwords(services: Any, admin: AuthActions, app: Any,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    gallery = await published(admin, name="Private party", password=GALLERY_PASSWORD)
+    attacker = app.test_client()
+    csrf = await guest_csrf(attacker, gallery["slug"])
+    url = f"/g/{gallery['slug']}/password"
+    guesses = await guess(services, lambda i: attacker.post(url, form={"password": f"guess-{i}", "csrf_token": csrf}))
     # The right password from the attacker's IP is refused too: the IP, not the password, is out of attempts.
     assert (await attacker.post(url, form={"password": GALLERY_PASSWORD, "csrf_token": csrf})).status_code == 429
     # A real guest on another IP gets in at once.
@@ -89,28 +114,12 @@ async def test_a_thousand_wrong_gallery_passwords(services: Any, admin: AuthActi
     friend_seconds = time.perf_counter() - started
     assert entered.status_code == 302
     assert (await friend.get(f"/g/{gallery['slug']}", scope_base=SECOND_IP)).status_code == 200
-    with capsys.disabled():
-        print(f"\nguessing gallery: attempts={GUESSES} hash_checks={hashes} refused_401={statuses.count(401)} "
-              f"throttled_429={statuses.count(429)} bad_retry_after={bad_retry_after} "
-              f"second_ip_in_ms={friend_seconds * 1000:.0f}")
-    limit = services.settings.login_attempts
-    assert hashes == limit <= 10
-    assert statuses == [401] * limit + [429] * (GUESSES - limit)
-    assert bad_retry_after == 0
+    report_and_check(capsys, "gallery", guesses, friend_seconds, services.settings.login_attempts)
 
 
 async def test_a_thousand_wrong_admin_passwords(services: Any, auth: AuthActions, app: Any,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    window = services.settings.login_window_seconds
-    counter = HashCounter(services)
-    statuses: list[int] = []
-    bad_retry_after = 0
-    for i in range(GUESSES):
-        response = await auth.login(password=f"guess-{i}")
-        statuses.append(response.status_code)
-        if response.status_code == 429 and not retry_after_ok(response, window):
-            bad_retry_after += 1
-    hashes = counter.calls
+    guesses = await guess(services, lambda i: auth.login(password=f"guess-{i}"))
     assert (await auth.login()).status_code == 429
     other = app.test_client()
     started = time.perf_counter()
@@ -119,14 +128,7 @@ async def test_a_thousand_wrong_admin_passwords(services: Any, auth: AuthActions
     second_seconds = time.perf_counter() - started
     assert entered.status_code == 302
     assert (await other.get("/admin/", scope_base=SECOND_IP)).status_code == 200
-    with capsys.disabled():
-        print(f"\nguessing admin: attempts={GUESSES} hash_checks={hashes} refused_401={statuses.count(401)} "
-              f"throttled_429={statuses.count(429)} bad_retry_after={bad_retry_after} "
-              f"second_ip_in_ms={second_seconds * 1000:.0f}")
-    limit = services.settings.login_attempts
-    assert hashes == limit <= 10
-    assert statuses == [401] * limit + [429] * (GUESSES - limit)
-    assert bad_retry_after == 0
+    report_and_check(capsys, "admin", guesses, second_seconds, services.settings.login_attempts)
 
 
 async def timed(call: Any, n: int) -> tuple[float, list[Any]]:
@@ -161,9 +163,8 @@ async def test_a_draft_gallery_looks_exactly_like_an_unknown_one(services: Any, 
         median, responses = await timed(attempt, 30)
         page = await guest.get(f"/g/{slug}", headers={"Accept": "application/json"})
         results[label] = (median, {r for r in responses}, page.status_code, await page.get_json())
-    with capsys.disabled():
-        print(f"\nguessing draft-vs-unknown: hash_checks={counter.calls} "
-              f"draft_ms={results['draft'][0] * 1000:.1f} unknown_ms={results['unknown'][0] * 1000:.1f}")
+    figures(capsys, f"guessing draft-vs-unknown: hash_checks={counter.calls} "
+                    f"draft_ms={results['draft'][0] * 1000:.1f} unknown_ms={results['unknown'][0] * 1000:.1f}")
     assert counter.calls == 0
     assert results["draft"][1] == results["unknown"][1] and len(results["draft"][1]) == 1
     assert {status for status, _ in results["draft"][1]} == {404}
@@ -184,8 +185,7 @@ async def test_an_unknown_admin_name_costs_the_same_hash_check(services: Any, ap
 
         medians[label], statuses = await timed(attempt, 8)
         assert statuses == [401] * 8
-    with capsys.disabled():
-        print(f"\nguessing admin-names: hash_checks={counter.calls} known_ms={medians['known'] * 1000:.1f} "
-              f"unknown_ms={medians['unknown'] * 1000:.1f}")
+    figures(capsys, f"guessing admin-names: hash_checks={counter.calls} known_ms={medians['known'] * 1000:.1f} "
+                    f"unknown_ms={medians['unknown'] * 1000:.1f}")
     assert counter.calls == 16
     assert about_as_long(medians["known"], medians["unknown"])
