@@ -29,6 +29,7 @@ from .. import access, app_settings, images, zipstream
 from ..auth import current_guest, services
 from ..errors import Forbidden, InsufficientStorage, NotFound
 from ..queries import listing
+from ..queries import photos as photo_q
 from ..services import Services
 from ..storage import WATERMARK_TAG_CHARS
 from .guest import load_gallery
@@ -97,7 +98,7 @@ async def photo(slug: str, photo_id: int) -> Response:
         try:
             made = await watermarked_copy(svc, row["storage_key"], watermark, watermark_tag(watermark))
         except FileNotFoundError:
-            raise NotFound("The original file is missing from storage.") from None
+            raise NotFound(photo_q.ORIGINAL_MISSING) from None
         if isinstance(made, Path):
             response = await send_path(made, "image/jpeg")
         else:

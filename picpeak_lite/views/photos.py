@@ -183,7 +183,7 @@ async def send_original(photo: dict[str, Any]) -> Response:
     """The original bytes, always as an attachment, with the type we detected (never the client's)."""
     path = services().storage.original_path(photo["storage_key"])
     if not path.exists():
-        raise NotFound("The original file is missing from storage.")
+        raise NotFound(photo_q.ORIGINAL_MISSING)
     response = await send_path(path, MIME[photo["format"]])
     response.headers["Content-Disposition"] = attachment_header(photo["display_name"], photo["format"])
     response.headers["Content-Security-Policy"] = "default-src 'none'; sandbox"
