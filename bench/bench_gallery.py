@@ -32,9 +32,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from picpeak_lite import bootstrap, db  # noqa: E402
 from picpeak_lite.config import load_settings  # noqa: E402
-from picpeak_lite.storage import Storage, new_key  # noqa: E402
+from picpeak_lite.ops import bootstrap  # noqa: E402
+from picpeak_lite.store import db  # noqa: E402
+from picpeak_lite.store.storage import Storage, new_key  # noqa: E402
 from tests import imagefactory  # noqa: E402
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, start_server, stop_server  # noqa: E402
 

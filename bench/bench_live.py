@@ -21,7 +21,7 @@ import trio
 from serve import start_server  # bench/serve.py: run as a script, its folder is on sys.path
 from trio_websocket import open_websocket_url
 
-from picpeak_lite import db
+from picpeak_lite.store import db
 
 
 def rss_kb(pid: int) -> int:

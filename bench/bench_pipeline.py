@@ -44,7 +44,7 @@ def naive(path: str) -> None:
 
 
 def ours(path: str) -> None:
-    from picpeak_lite import images
+    from picpeak_lite.media import images
 
     images.render(path, images.RenderSpec())
 
@@ -58,7 +58,7 @@ def _status_kb(key: str) -> int:
 
 def child_cost(variant: str, path: str) -> None:
     """In a fresh process: peak RSS of the first photo, best CPU time over RUNS photos."""
-    from picpeak_lite import images  # noqa: F401  (imports, fonts and plugins belong to the baseline)
+    from picpeak_lite.media import images  # noqa: F401  (imports, fonts and plugins belong to the baseline)
 
     pipeline = {"ours": ours, "naive": naive}[variant]
     before = _status_kb("VmRSS")
@@ -74,7 +74,7 @@ def child_cost(variant: str, path: str) -> None:
 
 def child_throughput(threads: int, path: str, count: int) -> None:
     """Best of ROUNDS rounds: on a shared machine a neighbour's burst otherwise decides the figure."""
-    from picpeak_lite import images
+    from picpeak_lite.media import images
 
     spec = images.RenderSpec()
     images.render(path, spec)  # warm up: plugins, page cache
@@ -98,7 +98,7 @@ def _target(applies: bool, ok: bool, target: str) -> str:
 
 
 def main() -> None:
-    from picpeak_lite.exif import read_metadata
+    from picpeak_lite.media.exif import read_metadata
     from tests.imagefactory import make_exif, photo, save
 
     with tempfile.TemporaryDirectory(prefix="picpeak-bench-") as tmp:

@@ -21,8 +21,10 @@ import httpx
 import trio
 from PIL import Image
 
-from picpeak_lite import bootstrap, db, server
+from picpeak_lite import server
 from picpeak_lite.config import load_settings
+from picpeak_lite.ops import bootstrap
+from picpeak_lite.store import db
 
 BOUNDARY = "bench-boundary-5c1e"
 BLOCK = 1024 * 1024

@@ -1,3 +1,3 @@
-from .cli import main
+from picpeak_lite.cli import main
 
 main()

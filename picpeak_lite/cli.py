@@ -14,10 +14,12 @@ from typing import Any
 import click
 import trio
 
-from . import bootstrap, db, security
-from .config import FIELDS, Settings, load_settings
-from .errors import ConfigError
-from .queries import admin as admin_q
+from picpeak_lite import security
+from picpeak_lite.config import FIELDS, Settings, load_settings
+from picpeak_lite.errors import ConfigError
+from picpeak_lite.ops import bootstrap
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import admin as admin_q
 
 CONFIG_HELP = "Path to a picpeak.toml (default: $PICPEAK_CONFIG, else built-in defaults)."
 
@@ -50,7 +52,7 @@ def cli() -> None:
 @click.option("--config", "config", help=CONFIG_HELP)
 def serve(host: str | None, port: int | None, data_dir: str | None, config: str | None) -> None:
     """Run the web server (with its photo workers) until SIGINT or SIGTERM."""
-    from . import server
+    from picpeak_lite import server
 
     settings = _settings(config, host=host, port=port, data_dir=data_dir)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -75,7 +77,7 @@ def serve(host: str | None, port: int | None, data_dir: str | None, config: str 
 @click.option("--workers", type=int, help=FIELDS["workers"].metadata["help"])
 def worker(config: str | None, data_dir: str | None, workers: int | None) -> None:
     """Process photos (with the janitor and webhook sender) next to a running server, on the same data."""
-    from . import server
+    from picpeak_lite import server
 
     settings = _settings(config, data_dir=data_dir, workers=workers)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -97,7 +99,7 @@ def worker(config: str | None, data_dir: str | None, workers: int | None) -> Non
 def import_folder(folder: str, slug: str, config: str | None, data_dir: str | None) -> None:
     """Add every image in FOLDER to a gallery, through the same checks as an upload; re-running skips
     what is already there. The running server (or `picpeak-lite worker`) processes them."""
-    from .importer import ImportProgress, run_import
+    from picpeak_lite.ops.importer import ImportProgress, run_import
 
     settings = _settings(config, data_dir=data_dir)
     bootstrap.prepare(settings)
@@ -148,7 +150,7 @@ def _progress_bar(label: str) -> Any:
 def backup(directory: str, config: str | None, data_dir: str | None) -> None:
     """Copy the database (a consistent snapshot, safe while the server runs) and every photo into DIRECTORY,
     with a manifest of sha256 sums. Run it again into the same directory to update it. See README to restore."""
-    from .backup import backup as run_backup
+    from picpeak_lite.ops.backup import backup as run_backup
 
     settings = _settings(config, data_dir=data_dir)
     summary = run_backup(settings, directory, _progress_bar("backup"))
@@ -177,10 +179,10 @@ def backup(directory: str, config: str | None, data_dir: str | None) -> None:
 def check(repair: bool, grace: float, config: str | None, data_dir: str | None) -> None:
     """Read every photo back: originals present and matching their sha256, thumbnails of complete photos
     present, no orphan files, database integrity. Exits 1 when anything is wrong."""
-    from .scrub import scrub
+    from picpeak_lite.ops.check import check_data_dir
 
     settings = _settings(config, data_dir=data_dir)
-    report = scrub(settings, grace=grace, repair=repair, progress=_progress_bar("check"))
+    report = check_data_dir(settings, grace=grace, repair=repair, progress=_progress_bar("check"))
     for label, ids in (("original missing", report.missing_original), ("sha256 differs", report.sha_mismatch),
                        ("thumbnails missing", report.missing_derivatives)):
         for photo_id in ids[:50]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from picpeak_lite.errors import ConfigError
 
 ENV_PREFIX = "PICPEAK_"
 WEBHOOK_EVENTS = ("photo.uploaded", "photo.failed", "photo.deleted", "upload.completed")

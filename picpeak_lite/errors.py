@@ -1,6 +1,6 @@
 """One exception hierarchy for everything a client can be told.
 
-Each error carries its HTTP status and a message meant for people. ``app.py`` has the one handler that renders
+Each error carries its HTTP status and a message meant for people. ``web/app.py`` has the one handler that renders
 them as an HTML page or JSON, whichever the client asked for. Anything that is not an :class:`AppError` is a bug:
 it is logged with its traceback and answered 500 without internals.
 """

@@ -19,15 +19,16 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
-from . import bootstrap, memory
-from .app import create_app
-from .config import Settings
-from .db import Database
-from .feed import ChangeFeed
-from .pipeline.janitor import Janitor
-from .pipeline.worker import WorkerPool
-from .services import Services
-from .webhooks import WebhookSender
+from picpeak_lite.config import Settings
+from picpeak_lite.events.feed import ChangeFeed
+from picpeak_lite.events.webhooks import WebhookSender
+from picpeak_lite.ops import bootstrap
+from picpeak_lite.pipeline import memory
+from picpeak_lite.pipeline.janitor import Janitor
+from picpeak_lite.pipeline.worker import WorkerPool
+from picpeak_lite.services import Services
+from picpeak_lite.store.db import Database
+from picpeak_lite.web.app import create_app
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ async def _serve(
     config.read_timeout = 120
     config.h11_max_incomplete_size = 64 * 1024
     # At most one received chunk (up to 64 KiB) waits in hypercorn's queue per connection, one more in the hand
-    # of its reader; with the bounded request body (asgi.py) each of 200 concurrent uploads holds a few hundred
+    # of its reader; with the bounded request body (web/asgi.py) each of 200 concurrent uploads holds a few hundred
     # KiB. A deeper queue made no upload faster (tests/test_load.py), only the server larger.
     config.max_app_queue_size = 1
     # Clients of our WebSockets only send keep-alives.

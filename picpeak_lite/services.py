@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 
 import trio
 
-from . import security
-from .broker import Broker
-from .config import Settings
-from .db import Database
-from .memory import MemoryTrimmer
-from .ratelimit import GuestUploadLimits, RateLimit
-from .storage import Storage
-from .throttle import Throttle
+from picpeak_lite import security
+from picpeak_lite.config import Settings
+from picpeak_lite.events.broker import Broker
+from picpeak_lite.pipeline.memory import MemoryTrimmer
+from picpeak_lite.store.db import Database
+from picpeak_lite.store.storage import Storage
+from picpeak_lite.web.ratelimit import GuestUploadLimits, RateLimit
+from picpeak_lite.web.throttle import Throttle
 
 
 @dataclass

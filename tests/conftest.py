@@ -13,11 +13,12 @@ import pytest
 import trio
 from quart.testing.connections import WebsocketResponseError
 
-from picpeak_lite import bootstrap, db
-from picpeak_lite.app import create_app
 from picpeak_lite.config import Settings, load_settings
-from picpeak_lite.db import Database
+from picpeak_lite.ops import bootstrap
 from picpeak_lite.services import Services
+from picpeak_lite.store import db
+from picpeak_lite.store.db import Database
+from picpeak_lite.web.app import create_app
 
 ADMIN_PASSWORD = "correct horse battery"
 

@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from picpeak_lite import db
+from picpeak_lite.store import db
 
 from . import imagefactory
 

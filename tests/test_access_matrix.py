@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from picpeak_lite import security
-from picpeak_lite.queries import admin as admin_q
+from picpeak_lite.store.queries import admin as admin_q
 
 from . import imagefactory
 from .conftest import AuthActions, websocket_status

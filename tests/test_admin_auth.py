@@ -7,8 +7,9 @@ from typing import Any
 
 import trio
 
-from picpeak_lite import bootstrap, db
-from picpeak_lite.queries import admin as admin_q
+from picpeak_lite.ops import bootstrap
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import admin as admin_q
 
 from .conftest import ADMIN_PASSWORD, AuthActions, HashChecks
 
@@ -156,7 +157,7 @@ async def test_concurrent_guesses_are_counted_before_hashing(hash_checks: HashCh
 
 
 async def test_forwarded_for_is_believed_only_from_trusted_proxies(tmp_path: Any) -> None:
-    from picpeak_lite.app import create_app
+    from picpeak_lite.web.app import create_app
 
     from .conftest import own_services
 
@@ -177,7 +178,7 @@ async def test_forwarded_for_is_believed_only_from_trusted_proxies(tmp_path: Any
 
 
 def test_ipv6_clients_count_by_their_64() -> None:
-    from picpeak_lite.views.common import throttle_key
+    from picpeak_lite.web.views.common import throttle_key
 
     assert throttle_key("2001:db8:1:2:aaaa::1") == throttle_key("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
     assert throttle_key("2001:db8:1:3::1") != throttle_key("2001:db8:1:2::1")

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from picpeak_lite import db, qr
-from picpeak_lite.queries import webhooks as webhook_q
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import webhooks as webhook_q
+from picpeak_lite.web import qr
 
 from . import imagefactory
 from .conftest import AuthActions, sql

@@ -14,10 +14,11 @@ import trio
 from PIL import Image, ImageChops, ImageStat
 from werkzeug.datastructures import FileStorage, MultiDict
 
-from picpeak_lite import app_settings, db
 from picpeak_lite.config import WebhookEndpoint
-from picpeak_lite.queries import webhooks as webhook_q
-from picpeak_lite.webhooks import WebhookSender
+from picpeak_lite.domain import admin_settings
+from picpeak_lite.events.webhooks import WebhookSender
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import webhooks as webhook_q
 
 from . import imagefactory
 from .conftest import AuthActions, make_settings, sql
@@ -25,10 +26,10 @@ from .test_pipeline import run_pool_until_idle, stage_photo
 from .test_webhooks import Receiver
 
 
-def load(services: Any) -> app_settings.AdminSettings:
+def load(services: Any) -> admin_settings.AdminSettings:
     conn = db.connect(services.settings.database_path)
     try:
-        return app_settings.load(conn, services.settings)
+        return admin_settings.load(conn, services.settings)
     finally:
         conn.close()
 
@@ -44,10 +45,10 @@ WATERMARK_FORM = {"watermark_text": "© Studio", "watermark_position": "top-left
 
 def test_defaults_come_from_the_config(tmp_path: Any) -> None:
     settings = make_settings(tmp_path, watermark_position="center", default_expiry_days=12, low_disk_mb=5)
-    values = app_settings.defaults(settings)
+    values = admin_settings.defaults(settings)
     assert values["watermark_position"] == "center" and values["default_expiry_days"] == 12
     assert values["low_disk_mb"] == 5 and values["watermark_use_logo"] is False
-    assert set(values) == set(app_settings.KEYS)
+    assert set(values) == set(admin_settings.KEYS)
 
 
 @pytest.mark.parametrize(("form", "field"), [
@@ -58,12 +59,12 @@ def test_defaults_come_from_the_config(tmp_path: Any) -> None:
     ({**WATERMARK_FORM, "watermark_text": "x" * 101}, "watermark_text"),
 ])
 def test_parse_rejects_bad_values_per_field(form: dict[str, str], field: str) -> None:
-    _values, errors = app_settings.parse_section("watermark", form)
+    _values, errors = admin_settings.parse_section("watermark", form)
     assert list(errors) == [field]
 
 
 def test_parse_defaults_section() -> None:
-    values, errors = app_settings.parse_section("defaults", {"default_expiry_days": "400", "default_photo_cap": "",
+    values, errors = admin_settings.parse_section("defaults", {"default_expiry_days": "400", "default_photo_cap": "",
                                                              "low_disk_mb": "x"})
     assert set(errors) == {"default_expiry_days", "low_disk_mb"}
     assert values["default_photo_cap"] is None and values["default_allow_downloads"] is False
@@ -106,7 +107,7 @@ async def test_logo_upload_checked_stored_and_removed(admin: AuthActions, servic
     assert garbage.status_code == 400
     ok = await post(logo, "logo.png")
     assert ok.status_code == 302
-    path = app_settings.logo_path(services.settings)
+    path = admin_settings.logo_path(services.settings)
     assert path.read_bytes() == logo
     saved = load(services)
     assert saved.watermark_use_logo and saved.watermark("G").logo_path == str(path)
@@ -232,7 +233,7 @@ async def test_worker_watermarks_with_the_saved_settings(services: Any) -> None:
                 conn.execute("INSERT INTO galleries (slug, share_token, name, watermark, created_at, updated_at) "
                              "VALUES (?, ?, 'G', ?, 0, 0)", (f"g{watermark}", f"{watermark:032d}", watermark))
                 ids.append(conn.last_insert_rowid())
-            app_settings.save(conn, {"watermark_text": "PROOF", "watermark_position": "top-left",
+            admin_settings.save(conn, {"watermark_text": "PROOF", "watermark_position": "top-left",
                                      "watermark_opacity": 1.0, "watermark_size": 0.6})
     finally:
         conn.close()

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 from PIL import Image
 
-from picpeak_lite.asgi import STREAM_BUFFER_BYTES, BoundedBody
+from picpeak_lite.web.asgi import STREAM_BUFFER_BYTES, BoundedBody
 
 
 async def test_reader_waits_until_the_app_takes_what_is_buffered() -> None:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import trio
 
-from picpeak_lite import bootstrap, db, server
-from picpeak_lite.queries import photos as photo_q
+from picpeak_lite import server
+from picpeak_lite.ops import bootstrap
 from picpeak_lite.services import Services
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import photos as photo_q
 
 from .conftest import make_settings
 from .harness import cli, file_sha256, query

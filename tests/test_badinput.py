@@ -24,7 +24,7 @@ import httpx
 import pytest
 import trio
 
-from picpeak_lite import exif, images
+from picpeak_lite.media import exif, images
 
 from . import corpus, imagefactory
 from .harness import figures

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from picpeak_lite.storage import new_key
+from picpeak_lite.store.storage import new_key
 
 from .harness import cli, query
 from .test_backup import filled_data_dir

@@ -140,7 +140,7 @@ def test_import_command_adds_then_skips(tmp_path: Path) -> None:
     (folder / "fake.jpg").write_text("<html>not a photo</html>")
     created = run_cli("admin", "token", "create", "--name", "t", "--data-dir", data)
     assert created.returncode == 0
-    from picpeak_lite import db
+    from picpeak_lite.store import db
 
     conn = db.connect(tmp_path / "d" / "picpeak.sqlite3")
     with db.transaction(conn):

@@ -26,9 +26,9 @@ import pytest
 import trio
 
 from picpeak_lite.config import load_settings
-from picpeak_lite.db import Database
 from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.services import Services
+from picpeak_lite.store.db import Database
 
 from .harness import (
     ServerProcess,

@@ -12,9 +12,13 @@ import httpx
 import trio
 from PIL import Image
 
-from picpeak_lite import app_settings, bootstrap, images, server, zipstream
-from picpeak_lite.db import Database
+from picpeak_lite import server
+from picpeak_lite.domain import admin_settings
+from picpeak_lite.media import images
+from picpeak_lite.ops import bootstrap
 from picpeak_lite.services import Services
+from picpeak_lite.store.db import Database
+from picpeak_lite.web import zipstream
 
 from . import imagefactory
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
@@ -210,7 +214,7 @@ async def test_a_changed_watermark_makes_a_new_copy_and_drops_the_old(guest: Any
     photo = add_photo(services, gallery["id"], data=imagefactory.save(imagefactory.photo(300, 200), "jpeg"))
     url = f"/g/{gallery['slug']}/photos/{photo}/download"
     before = await (await guest.get(url)).get_data()
-    await services.db.write(app_settings.save, {"watermark_text": "Studio Nord", "watermark_position": "center"})
+    await services.db.write(admin_settings.save, {"watermark_text": "Studio Nord", "watermark_position": "center"})
     after = await (await guest.get(url)).get_data()
     assert stats["calls"] == 2 and before != after
     [key] = await _storage_keys(services)

@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 
-from picpeak_lite.exif import PhotoMetadata, read_metadata, read_orientation
+from picpeak_lite.media.exif import PhotoMetadata, read_metadata, read_orientation
 from tests.corpus import PIEXIF_OOM
 from tests.imagefactory import jpeg_segments, make_exif
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from picpeak_lite.queries import admin_photos as admin_photo_q
-from picpeak_lite.ratelimit import RateLimit
 from picpeak_lite.services import Services
+from picpeak_lite.store.queries import admin_photos as admin_photo_q
+from picpeak_lite.web.ratelimit import RateLimit
 
 from .conftest import AuthActions
 from .test_guest_pages import add_photo, enter_password, guest_csrf, published

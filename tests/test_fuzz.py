@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from picpeak_lite import exif, images
+from picpeak_lite.media import exif, images
 
 from . import corpus
 from .harness import figures

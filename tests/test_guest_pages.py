@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from picpeak_lite import db
-from picpeak_lite.queries import listing
 from picpeak_lite.services import Services
-from picpeak_lite.storage import new_key
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import listing
+from picpeak_lite.store.storage import new_key
 
 from . import imagefactory
 from .conftest import AuthActions

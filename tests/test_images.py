@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageChops
 
-from picpeak_lite import images
-from picpeak_lite.exif import read_metadata
-from picpeak_lite.images import InvalidImage, RenderSpec, Watermark
+from picpeak_lite.media import images
+from picpeak_lite.media.exif import read_metadata
+from picpeak_lite.media.images import InvalidImage, RenderSpec, Watermark
 from tests.corpus import PIEXIF_OOM
 from tests.imagefactory import (
     RED,

@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
-from picpeak_lite import bootstrap, db, images, importer
 from picpeak_lite.errors import ConfigError
-from picpeak_lite.storage import Storage
+from picpeak_lite.media import images
+from picpeak_lite.ops import bootstrap, importer
+from picpeak_lite.store import db
+from picpeak_lite.store.storage import Storage
 
 from . import imagefactory
 from .conftest import make_settings

@@ -16,12 +16,14 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-from picpeak_lite import bootstrap, db, server
-from picpeak_lite.broker import Broker, Change
-from picpeak_lite.feed import ChangeFeed
+from picpeak_lite import server
+from picpeak_lite.events.broker import Broker, Change
+from picpeak_lite.events.feed import ChangeFeed
+from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline.worker import WorkerPool
-from picpeak_lite.queries import photos as photo_q
 from picpeak_lite.services import Services
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import photos as photo_q
 
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings, own_services, websocket_status
 from .test_pipeline import create_gallery, jpeg, run_pool_until_idle, stage_photo
@@ -253,7 +255,7 @@ async def test_a_consumer_that_never_reads_does_not_delay_processing(real_server
 
 SECOND_PROCESS = textwrap.dedent("""
     import sys, time
-    from picpeak_lite import db
+    from picpeak_lite.store import db
     conn = db.connect(sys.argv[1])
     with db.transaction(conn):
         conn.execute("UPDATE photos SET hidden = 1 WHERE id = ?", (int(sys.argv[2]),))
@@ -305,7 +307,7 @@ async def test_worker_pool_and_feed_share_one_services(tmp_path: Path) -> None:
 async def test_a_guest_feed_ends_when_the_gallery_is_unpublished(live: Services, client: Any, guest: Any,
                                                                   admin: AuthActions,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from picpeak_lite.views.live import GuestAccess
+    from picpeak_lite.web.views.live import GuestAccess
 
     monkeypatch.setattr(GuestAccess, "RECHECK_SECONDS", 0.0)  # check on every message instead of every 5 s
     gallery = await admin.create_gallery(name="Open")

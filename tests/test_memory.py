@@ -8,15 +8,15 @@ import sys
 import pytest
 import trio
 
-from picpeak_lite import memory
-from picpeak_lite.memory import MemoryTrimmer
+from picpeak_lite.pipeline import memory
+from picpeak_lite.pipeline.memory import MemoryTrimmer
 
 # In a fresh process: 64 KiB buffers (under the mmap threshold, so from the heap) with a small long-lived object
 # after each, as a burst of uploads leaves them; free the buffers, then trim. Prints RSS in MB at each step.
 FRAGMENTED_HEAP = """
 import re
 from pathlib import Path
-from picpeak_lite import memory
+from picpeak_lite.pipeline import memory
 
 def rss_mb():
     status = Path("/proc/self/status").read_text()

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import trio
 
-from picpeak_lite import db
-from picpeak_lite.pipeline import queue
+from picpeak_lite.pipeline import transitions
 from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.pipeline.worker import WorkerPool, _Claim
-from picpeak_lite.queries import photos as photo_q
-from picpeak_lite.queries import webhooks as webhook_q
 from picpeak_lite.services import Services
-from picpeak_lite.storage import new_key
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries import webhooks as webhook_q
+from picpeak_lite.store.storage import new_key
 
 from . import imagefactory
 from .conftest import AuthActions, own_services
@@ -119,8 +119,8 @@ async def test_concurrent_claims_from_many_threads_never_claim_twice(services: S
 
 CLAIM_SCRIPT = textwrap.dedent("""
     import secrets, sys, time
-    from picpeak_lite import db
-    from picpeak_lite.queries import photos
+    from picpeak_lite.store import db
+    from picpeak_lite.store.queries import photos
     conn = db.connect(sys.argv[1])
     got = []
     while True:
@@ -154,19 +154,19 @@ async def test_stale_worker_cannot_overwrite_after_its_lease_expired(services: S
         slow = photo_q.claim_next(conn, "token-slow", now, 60)
     assert slow is not None and slow["id"] == photo_id
     with db.transaction(conn):  # the slow worker's lease runs out; the janitor requeues
-        requeued, failed = queue.requeue_expired(conn, (), now + 61, max_attempts=3)
+        requeued, failed = transitions.requeue_expired(conn, (), now + 61, max_attempts=3)
     assert (requeued, failed) == ([photo_id], [])
     with db.transaction(conn):
         fresh = photo_q.claim_next(conn, "token-fresh", now + 62, 60)
     assert fresh is not None and fresh["attempts"] == 2
     with db.transaction(conn):
-        assert queue.fail_photo(conn, (), photo_id, "token-slow", "late failure", now + 63) is None
+        assert transitions.fail_photo(conn, (), photo_id, "token-slow", "late failure", now + 63) is None
         assert not photo_q.renew_lease(conn, photo_id, "token-slow", now + 200)
-        done = queue.complete_photo(conn, (), photo_id, "token-fresh", {"width": 10, "height": 10}, now + 64)
+        done = transitions.complete_photo(conn, (), photo_id, "token-fresh", {"width": 10, "height": 10}, now + 64)
     assert done is not None and done["status"] == "complete"
     with db.transaction(conn):
         # A late completion from the slow worker after the fresh one finished changes nothing either.
-        assert queue.complete_photo(conn, (), photo_id, "token-slow", {"width": 1, "height": 1}, now + 65) is None
+        assert transitions.complete_photo(conn, (), photo_id, "token-slow", {"width": 1, "height": 1}, now + 65) is None
     assert status_of(conn, photo_id)["width"] == 10
 
 
@@ -178,7 +178,7 @@ async def test_attempts_are_bounded(services: Services, conn: Any, gallery_id: i
             assert photo_q.claim_next(conn, f"t{attempt}", now, 60)["attempts"] == attempt
         now += 61
         with db.transaction(conn):
-            requeued, failed = queue.requeue_expired(conn, (), now, max_attempts=3)
+            requeued, failed = transitions.requeue_expired(conn, (), now, max_attempts=3)
         assert (requeued, failed) == (([photo_id], []) if attempt < 3 else ([], [photo_id]))
     row = status_of(conn, photo_id)
     assert row["status"] == "failed" and row["error"] == "Gave up after 3 attempts: processing did not finish."
@@ -495,7 +495,7 @@ async def test_a_slow_uploads_files_are_never_lost_to_the_reconciler(services: S
     """A file renamed into storage long before its upload commits (a phone on a slow link) looks like an orphan
     to the reconciler. The upload's commit and the reconciler decide under the same write lock: the upload
     reports the file lost instead of answering with a photo whose original is gone."""
-    from picpeak_lite.intake import Intake, Limits
+    from picpeak_lite.pipeline.intake import Intake, Limits
 
     services.storage.create_dirs()
     gallery = photo_q_gallery(conn, gallery_id)

@@ -5,9 +5,9 @@ from pathlib import Path
 import apsw
 import pytest
 
-from picpeak_lite import db, schema
 from picpeak_lite.errors import ConfigError, InsufficientStorage
-from picpeak_lite.queries import photos as photo_q
+from picpeak_lite.store import db, schema
+from picpeak_lite.store.queries import photos as photo_q
 
 
 def _tables(conn: apsw.Connection) -> set[str]:

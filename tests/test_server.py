@@ -7,7 +7,8 @@ from typing import Any
 import httpx
 import trio
 
-from picpeak_lite import bootstrap, server
+from picpeak_lite import server
+from picpeak_lite.ops import bootstrap
 
 from .conftest import ADMIN_PASSWORD, make_settings
 

@@ -15,10 +15,15 @@ import pytest
 import trio
 from PIL import Image
 
-from picpeak_lite import bootstrap, db, images, intake, ratelimit, security, server
-from picpeak_lite.intake import clean_filename, clean_guest_name
-from picpeak_lite.queries import guests as guest_q
-from picpeak_lite.storage import Storage
+from picpeak_lite import security, server
+from picpeak_lite.media import images
+from picpeak_lite.ops import bootstrap
+from picpeak_lite.pipeline import intake
+from picpeak_lite.pipeline.intake import clean_filename, clean_guest_name
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import guests as guest_q
+from picpeak_lite.store.storage import Storage
+from picpeak_lite.web import ratelimit
 
 from . import imagefactory
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings

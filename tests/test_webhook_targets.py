@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 import trio
 
-from picpeak_lite import bootstrap, db, schema
-from picpeak_lite.db import Database
-from picpeak_lite.queries import webhooks as webhook_q
+from picpeak_lite.events.webhooks import WebhookSender
+from picpeak_lite.ops import bootstrap
 from picpeak_lite.services import Services
-from picpeak_lite.webhooks import WebhookSender
+from picpeak_lite.store import db, schema
+from picpeak_lite.store.db import Database
+from picpeak_lite.store.queries import webhooks as webhook_q
 
 from .conftest import AuthActions, make_settings
 from .harness import figures

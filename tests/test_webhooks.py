@@ -19,10 +19,8 @@ import h11
 import pytest
 import trio
 
-from picpeak_lite import db, schema
 from picpeak_lite.config import WEBHOOK_EVENTS, Settings, WebhookEndpoint
-from picpeak_lite.queries import webhooks as queries
-from picpeak_lite.webhooks import (
+from picpeak_lite.events.webhooks import (
     ATTEMPT_TIMEOUT,
     TargetRefused,
     WebhookSender,
@@ -30,6 +28,8 @@ from picpeak_lite.webhooks import (
     resolve_target,
     sign,
 )
+from picpeak_lite.store import db, schema
+from picpeak_lite.store.queries import webhooks as queries
 
 SECRET = "s3cret-s3cret-s3cret"
 SUBJECT = "photo:1:0f3c"

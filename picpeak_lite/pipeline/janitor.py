@@ -18,12 +18,12 @@ from typing import Any
 
 import trio
 
-from ..db import Connection
-from ..queries import guests as guest_q
-from ..queries import photos as photo_q
-from ..services import Services
-from ..storage import Storage
-from . import queue
+from picpeak_lite.pipeline import transitions
+from picpeak_lite.services import Services
+from picpeak_lite.store.db import Connection
+from picpeak_lite.store.queries import guests as guest_q
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Janitor:
     async def requeue_expired(self) -> tuple[list[int], list[int]]:
         svc = self.svc
         requeued, failed = await svc.db.write(
-            queue.requeue_expired, svc.settings.webhooks, svc.clock(), svc.settings.max_attempts
+            transitions.requeue_expired, svc.settings.webhooks, svc.clock(), svc.settings.max_attempts
         )
         if requeued:
             log.warning("requeued photos whose worker stopped answering: %s", requeued)
@@ -120,4 +120,4 @@ def _fail_if_still_missing(conn: Connection, storage: Storage, endpoints: Any, p
     row = photo_q.get(conn, photo_id)
     if row is None or storage.original_path(row["storage_key"]).exists():
         return False
-    return queue.fail_missing_original(conn, endpoints, photo_id, now) is not None
+    return transitions.fail_missing_original(conn, endpoints, photo_id, now) is not None

@@ -20,13 +20,14 @@ from typing import Any
 
 import trio
 
-from .. import app_settings, exif, images
-from ..errors import InsufficientStorage
-from ..queries import galleries as gallery_q
-from ..queries import photos as photo_q
-from ..services import Services
-from ..storage import Storage
-from . import queue
+from picpeak_lite.domain import admin_settings
+from picpeak_lite.errors import InsufficientStorage
+from picpeak_lite.media import exif, images
+from picpeak_lite.pipeline import transitions
+from picpeak_lite.services import Services
+from picpeak_lite.store.queries import galleries as gallery_q
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +102,9 @@ class WorkerPool:
             return True
         endpoints = svc.settings.webhooks
         if isinstance(outcome, str):
-            result = await svc.db.write(queue.fail_photo, endpoints, row["id"], token, outcome, svc.clock())
+            result = await svc.db.write(transitions.fail_photo, endpoints, row["id"], token, outcome, svc.clock())
         else:
-            result = await svc.db.write(queue.complete_photo, endpoints, row["id"], token, outcome, svc.clock())
+            result = await svc.db.write(transitions.complete_photo, endpoints, row["id"], token, outcome, svc.clock())
         if result is None:
             log.warning("photo %s: deleted, or its claim expired, before the result was saved; discarded", row["id"])
         else:
@@ -199,7 +200,7 @@ class WorkerPool:
         gallery = await self.svc.db.read(gallery_q.get, gallery_id)
         watermark = None
         if gallery is not None:
-            watermark = await self.svc.db.read(app_settings.gallery_watermark, s, gallery)
+            watermark = await self.svc.db.read(admin_settings.gallery_watermark, s, gallery)
         return images.RenderSpec(grid_px=s.grid_px, view_px=s.view_px, quality=s.jpeg_quality,
                                  max_pixels=s.max_pixels, watermark=watermark)
 

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 import pytest
 from PIL import Image, ImageChops, ImageStat
 
-from picpeak_lite import db, qr
+from picpeak_lite.store import db
+from picpeak_lite.web import qr
 
 from .. import imagefactory
 from .conftest import LiveServer, Page, admin_login, new_page, start_server, stop_server

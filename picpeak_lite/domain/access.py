@@ -1,0 +1,63 @@
+"""What a guest may see. Every guest route goes through :func:`guest_gallery` (and, for photos,
+:func:`visible_photo`): drafts and unknown slugs are 404, expired galleries 410, password galleries need a grant
+for the current password, and only complete, unhidden photos exist for guests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from picpeak_lite.errors import AppError, Gone, NotFound
+from picpeak_lite.store.db import Connection
+from picpeak_lite.store.queries import galleries as gallery_q
+from picpeak_lite.store.queries import guests as guest_q
+from picpeak_lite.store.queries import photos as photo_q
+
+Row = dict[str, Any]
+
+
+class PasswordRequired(AppError):
+    """The gallery exists and is open, but this guest has not entered its password yet."""
+
+    status = 401
+    title = "This gallery is protected by a password"
+
+    def __init__(self, gallery: Row) -> None:
+        super().__init__()
+        self.gallery = gallery
+
+
+def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now: float) -> Row:
+    """The gallery at ``slug`` if this guest may see it; raises otherwise."""
+    gallery = gallery_q.get_by_slug(conn, slug)
+    if gallery is None or gallery["is_draft"]:
+        raise NotFound("There is no gallery at this address.")
+    if is_expired(gallery, now):
+        raise Gone("This gallery has expired. Please contact your photographer.")
+    if gallery["password_hash"] is not None and not (
+        guest_session_id is not None
+        and guest_q.has_access(conn, guest_session_id, gallery["id"], gallery["password_version"])
+    ):
+        raise PasswordRequired(gallery)
+    return gallery
+
+
+def gallery_for_password_form(conn: Connection, slug: str, now: float) -> Row:
+    """The gallery a password form posts to: same rules as above, short of the password itself."""
+    gallery = gallery_q.get_by_slug(conn, slug)
+    if gallery is None or gallery["is_draft"]:
+        raise NotFound("There is no gallery at this address.")
+    if is_expired(gallery, now):
+        raise Gone("This gallery has expired. Please contact your photographer.")
+    return gallery
+
+
+def is_expired(gallery: Row, now: float) -> bool:
+    return gallery["expires_at"] is not None and gallery["expires_at"] <= now
+
+
+def visible_photo(conn: Connection, gallery: Row, photo_id: int) -> Row:
+    photo = photo_q.get_visible(conn, gallery["id"], photo_id)
+    if photo is None:
+        raise NotFound("There is no such photo in this gallery.")
+    return photo

@@ -1,0 +1,171 @@
+"""Creating and changing galleries: the steps around the SQL (slugs, tokens, password hashes) that the admin
+pages and the JSON API share."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import secrets
+import unicodedata
+from typing import Any
+
+import trio
+
+from picpeak_lite.domain import admin_settings
+from picpeak_lite.domain.gallery_fields import parse_gallery_input
+from picpeak_lite.errors import NotFound
+from picpeak_lite.services import Services
+from picpeak_lite.store.queries import galleries as gallery_q
+from picpeak_lite.store.queries import photos as photo_q
+
+Row = dict[str, Any]
+
+_SLUG_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
+
+
+def make_slug(name: str) -> str:
+    """Readable and unguessable: ``anna-and-ben-k7x2m9qp`` (40 random bits in the suffix)."""
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    words = re.sub(r"[^a-z0-9]+", "-", ascii_name.lower()).strip("-")[:48].strip("-")
+    suffix = "".join(secrets.choice(_SLUG_ALPHABET) for _ in range(8))
+    return f"{words}-{suffix}" if words else f"gallery-{suffix}"
+
+
+def _today(svc: Services) -> dt.date:
+    return dt.datetime.fromtimestamp(svc.clock(), dt.UTC).date()
+
+
+def default_expiry(svc: Services) -> dt.date:
+    return _today(svc) + dt.timedelta(days=svc.settings.default_expiry_days)
+
+
+async def create_gallery(svc: Services, data: dict[str, Any]) -> Row:
+    """A new draft gallery. Fields a JSON request leaves out take the settings page's defaults for new galleries
+    (the admin form is prefilled with them and sends every field; an unchecked box there is simply absent)."""
+    chosen = await svc.db.read(admin_settings.load, svc.settings)
+    values = parse_gallery_input(
+        _with_defaults(data, chosen), partial=False, today=_today(svc),
+        default_expiry_days=chosen.default_expiry_days,
+    )
+    password_hash = await svc.hash_password(values["password"]) if "password" in values else None
+
+    def insert(conn: Any) -> Row:
+        while True:
+            slug = make_slug(values["name"])
+            if not gallery_q.slug_taken(conn, slug):
+                break
+        gallery_id = gallery_q.create(
+            conn, values, slug=slug, share_token=secrets.token_hex(16), password_hash=password_hash,
+            now=svc.clock(),
+        )
+        row = gallery_q.get(conn, gallery_id)
+        assert row is not None
+        return row
+
+    return await svc.db.write(insert)
+
+
+def _with_defaults(data: dict[str, Any], chosen: admin_settings.AdminSettings) -> dict[str, Any]:
+    if data.get("_form"):
+        return data
+    defaults = {"allow_downloads": chosen.default_allow_downloads,
+                "allow_guest_uploads": chosen.default_allow_guest_uploads,
+                "watermark": chosen.default_watermark, "photo_cap": chosen.default_photo_cap}
+    return {**{k: v for k, v in defaults.items() if k not in data}, **data}
+
+
+async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *, partial: bool) -> Row:
+    values = parse_gallery_input(
+        data, partial=partial, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days
+    )
+    if "password" in values:
+        values["password_hash"] = await svc.hash_password(values["password"])
+    elif values.get("clear_password"):
+        values["password_hash"] = None
+
+    def change(conn: Any) -> Row:
+        before = admin_settings.watermark_fingerprints(conn, svc.settings, gallery_id)
+        row = _row_if(gallery_q.update(conn, gallery_id, values, svc.clock()), conn, gallery_id)
+        # Watermark on or off, or a new name in it: the view images are made again.
+        admin_settings.mark_changed_watermarks(conn, svc.settings, before, gallery_id)
+        return row
+
+    row = await svc.db.write(change)
+    svc.wake_workers()
+    return row
+
+
+def _row_if(changed: bool, conn: Any, gallery_id: int) -> Row:
+    """The gallery as it is now, after a change that found it; NotFound when the change found nothing."""
+    if not changed:
+        raise NotFound("There is no such gallery.")
+    row = gallery_q.get(conn, gallery_id)
+    assert row is not None
+    return row
+
+
+async def get_gallery(svc: Services, gallery_id: int) -> Row:
+    row = await svc.db.read(gallery_q.get, gallery_id)
+    if row is None:
+        raise NotFound("There is no such gallery.")
+    return row
+
+
+async def set_published(svc: Services, gallery_id: int, published: bool) -> Row:
+    def change(conn: Any) -> Row:
+        return _row_if(gallery_q.set_draft(conn, gallery_id, not published, svc.clock()), conn, gallery_id)
+
+    return await svc.db.write(change)
+
+
+async def delete_gallery(svc: Services, gallery_id: int) -> None:
+    """Delete the gallery and, through the foreign keys, its photos, uploads and grants; then the files.
+
+    Rows go first: a crash before the files are gone leaves orphans for the reconciler, never rows without files.
+    """
+
+    def delete(conn: Any) -> list[str] | None:
+        keys = photo_q.keys_of_gallery(conn, gallery_id)
+        return keys if gallery_q.delete(conn, gallery_id) else None
+
+    keys = await svc.db.write(delete)
+    if keys is None:
+        raise NotFound("There is no such gallery.")
+    storage = svc.storage
+    await trio.to_thread.run_sync(lambda: [storage.remove_photo_files(key) for key in keys])
+
+
+def expires_on(row: Row) -> str | None:
+    if row["expires_at"] is None:
+        return None
+    return dt.datetime.fromtimestamp(row["expires_at"], dt.UTC).date().isoformat()
+
+
+def to_json(row: Row, share_url: str) -> dict[str, Any]:
+    """The API shape of a gallery. Never includes the password hash."""
+    return {
+        "id": row["id"],
+        "slug": row["slug"],
+        "name": row["name"],
+        "event_type": row["event_type"],
+        "event_date": row["event_date"],
+        "customer_name": row["customer_name"],
+        "customer_email": row["customer_email"],
+        "welcome_message": row["welcome_message"],
+        "has_password": row["password_hash"] is not None,
+        "expires_on": expires_on(row),
+        "is_draft": bool(row["is_draft"]),
+        "allow_guest_uploads": bool(row["allow_guest_uploads"]),
+        "allow_downloads": bool(row["allow_downloads"]),
+        "watermark": bool(row["watermark"]),
+        "photo_cap": row["photo_cap"],
+        "share_url": share_url,
+        "counts": {
+            "complete": row.get("complete_count", 0),
+            "waiting": row.get("waiting_count", 0),
+            "failed": row.get("failed_count", 0),
+            "guest": row.get("guest_count", 0),
+        },
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }

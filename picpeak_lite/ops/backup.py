@@ -1,0 +1,224 @@
+"""``picpeak-lite backup <dir>``: a consistent copy of a data directory, taken while the server runs.
+
+The backup directory has the layout of a data directory (so restoring is copying it into a fresh one) plus
+``manifest.json``:
+
+1. The database is copied with SQLite's online backup API (``db.backup_to``): one snapshot under one read
+   transaction; the server goes on writing meanwhile (WAL).
+2. In that copy (never in the live database), claims of photos that were ``processing`` are released to
+   ``pending``, so that a restored server reprocesses them at once instead of waiting for their lease.
+3. The originals of every row in the snapshot are copied, each hashed on the way and compared with the
+   sha256 recorded at upload; the grid and view images of complete photos are copied too (they could be
+   regenerated, but copying is faster than decoding). A row whose photo was deleted after the snapshot is
+   dropped from the copy, since the live data dropped it as well.
+4. ``manifest.json`` lists every file with its size and sha256, and the database's; it is written last, so a
+   directory without it is an unfinished backup.
+
+Running it again into the same directory is incremental: originals never change under their key, so a file
+the previous manifest lists with the same size is kept; files of photos deleted since are removed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from picpeak_lite.config import Settings
+from picpeak_lite.errors import ConfigError
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.storage import DERIVATIVES, Storage, file_sha256, fsync_dir, fsync_file, remove_quietly
+
+Progress = Callable[[int, int, str], None]
+MANIFEST = "manifest.json"
+FORMAT = "picpeak-lite-backup/1"
+COPY_CHUNK = 1024 * 1024
+
+
+@dataclass
+class BackupSummary:
+    photos: int = 0
+    copied: int = 0
+    kept: int = 0  # already in the backup from an earlier run
+    removed: int = 0  # files of photos deleted since the earlier run
+    bytes_copied: int = 0
+    released: int = 0  # photos that were processing, pending again in the copy
+    deleted_meanwhile: int = 0
+    missing_derivatives: int = 0
+    missing_originals: list[int] = field(default_factory=list)
+    sha_mismatch: list[int] = field(default_factory=list)
+
+    @property
+    def problems(self) -> int:
+        return len(self.missing_originals) + len(self.sha_mismatch)
+
+
+def backup(settings: Settings, target: str | os.PathLike[str], progress: Progress | None = None) -> BackupSummary:
+    source = settings.database_path
+    if not source.exists():
+        raise ConfigError(f"no database in {str(settings.data_path)!r}; is --data-dir right?")
+    dest = Path(target)
+    data = settings.data_path.resolve()
+    if dest.resolve() == data or data in dest.resolve().parents:
+        raise ConfigError("the backup directory must be outside the data directory")
+    previous = _prepare_target(dest)
+    summary = BackupSummary()
+
+    partial = dest / "picpeak.sqlite3.partial"
+    _remove_database(partial)
+    live = db.connect(source)
+    try:
+        db.backup_to(live, partial)
+        copy = db.connect(partial)
+        try:
+            with db.transaction(copy):
+                summary.released = photo_q.release_all_claims(copy)
+                rows = photo_q.rows_for_check(copy)
+            summary.photos = len(rows)
+            files, gone = _copy_files(Storage(settings.data_path), dest, rows, previous, summary, progress)
+            if gone:
+                # Deleted live after the snapshot: confirm against the live database, then drop them here too.
+                with db.transaction(live, immediate=False):
+                    still_there = set(photo_q.existing_ids(live, gone))
+                with db.transaction(copy):
+                    for photo_id in gone:
+                        if photo_id in still_there:
+                            summary.missing_originals.append(photo_id)
+                        else:
+                            summary.deleted_meanwhile += photo_q.delete(copy, photo_id) is not None
+                files = [f for f in files if f.get("photo_id") not in set(gone) - still_there]
+            integrity = "; ".join(r["integrity_check"] for r in copy.execute("PRAGMA integrity_check"))
+            if integrity != "ok":
+                raise ConfigError(f"the database copy failed its integrity check: {integrity}")
+        finally:
+            copy.close()
+    finally:
+        live.close()
+
+    summary.removed = _remove_stale(dest, {f["path"] for f in files})
+    database = dest / "picpeak.sqlite3"
+    fsync_file(partial)
+    os.replace(partial, database)
+    fsync_dir(dest)
+    manifest = {
+        "format": FORMAT,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "source": str(data),
+        "database": {"path": database.name, "size": database.stat().st_size, "sha256": file_sha256(database)},
+        "photos": summary.photos - summary.deleted_meanwhile,
+        "files": [{k: v for k, v in f.items() if k != "photo_id"} for f in files],
+    }
+    temp = dest / (MANIFEST + ".partial")
+    temp.write_text(json.dumps(manifest, indent=1))
+    fsync_file(temp)
+    os.replace(temp, dest / MANIFEST)
+    fsync_dir(dest)
+    return summary
+
+
+def _prepare_target(dest: Path) -> dict[str, dict[str, Any]]:
+    """Create ``dest`` or accept an earlier backup there; returns the earlier manifest's files by path."""
+    if dest.exists() and not dest.is_dir():
+        raise ConfigError(f"{str(dest)!r} is not a directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    manifest = dest / MANIFEST
+    if manifest.exists():
+        try:
+            earlier = json.loads(manifest.read_text())
+            if earlier.get("format") != FORMAT:
+                raise ValueError("unknown format")
+            return {f["path"]: f for f in earlier["files"]}
+        except (ValueError, KeyError, TypeError) as error:
+            raise ConfigError(f"{str(manifest)!r} is not a picpeak-lite backup manifest ({error})") from None
+    if any(not p.name.startswith("picpeak.sqlite3.partial") for p in dest.iterdir()):
+        raise ConfigError(f"{str(dest)!r} is not empty and holds no earlier backup; choose an empty directory")
+    return {}
+
+
+def _copy_files(storage: Storage, dest: Path, rows: list[dict[str, Any]], previous: dict[str, dict[str, Any]],
+                summary: BackupSummary, progress: Progress | None) -> tuple[list[dict[str, Any]], list[int]]:
+    # From here until the new manifest is written, the directory is not a finished backup.
+    remove_quietly(dest / MANIFEST)
+    files: list[dict[str, Any]] = []
+    gone: list[int] = []
+    for done, row in enumerate(rows, 1):
+        if progress is not None:
+            progress(done, len(rows), row["display_name"])
+        key = row["storage_key"]
+        original = storage.original_path(key)
+        entry = _copy_one(original, dest, storage.root, previous, summary)
+        if entry is None:
+            gone.append(row["id"])
+            continue
+        if entry["sha256"] != row["sha256"]:
+            summary.sha_mismatch.append(row["id"])
+        files.append({**entry, "kind": "original", "key": key, "photo_id": row["id"]})
+        if row["status"] != "complete":
+            continue
+        for kind in DERIVATIVES:
+            derived = _copy_one(storage.derived_path(key, kind), dest, storage.root, previous, summary)
+            if derived is None:
+                summary.missing_derivatives += 1
+            else:
+                files.append({**derived, "kind": kind, "key": key, "photo_id": row["id"]})
+    return files, gone
+
+
+def _copy_one(path: Path, dest: Path, root: Path, previous: dict[str, dict[str, Any]],
+              summary: BackupSummary) -> dict[str, Any] | None:
+    """Copy one stored file (hashing it on the way) unless the earlier backup has it; None if it is gone."""
+    relative = path.relative_to(root).as_posix()
+    target = dest / relative
+    earlier = previous.get(relative)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    if earlier is not None and earlier.get("size") == size and target.exists() and target.stat().st_size == size:
+        summary.kept += 1
+        return {"path": relative, "size": size, "sha256": earlier["sha256"]}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(target.name + ".partial")
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as src, open(temp, "wb") as out:
+            while chunk := src.read(COPY_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+    except FileNotFoundError:
+        remove_quietly(temp)
+        return None
+    os.replace(temp, target)
+    summary.copied += 1
+    summary.bytes_copied += size
+    return {"path": relative, "size": size, "sha256": digest.hexdigest()}
+
+
+def _remove_stale(dest: Path, keep: set[str]) -> int:
+    """Files an earlier run copied for photos that are gone now (and leftovers of an interrupted run)."""
+    removed = 0
+    for sub in ("originals", "derived"):
+        base = dest / sub
+        if not base.exists():
+            continue
+        for path in base.rglob("*"):
+            if path.is_file() and path.relative_to(dest).as_posix() not in keep:
+                path.unlink()
+                removed += 1
+    for shard in [p for sub in ("originals", "derived") if (dest / sub).exists() for p in (dest / sub).iterdir()]:
+        if shard.is_dir() and not any(shard.iterdir()):
+            shard.rmdir()
+    return removed
+
+
+def _remove_database(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        remove_quietly(Path(str(path) + suffix))

@@ -1,0 +1,155 @@
+"""``picpeak-lite check``: read everything back and say what is wrong.
+
+* every photo row's original exists (unless the row is ``failed`` because it was missing) and matches the
+  sha256 recorded at upload;
+* every ``complete`` photo has its grid and view images;
+* no original or derivative lies in storage without a row (older than the grace period: a file younger than
+  that may belong to an upload that is committing right now, the reconciler's rule);
+* ``PRAGMA integrity_check`` is ok.
+
+Safe while the server runs: rows are read first, then the files; a problem found for a row is confirmed
+against a fresh read before it is reported, so a photo deleted during the scan is not a false alarm.
+
+``--repair`` fixes what can be fixed without the original being different: a complete photo with a missing
+derivative is queued again (``pending``, fresh attempts; its webhooks keep their ids, so nothing is delivered
+twice), a row whose original is gone is failed with that reason (as the reconciler does), and orphan files
+older than the grace period are removed. A changed original cannot be repaired: restore it from a backup.
+
+Sync on purpose, like the rest of the command line; the SQL is in ``queries.photos``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from picpeak_lite.config import Settings
+from picpeak_lite.errors import ConfigError
+from picpeak_lite.pipeline import transitions
+from picpeak_lite.pipeline.janitor import remove_orphans
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.storage import DERIVATIVES, Storage, file_sha256
+
+Progress = Callable[[int, int, str], None]
+DEFAULT_GRACE_SECONDS = 600.0
+
+
+@dataclass
+class Report:
+    photos: int = 0
+    originals_checked: int = 0
+    missing_original: list[int] = field(default_factory=list)
+    sha_mismatch: list[int] = field(default_factory=list)
+    missing_derivatives: list[int] = field(default_factory=list)
+    orphans: list[Path] = field(default_factory=list)
+    young_orphans: int = 0  # within the grace period: not a problem yet
+    failed_missing: int = 0  # rows already failed because their original is gone: known, not new
+    temp_files: int = 0
+    integrity: str = "ok"
+    requeued: int = 0
+    failed_now: int = 0
+    orphans_removed: int = 0
+
+    @property
+    def problems(self) -> int:
+        return (len(self.missing_original) + len(self.sha_mismatch) + len(self.missing_derivatives)
+                + len(self.orphans) + (self.integrity != "ok"))
+
+    @property
+    def unrepaired(self) -> int:
+        """Problems left after ``--repair``."""
+        return (len(self.missing_original) - self.failed_now + len(self.sha_mismatch)
+                + len(self.missing_derivatives) - self.requeued + len(self.orphans) - self.orphans_removed
+                + (self.integrity != "ok"))
+
+    def summary(self) -> str:
+        return (f"photos={self.photos} originals_checked={self.originals_checked} "
+                f"missing_original={len(self.missing_original)} sha_mismatch={len(self.sha_mismatch)} "
+                f"missing_derivatives={len(self.missing_derivatives)} orphans={len(self.orphans)} "
+                f"young_orphans={self.young_orphans} temp_files={self.temp_files} integrity={self.integrity}")
+
+
+
+def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, repair: bool = False,
+          progress: Progress | None = None, now: float | None = None) -> Report:
+    if not settings.database_path.exists():
+        raise ConfigError(f"no database in {str(settings.data_path)!r}; is --data-dir right?")
+    now = time.time() if now is None else now
+    storage = Storage(settings.data_path)
+    report = Report()
+    conn = db.connect(settings.database_path)
+    try:
+        report.integrity = "; ".join(r["integrity_check"] for r in conn.execute("PRAGMA integrity_check"))
+        with db.transaction(conn, immediate=False):
+            rows = photo_q.rows_for_check(conn)
+        report.photos = len(rows)
+        suspects: dict[str, list[int]] = {"missing": [], "sha": [], "derived": []}
+        for done, row in enumerate(rows, 1):
+            if progress is not None:
+                progress(done, len(rows), row["display_name"])
+            path = storage.original_path(row["storage_key"])
+            if not path.exists():
+                if row["status"] == "failed":
+                    report.failed_missing += 1
+                else:
+                    suspects["missing"].append(row["id"])
+                continue
+            report.originals_checked += 1
+            if file_sha256(path) != row["sha256"]:
+                suspects["sha"].append(row["id"])
+            if row["status"] == "complete" and not all(
+                    storage.derived_path(row["storage_key"], kind).exists() for kind in DERIVATIVES):
+                suspects["derived"].append(row["id"])
+        # Files are listed after the rows were read: a file whose row commits after that is young.
+        keys = {r["storage_key"] for r in rows}
+        candidates = [(key, storage.original_path(key), mtime) for key, mtime in storage.iter_original_keys()]
+        candidates += list(storage.iter_derived())
+        orphan_keys: dict[str, list[Path]] = {}
+        for key, path, mtime in candidates:
+            if key in keys:
+                continue
+            if now - mtime > grace:
+                orphan_keys.setdefault(key, []).append(path)
+            else:
+                report.young_orphans += 1
+        if storage.tmp_dir.exists():
+            report.temp_files = sum(1 for _ in os.scandir(storage.tmp_dir))
+        # Confirm each suspect against the database as it is now (the server may have moved on).
+        with db.transaction(conn, immediate=False):
+            current = {r["id"]: r for r in photo_q.rows_for_check(conn)}
+            live_keys = {r["storage_key"] for r in current.values()}
+        for photo_id in suspects["missing"]:
+            row = current.get(photo_id)
+            if row is not None and row["status"] != "failed" and not storage.original_path(
+                    row["storage_key"]).exists():
+                report.missing_original.append(photo_id)
+        report.sha_mismatch = [i for i in suspects["sha"] if i in current]
+        for photo_id in suspects["derived"]:
+            row = current.get(photo_id)
+            if row is not None and row["status"] == "complete" and not all(
+                    storage.derived_path(row["storage_key"], kind).exists() for kind in DERIVATIVES):
+                report.missing_derivatives.append(photo_id)
+        report.orphans = sorted(p for key, paths in orphan_keys.items() if key not in live_keys for p in paths)
+        if repair:
+            _repair(conn, settings, storage, report, now)
+    finally:
+        conn.close()
+    return report
+
+
+def _repair(conn: db.Connection, settings: Settings, storage: Storage, report: Report, now: float) -> None:
+    for photo_id in report.missing_derivatives:
+        with db.transaction(conn):
+            report.requeued += photo_q.requeue_for_derivatives(conn, photo_id)
+    for photo_id in report.missing_original:
+        with db.transaction(conn):
+            report.failed_now += transitions.fail_missing_original(conn, settings.webhooks, photo_id, now) is not None
+    if report.orphans:
+        # Under the write lock, as the reconciler does: never remove a file that has a row by now.
+        with db.transaction(conn):
+            removed = remove_orphans(conn, storage, {path.name.split(".", 1)[0] for path in report.orphans})
+        report.orphans_removed += sum(path.name.split(".", 1)[0] in removed for path in report.orphans)

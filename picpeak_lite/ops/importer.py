@@ -1,0 +1,151 @@
+"""``picpeak-lite import <folder> --gallery <slug>``: add a folder of photos to a gallery.
+
+Every file goes through the same code as an upload (:mod:`.intake`): streamed to a temp file with its sha256,
+the same duplicate check, the same header check, the same durable move into storage, the same rows
+(``uploaded_by='admin'``, ``pending``, for the workers). So a second run finds everything by sha256 and adds
+nothing. The import works on the data directory directly and does not need the server; if the server is
+running it simply sees new pending rows (WAL and the busy timeout let both write).
+
+Rows are committed in batches (:data:`BATCH_FILES` files or :data:`BATCH_BYTES` bytes), all under one upload
+group per run, so an interrupted import keeps what was committed, and a re-run adds the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from picpeak_lite.config import Settings
+from picpeak_lite.errors import ConfigError, NotFound
+from picpeak_lite.ops import bootstrap
+from picpeak_lite.pipeline.intake import MB, Entry, Intake, Limits, io_limiter
+from picpeak_lite.store.db import Connection, Database
+from picpeak_lite.store.queries import galleries as gallery_q
+from picpeak_lite.store.storage import Storage
+
+EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".heic", ".heif"})
+BATCH_FILES = 50
+BATCH_BYTES = 512 * MB
+READ_SIZE = MB
+
+
+@dataclass(frozen=True)
+class ImportProgress:
+    """One file handled. ``status`` is 'added' (stored; its row is committed with its batch), 'duplicate'
+    or 'error' (then ``error`` says why). The summary has the final word."""
+
+    done: int
+    total: int
+    path: Path
+    status: str
+    error: str | None = None
+
+
+@dataclass
+class ImportSummary:
+    added: int = 0
+    duplicates: int = 0
+    errors: list[tuple[Path, str]] = field(default_factory=list)
+    ignored: int = 0  # files without an image extension, or hidden: not looked at
+    upload_id: str | None = None
+
+
+Progress = Callable[[ImportProgress], None]
+
+
+def run_import(settings: Settings, folder: str | os.PathLike[str], slug: str,
+               progress: Progress = lambda _: None) -> ImportSummary:
+    """The CLI's entry point: sync, runs its own event loop. Raises ConfigError for a bad folder or slug."""
+    return trio.run(import_folder, settings, Path(folder), slug, progress)
+
+
+def find_images(folder: Path) -> tuple[list[Path], int]:
+    """The images directly in ``folder`` (by extension; the content is checked later), sorted by name,
+    and how many other files were ignored."""
+    if not folder.is_dir():
+        raise ConfigError(f"{str(folder)!r} is not a folder")
+    images, ignored = [], 0
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if not entry.is_file():
+            continue
+        if entry.name.startswith(".") or Path(entry.name).suffix.lower() not in EXTENSIONS:
+            ignored += 1
+        else:
+            images.append(Path(entry.path))
+    return images, ignored
+
+
+async def import_folder(settings: Settings, folder: Path, slug: str, progress: Progress) -> ImportSummary:
+    paths, ignored = find_images(folder)
+    summary = ImportSummary(ignored=ignored)
+    await trio.to_thread.run_sync(bootstrap.prepare, settings)
+    storage = Storage(settings.data_path)
+    await trio.to_thread.run_sync(storage.create_dirs)
+    db = Database(settings.database_path, readers=1)
+    try:
+        gallery = await db.read(gallery_q.get_by_slug, slug)
+        if gallery is None:
+            raise ConfigError(f"there is no gallery with the slug {slug!r}")
+        authorize = partial(_gallery, gallery_id=gallery["id"])
+        limits = Limits(settings.admin_max_file_mb * MB, None)
+        with Intake(db=db, storage=storage, settings=settings, gallery=gallery, limits=limits,
+                    clock=time.time) as intake:
+            batch: list[tuple[Path, Entry]] = []
+            batch_bytes = 0
+            for done, path in enumerate(paths, 1):
+                entry = await _receive(intake, path)
+                batch.append((path, entry))
+                batch_bytes += entry.size
+                status = "error" if entry.error else "duplicate" if entry.duplicate else "added"
+                progress(ImportProgress(done, len(paths), path, status, entry.error))
+                if len(batch) >= BATCH_FILES or batch_bytes >= BATCH_BYTES:
+                    await _commit(intake, authorize, batch, summary)
+                    batch, batch_bytes = [], 0
+            await _commit(intake, authorize, batch, summary)
+            summary.upload_id = intake.upload_id
+    finally:
+        db.close()
+    return summary
+
+
+def _gallery(conn: Connection, *, gallery_id: int) -> dict[str, Any]:
+    row = gallery_q.get(conn, gallery_id)
+    if row is None:
+        raise NotFound("The gallery was deleted during the import.")
+    return row
+
+
+async def _receive(intake: Intake, path: Path) -> Entry:
+    sink = intake.start_file(path.name)
+    try:
+        f = await trio.to_thread.run_sync(open, path, "rb", limiter=io_limiter())
+        try:
+            while chunk := await trio.to_thread.run_sync(f.read, READ_SIZE, limiter=io_limiter()):
+                await sink.write(chunk)
+        finally:
+            f.close()
+    except OSError as error:  # reading the source only: writes raise InsufficientStorage or propagate
+        sink.discard()
+        return intake.add_error(path.name, f"Could not read the file: {error.strerror or error}", 400)
+    entry = await intake.finish_file(sink)
+    assert entry is not None  # only a nameless empty form part yields None
+    return entry
+
+
+async def _commit(intake: Intake, authorize: Any, batch: list[tuple[Path, Entry]], summary: ImportSummary) -> None:
+    """Write the batch's rows; the summary counts what the transaction decided (it re-checks duplicates)."""
+    await intake.commit(authorize, uploaded_by="admin")
+    for path, entry in batch:
+        if entry.error is not None:
+            summary.errors.append((path, entry.error))
+        elif entry.duplicate:
+            summary.duplicates += 1
+        else:
+            summary.added += 1

@@ -1,0 +1,428 @@
+"""Receiving photos. Uploads over HTTP and the folder importer share everything in this module.
+
+A file travels: bytes -> :class:`FileSink` (a temp file in ``data_dir/tmp``, its sha256 computed on the way,
+bytes counted against the per-file limit as they arrive) -> duplicate check by sha256 -> the cheap header
+check (``images.sniff`` in a thread: magic bytes and header, no decode) -> ``Storage.commit_original`` (fsync,
+atomic rename under a generated key, fsync of the directory) -> :meth:`Intake.commit`: one transaction that
+re-checks who may upload, duplicates and the gallery's cap, creates the upload group and a ``pending`` row
+per new photo. Only then does the caller answer. A crash between rename and commit leaves a file without a
+row (the reconciler's business), never a row without a file.
+
+Cleanup: :class:`Intake` is a context manager whose exit is synchronous, so a cancellation (client gone)
+cannot interrupt it. It removes every temp file still open and every renamed original no row points at.
+Every thread hop here is uncancellable (trio's default), so when the exit runs, no other step is still
+writing or moving a file: a file is either still a temp file or already in storage, never in between.
+
+No Quart and no HTTP here: ``web/views/upload.py`` turns a multipart body into :meth:`Intake.start_file` /
+:meth:`FileSink.write` / :meth:`Intake.finish_file` calls; ``ops/importer.py`` does the same from files on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import trio
+
+from picpeak_lite.config import Settings
+from picpeak_lite.errors import NotFound, TooLarge
+from picpeak_lite.media import images
+from picpeak_lite.store.db import Connection, Database
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.storage import Storage, disk_errors, new_key, remove_quietly
+
+MB = 1024 * 1024
+WRITE_BATCH = 256 * 1024  # bytes collected before one thread hop writes them (memory per upload vs. hops)
+PART_OVERHEAD = 64 * 1024  # per-part headers and boundaries, for the request-size cap
+NAME_MAX_BYTES = 255
+GUEST_NAME_MAX = 100
+# Bidi embedding/override/isolate marks and invisible direction marks: they make "gpj.exe" look like "exe.jpg".
+BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
+
+_IO_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("picpeak_intake_io")
+
+
+def io_limiter() -> trio.CapacityLimiter:
+    """The threads that write, check and move received files: one limiter per trio run."""
+    try:
+        return _IO_LIMITER.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(8)
+        _IO_LIMITER.set(limiter)
+        return limiter
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_file_bytes: int
+    max_files: int | None  # None: no limit per request (the importer)
+
+    @classmethod
+    def admin(cls, s: Settings) -> Limits:
+        return cls(s.admin_max_file_mb * MB, s.admin_max_files)
+
+    @classmethod
+    def guest(cls, s: Settings) -> Limits:
+        return cls(s.guest_max_file_mb * MB, s.guest_max_files)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest body a legitimate request can have: every file at the limit, plus form overhead."""
+        return (self.max_files or 1) * (self.max_file_bytes + PART_OVERHEAD) + MB
+
+
+@dataclass(eq=False)
+class Entry:
+    """What became of one received file; ``error`` and ``status`` are set for a refused one."""
+
+    filename: str  # the cleaned display name
+    size: int = 0
+    sha256: str = ""
+    header: images.ImageHeader | None = None
+    key: str | None = None  # set (before the rename starts) once the file goes into storage
+    inserted: bool = False  # a committed row points at ``key``
+    photo_id: int | None = None
+    duplicate: bool = False
+    error: str | None = None
+    status: int = 0
+    same_as: Entry | None = None  # an earlier file of the same request with the same bytes
+
+    def to_json(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"filename": self.filename, "error": self.error}
+        return {"id": self.photo_id, "filename": self.filename, "size": self.size, "duplicate": self.duplicate}
+
+
+def clean_filename(raw: str) -> str:
+    """The client's file name as a display name only: last path segment, no control, bidi or NUL characters,
+    no leading dots, at most 255 bytes of UTF-8 (the extension kept when possible); never used as a path."""
+    name = raw.replace("\\", "/").rsplit("/", 1)[-1]
+    name = unicodedata.normalize("NFC", _visible(name)).strip().lstrip(".").strip()
+    if len(name.encode()) > NAME_MAX_BYTES:
+        stem, dot, ext = name.rpartition(".")
+        if not dot or not stem or len(ext.encode()) > 16:
+            stem, dot, ext = name, "", ""
+        room = NAME_MAX_BYTES - len((dot + ext).encode())
+        name = stem.encode()[:room].decode("utf-8", "ignore").rstrip() + dot + ext
+    return name or "photo"
+
+
+def clean_guest_name(raw: str | None) -> str | None:
+    """A guest's name for the photos they upload: printable, single-spaced, at most 100 characters."""
+    if raw is None:
+        return None
+    name = " ".join(unicodedata.normalize("NFC", _visible(raw, keep_space=True)).split())
+    return name[:GUEST_NAME_MAX].strip() or None
+
+
+def _visible(text: str, *, keep_space: bool = False) -> str:
+    def keep(c: str) -> bool:
+        if c in BIDI:
+            return False
+        if keep_space and c in "\t\r\n":
+            return True  # becomes a space when the caller collapses whitespace
+        return unicodedata.category(c) not in ("Cc", "Cs", "Zl", "Zp")
+
+    return "".join(c for c in text if keep(c))
+
+
+class FileSink:
+    """One incoming file, streamed to a temp file; ``write`` collects ~256 KiB before one thread hop writes it."""
+
+    def __init__(self, storage: Storage, raw_name: str, max_bytes: int) -> None:
+        self.raw_name = raw_name
+        self.storage = storage
+        self.temp = storage.new_temp_path()
+        self.size = 0
+        self.too_large = False
+        self._max = max_bytes
+        self._hash = hashlib.sha256()
+        self._file: BinaryIO | None = None
+        self._pending = bytearray()
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    async def write(self, data: bytes | memoryview) -> None:
+        if self.too_large:
+            return  # the rest of an over-limit file is counted by the caller and dropped, never stored
+        self.size += len(data)
+        if self.size > self._max:
+            self.too_large = True
+            self._pending.clear()
+            self.discard()
+            return
+        self._pending += data
+        if len(self._pending) >= WRITE_BATCH:
+            await self._flush(final=False)
+
+    async def close(self) -> None:
+        """Write what is left and close the file (it stays in tmp/ until moved or discarded)."""
+        await self._flush(final=True)
+
+    async def _flush(self, *, final: bool) -> None:
+        data, self._pending = self._pending, bytearray()
+        self._file = await trio.to_thread.run_sync(
+            _write_batch, self.storage, self.temp, self._file, self._hash, data, final, limiter=io_limiter()
+        )
+
+    def discard(self) -> None:
+        """Close and remove the temp file. Sync, so that no cancellation can stop it half-way."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        remove_quietly(self.temp)
+
+
+def _write_batch(storage: Storage, path: Path, f: BinaryIO | None, hasher: Any, data: bytearray,
+                 final: bool) -> BinaryIO | None:
+    try:
+        with disk_errors():
+            storage.ensure_space(len(data))
+            if f is None:
+                f = _create(storage, path)
+            hasher.update(data)
+            f.write(data)
+            if final:
+                f.close()
+                return None
+            return f
+    except BaseException:
+        if f is not None:
+            f.close()
+        raise
+
+
+def _create(storage: Storage, path: Path) -> BinaryIO:
+    try:
+        return open(path, "xb")
+    except FileNotFoundError:
+        storage.create_dirs()  # a fresh or tidied data directory: the server normally creates these at start
+        return open(path, "xb")
+
+
+Authorize = Callable[[Connection], dict[str, Any]]
+Outcome = tuple[int | None, bool, str | None]  # (photo id, already in the gallery, error)
+
+
+class Intake:
+    """Files received for one gallery: one upload request, or one run of the importer (committed in batches)."""
+
+    def __init__(self, *, db: Database, storage: Storage, settings: Settings, gallery: dict[str, Any],
+                 limits: Limits, clock: Callable[[], float]) -> None:
+        self.db = db
+        self.storage = storage
+        self.settings = settings
+        self.gallery_id: int = gallery["id"]
+        self.limits = limits
+        self.clock = clock
+        self.entries: list[Entry] = []
+        self.upload_id: str | None = None
+        self.files_seen = 0
+        self._cap = gallery["photo_cap"] or settings.gallery_photo_cap
+        self._room: int | None = None  # free places in the gallery, learnt on the first file
+        self._open: set[FileSink] = set()
+        self._stored: list[Entry] = []  # renamed into storage, not yet committed
+        self._seen: dict[str, Entry] = {}
+
+    def __enter__(self) -> Intake:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sink in self._open:
+            sink.discard()
+        self._open.clear()
+        for entry in self.entries:
+            if entry.key is not None and not entry.inserted:
+                remove_quietly(self.storage.original_path(entry.key))
+                entry.key = None
+
+    def start_file(self, raw_name: str) -> FileSink:
+        self.files_seen += 1
+        if self.limits.max_files is not None and self.files_seen > self.limits.max_files:
+            raise TooLarge(f"Too many files in one upload: at most {self.limits.max_files}. "
+                           "Nothing was saved; please send them in smaller batches.")
+        sink = FileSink(self.storage, raw_name, self.limits.max_file_bytes)
+        self._open.add(sink)
+        return sink
+
+    def add_error(self, raw_name: str, error: str, status: int) -> Entry:
+        entry = Entry(clean_filename(raw_name), error=error, status=status)
+        self.entries.append(entry)
+        return entry
+
+    async def finish_file(self, sink: FileSink) -> Entry | None:
+        """Check a file that arrived in full and move it into storage, or record why not."""
+        if not sink.raw_name and sink.size == 0 and not sink.too_large:
+            # A browser form with no file chosen sends one empty, nameless part: not a file at all.
+            self._drop(sink)
+            self.files_seen -= 1
+            return None
+        entry = Entry(clean_filename(sink.raw_name), size=sink.size)
+        self.entries.append(entry)
+        if sink.too_large:
+            self._drop(sink)
+            entry.error = f"The file is larger than the limit of {self.limits.max_file_bytes // MB} MB."
+            entry.status = 413
+            return entry
+        await sink.close()
+        entry.sha256 = sink.sha256
+        await self._check(sink, entry)
+        return entry
+
+    async def _check(self, sink: FileSink, entry: Entry) -> None:
+        earlier = self._seen.get(entry.sha256)
+        if earlier is not None:
+            self._drop(sink)
+            entry.same_as = earlier
+            entry.duplicate = True
+            return
+        existing = await self.db.read(photo_q.find_by_sha, self.gallery_id, entry.sha256)
+        # A failed photo sent again goes on to the commit, which retries it (the failure may have been the
+        # server's: a full disk, a crash); anything else already there is simply a duplicate.
+        if existing is not None and existing["status"] != "failed":
+            self._drop(sink)
+            entry.duplicate, entry.photo_id = True, existing["id"]
+            return
+        try:
+            entry.header = await trio.to_thread.run_sync(
+                partial(images.sniff, sink.temp, max_pixels=self.settings.max_pixels), limiter=io_limiter()
+            )
+        except images.InvalidImage as error:
+            self._drop(sink)
+            entry.error = error.reason
+            entry.status = 415 if error.reason == images.UNSUPPORTED else 400
+            return
+        if self._room is None:
+            self._room = self._cap - await self.db.read(photo_q.count_in_gallery, self.gallery_id)
+        if self._room <= 0:
+            self._drop(sink)
+            entry.error, entry.status = gallery_full(self._cap), 409
+            return
+        entry.key = new_key()  # before the hop: if the rename half-happens, the exit removes both places
+        await trio.to_thread.run_sync(self.storage.commit_original, sink.temp, entry.key, limiter=io_limiter())
+        self._open.discard(sink)  # no longer a temp file: nothing may unlink its old name now
+        self._stored.append(entry)
+        self._seen[entry.sha256] = entry
+        self._room -= 1
+
+    def _drop(self, sink: FileSink) -> None:
+        sink.discard()
+        self._open.discard(sink)
+
+    async def commit(self, authorize: Authorize, *, uploaded_by: str, guest_session_id: int | None = None,
+                     guest_name: str | None = None) -> None:
+        """Insert the rows for everything stored since the last commit, in one transaction.
+
+        ``authorize(conn)`` runs inside the transaction and returns the gallery row or raises: the
+        permission checked when the request started is checked again at the moment the rows are written.
+        The upload group is created only when at least one new photo is inserted.
+        """
+        staged, self._stored = self._stored, []
+        if staged:
+            rows = [(e.key, e.sha256, e.filename, e.size, e.header) for e in staged]
+            upload_id, outcomes = await self.db.write(
+                _record, self.storage, authorize, self.gallery_id, rows, self.upload_id, uploaded_by,
+                guest_session_id, guest_name, self.settings.gallery_photo_cap, self.clock(),
+            )
+            # No checkpoint between the write returning and these marks: a cancellation that arrives now
+            # finds the committed files marked as such and leaves them alone.
+            self.upload_id = upload_id
+            for entry, (photo_id, duplicate, error) in zip(staged, outcomes, strict=True):
+                entry.photo_id, entry.duplicate = photo_id, duplicate
+                entry.inserted = photo_id is not None and not duplicate
+                if error is not None:
+                    entry.error, entry.status = error, 409
+            orphans = [e.key for e in staged if e.key is not None and not e.inserted]
+            if orphans:
+                await trio.to_thread.run_sync(_remove_originals, self.storage, orphans, limiter=io_limiter())
+                for e in staged:
+                    if not e.inserted:
+                        e.key = None
+        for entry in self.entries:
+            if entry.same_as is not None and (entry.same_as.photo_id is not None or entry.same_as.error):
+                entry.photo_id, entry.error, entry.status = (
+                    entry.same_as.photo_id, entry.same_as.error, entry.same_as.status)
+                entry.duplicate = entry.error is None
+                entry.same_as = None
+
+    def accepted(self) -> list[Entry]:
+        return [e for e in self.entries if e.error is None]
+
+    def errors(self) -> list[Entry]:
+        return [e for e in self.entries if e.error is not None]
+
+    def answer(self) -> dict[str, Any]:
+        """The 202 body. ``photo_ids`` lists every accepted file's photo, duplicates' existing ids included."""
+        accepted, errors = self.accepted(), self.errors()
+        new = sum(1 for e in accepted if not e.duplicate)
+        return {
+            "upload_id": self.upload_id,
+            "count": len(accepted),
+            "photo_ids": [e.photo_id for e in accepted],
+            "photos": [e.to_json() for e in accepted],
+            "errors": [e.to_json() for e in errors],
+            "successCount": len(accepted),
+            "failureCount": len(errors),
+            "totalFiles": len(self.entries),
+            "message": f"{new} new, {len(accepted) - new} already in the gallery, {len(errors)} refused.",
+        }
+
+    def failure_status(self) -> int:
+        """When nothing was accepted: the status all errors share (413, 415, 409), else 400."""
+        statuses = {e.status for e in self.errors()}
+        return statuses.pop() if len(statuses) == 1 else 400
+
+
+def gallery_full(cap: int) -> str:
+    return f"The gallery is full: it holds at most {cap} photos."
+
+
+def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id: int, rows: list[tuple[Any, ...]],
+            upload_id: str | None, uploaded_by: str, guest_session_id: int | None, guest_name: str | None,
+            default_cap: int, now: float) -> tuple[str | None, list[Outcome]]:
+    gallery = authorize(conn)
+    if gallery["id"] != gallery_id:
+        raise NotFound("The gallery was removed while the photos were uploading.")
+    cap = gallery["photo_cap"] or default_cap
+    count = photo_q.count_in_gallery(conn, gallery_id)
+    outcomes: list[Outcome] = []
+    for key, sha256, name, size, header in rows:
+        existing = photo_q.find_by_sha(conn, gallery_id, sha256)
+        if existing is not None:
+            if existing["status"] == "failed":
+                photo_q.retry(conn, existing["id"])
+            outcomes.append((existing["id"], True, None))
+            continue
+        if not storage.original_path(key).exists():
+            # Checked under the write lock that the reconciler also takes before it removes an orphan: a file
+            # that waited too long for its row (a very slow upload) was removed, and this says so instead of
+            # answering 202 for a photo without its file.
+            outcomes.append((None, False, "The file was lost before it could be saved; please upload it again."))
+            continue
+        if count >= cap:
+            outcomes.append((None, False, gallery_full(cap)))
+            continue
+        if upload_id is None:
+            upload_id = secrets.token_hex(16)
+            photo_q.create_upload(conn, upload_id, gallery_id, uploaded_by, guest_session_id, guest_name, now)
+        photo_id = photo_q.insert_photo(
+            conn, gallery_id=gallery_id, upload_id=upload_id, storage_key=key, sha256=sha256, display_name=name,
+            size=size, format=header.format, uploaded_by=uploaded_by, guest_name=guest_name,
+            width=header.width, height=header.height, now=now,
+        )
+        outcomes.append((photo_id, False, None))
+        count += 1
+    return upload_id, outcomes
+
+
+def _remove_originals(storage: Storage, keys: list[str]) -> None:
+    for key in keys:
+        remove_quietly(storage.original_path(key))

@@ -1,0 +1,109 @@
+"""Every photo state change, as one sync unit of work ``fn(conn, ...)`` run inside a ``db.write`` transaction.
+
+Each function changes the row (guarded by the claim token where there is a claim) and writes what follows
+from the change in the same transaction: the webhook outbox rows, and the upload group's completion. So a
+change and its consequences commit together or not at all, and a worker that lost its claim produces neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from picpeak_lite.config import WebhookEndpoint
+from picpeak_lite.store.db import Connection
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries import webhooks as webhook_q
+
+Row = dict[str, Any]
+
+
+def photo_subject(row: Row) -> str:
+    # The storage key too: ids are never reused since schema 5, but subjects written before then may share one.
+    return f"photo:{row['id']}:{row['storage_key']}"
+
+
+def photo_event_data(row: Row) -> dict[str, Any]:
+    return {
+        "photo_id": row["id"],
+        "gallery_id": row["gallery_id"],
+        "upload_id": row["upload_id"],
+        "filename": row["display_name"],
+        "status": row["status"],
+        "error": row["error"],
+        "width": row["width"],
+        "height": row["height"],
+        "uploaded_by": row["uploaded_by"],
+    }
+
+
+def complete_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id: int, token: str,
+                   values: dict[str, Any], now: float) -> Row | None:
+    """Mark the photo complete if ``token`` still holds the claim. None when the claim was lost."""
+    if not photo_q.complete(conn, photo_id, token, values, now):
+        return None
+    row = photo_q.get(conn, photo_id)
+    assert row is not None
+    webhook_q.enqueue_event(conn, endpoints, "photo.uploaded", photo_subject(row), photo_event_data(row), now)
+    _finish_upload(conn, endpoints, row["upload_id"], now)
+    return row
+
+
+def fail_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id: int, token: str, reason: str,
+               now: float) -> Row | None:
+    if not photo_q.fail(conn, photo_id, token, reason, now):
+        return None
+    return _after_failure(conn, endpoints, photo_id, now)
+
+
+def requeue_expired(conn: Connection, endpoints: Sequence[WebhookEndpoint], now: float,
+                    max_attempts: int) -> tuple[list[int], list[int]]:
+    """Return photos whose lease ran out to ``pending``; give up on those out of attempts.
+
+    A photo whose processing kills the process is claimed, never completed, and its lease expires: after
+    ``max_attempts`` of that it is failed instead of being retried forever. Returns (requeued, failed) ids.
+    """
+    requeued, failed = [], []
+    for row in photo_q.expired_claims(conn, now):
+        if row["attempts"] >= max_attempts:
+            reason = f"Gave up after {row['attempts']} attempts: processing did not finish."
+            if photo_q.fail(conn, row["id"], row["claim_token"], reason, now):
+                _after_failure(conn, endpoints, row["id"], now)
+                failed.append(row["id"])
+        elif photo_q.requeue(conn, row["id"], row["claim_token"]):
+            requeued.append(row["id"])
+    return requeued, failed
+
+
+def fail_missing_original(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id: int,
+                          now: float) -> Row | None:
+    if not photo_q.mark_missing_original(conn, photo_id, now):
+        return None
+    return _after_failure(conn, endpoints, photo_id, now)
+
+
+def delete_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id: int, now: float) -> Row | None:
+    """Delete the row (the caller removes the files after the commit) and announce it."""
+    row = photo_q.delete(conn, photo_id)
+    if row is None:
+        return None
+    webhook_q.enqueue_event(conn, endpoints, "photo.deleted", photo_subject(row), photo_event_data(row), now)
+    _finish_upload(conn, endpoints, row["upload_id"], now)
+    return row
+
+
+def _after_failure(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id: int, now: float) -> Row:
+    row = photo_q.get(conn, photo_id)
+    assert row is not None
+    webhook_q.enqueue_event(conn, endpoints, "photo.failed", photo_subject(row), photo_event_data(row), now)
+    _finish_upload(conn, endpoints, row["upload_id"], now)
+    return row
+
+
+def _finish_upload(conn: Connection, endpoints: Sequence[WebhookEndpoint], upload_id: str, now: float) -> None:
+    if photo_q.finish_upload_if_terminal(conn, upload_id, now):
+        counts = photo_q.upload_counts(conn, upload_id)
+        upload = photo_q.get_upload(conn, upload_id)
+        assert upload is not None
+        data = {"upload_id": upload_id, "gallery_id": upload["gallery_id"], **counts}
+        webhook_q.enqueue_event(conn, endpoints, "upload.completed", f"upload:{upload_id}", data, now)

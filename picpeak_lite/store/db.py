@@ -1,0 +1,169 @@
+"""SQLite connections and the one bridge from async code to them.
+
+Nothing else in the project opens SQLite. Every connection gets the same setup (WAL, ``synchronous=FULL``,
+a busy timeout measured in seconds, foreign keys, no double-quoted string literals). SQL itself lives in sync
+functions ``fn(conn, ...)`` under ``picpeak_lite.store.queries``; async code runs them through :class:`Database`,
+which hands them to worker threads with explicit capacity limiters:
+
+* ``await db.write(fn, ...)`` runs ``fn`` inside ``BEGIN IMMEDIATE ... COMMIT`` on the single writer
+  connection. Writers in this process queue on a trio lock, so they never fight each other for SQLite's write
+  lock; another process (``picpeak-lite worker``) is handled by the busy timeout, which ``BEGIN IMMEDIATE``
+  honours.
+* ``await db.read(fn, ...)`` runs ``fn`` inside a deferred transaction (one consistent snapshot) on one of a
+  small pool of reader connections, so page views never wait behind a long write.
+
+Thread hops are not cancellable: a write that has started always finishes and commits or rolls back, even if
+the request that asked for it is cancelled. That is what we want for durability.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import apsw
+import trio
+
+from picpeak_lite.errors import DatabaseError, InsufficientStorage
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Connection = apsw.Connection
+
+BUSY_TIMEOUT_MS = 10_000
+
+# Re-exported so that callers can catch constraint violations without importing apsw themselves.
+ConstraintError = apsw.ConstraintError
+
+
+def connect(path: str | os.PathLike[str]) -> apsw.Connection:
+    """Open one connection with the project's pragmas. Used by the bridge, the CLI and the tests."""
+    conn = apsw.Connection(str(path))
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    # Double-quoted identifiers that silently became strings have hidden typos for years elsewhere.
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+    conn.execute("PRAGMA journal_mode = WAL")
+    # FULL, never NORMAL: in WAL mode NORMAL may lose the last commits on power loss, and an acknowledged
+    # upload must survive that.
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.row_trace = _row_as_dict
+    return conn
+
+
+def _row_as_dict(cursor: apsw.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
+    """Rows come back as plain dicts keyed by column name."""
+    return {desc[0]: value for desc, value in zip(cursor.get_description(), row, strict=True)}
+
+
+@contextlib.contextmanager
+def transaction(conn: apsw.Connection, *, immediate: bool = True) -> Iterator[apsw.Connection]:
+    """One unit of work: ``BEGIN [IMMEDIATE]`` ... ``COMMIT``, rolled back on any exception.
+
+    When SQLite hits disk-full or an I/O error it rolls the transaction back by itself; our own ``ROLLBACK``
+    then fails with "cannot rollback - no transaction is active" and would hide the real error. We raise the
+    real cause instead, translated into our own error types.
+    """
+    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    try:
+        yield conn
+    except BaseException as error:
+        if not conn.in_transaction:
+            raise _translate(error) from error
+        with contextlib.suppress(apsw.Error):
+            conn.execute("ROLLBACK")
+        raise _translate(error) from error
+    else:
+        try:
+            conn.execute("COMMIT")
+        except apsw.Error as error:
+            if conn.in_transaction:
+                with contextlib.suppress(apsw.Error):
+                    conn.execute("ROLLBACK")
+            raise _translate(error) from error
+
+
+def _translate(error: BaseException) -> BaseException:
+    """Map SQLite's storage failures to errors that carry an HTTP status; leave everything else alone."""
+    if isinstance(error, apsw.FullError):
+        return InsufficientStorage("The server's disk is full; the photo was not saved.")
+    if isinstance(error, apsw.IOError):
+        return DatabaseError(f"Disk I/O error in the database: {error}")
+    return error
+
+
+class Database:
+    """The async bridge: a single writer connection and a small pool of readers, each used by one thread
+    at a time, with explicit capacity limiters."""
+
+    def __init__(self, path: str | os.PathLike[str], *, readers: int = 4) -> None:
+        self.path = Path(path)
+        self._writer = connect(self.path)
+        self._write_lock = trio.Lock()
+        self._write_limiter = trio.CapacityLimiter(1)
+        self._readers = [connect(self.path) for _ in range(readers)]
+        self._read_limiter = trio.CapacityLimiter(readers)
+        self._closed = False
+        # Called (sync, non-blocking) after every successful write transaction, e.g. to poke the change feed.
+        self.commit_listeners: list[Callable[[], None]] = []
+
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` in one ``BEGIN IMMEDIATE`` transaction on the writer connection."""
+        async with self._write_lock:
+            result = await trio.to_thread.run_sync(
+                self._run_in_transaction, self._writer, True, fn, args, limiter=self._write_limiter
+            )
+        for listener in self.commit_listeners:
+            listener()
+        return result
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` in one deferred (read) transaction on a reader connection."""
+        async with self._read_limiter:
+            conn = self._readers.pop()
+            try:
+                return await trio.to_thread.run_sync(self._run_in_transaction, conn, False, fn, args)
+            finally:
+                self._readers.append(conn)
+
+    @staticmethod
+    def _run_in_transaction(
+        conn: apsw.Connection, immediate: bool, fn: Callable[..., T], args: tuple[Any, ...]
+    ) -> T:
+        with transaction(conn, immediate=immediate):
+            return fn(conn, *args)
+
+    def close(self) -> None:
+        """Close every connection; the writer last, so that it can checkpoint the WAL."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self._readers:
+            conn.close()
+        with contextlib.suppress(apsw.Error):
+            self._writer.execute("PRAGMA optimize")
+        self._writer.close()
+
+
+def backup_to(conn: apsw.Connection, path: str | os.PathLike[str]) -> None:
+    """Copy the database behind ``conn`` to a new file at ``path`` with SQLite's online backup API.
+
+    One step copies every page under one read transaction: a consistent snapshot, taken while other
+    connections (the running server) go on writing, since readers never block writers in WAL mode.
+    """
+    dest = apsw.Connection(str(path))
+    try:
+        with dest.backup("main", conn, "main") as backup:
+            backup.step(-1)
+    finally:
+        dest.close()
+
+
+def check(conn: apsw.Connection) -> None:
+    """A cheap liveness check for ``/healthz``: the file is readable and the schema is there."""
+    conn.execute("SELECT count(*) FROM galleries").fetchall()

@@ -1,0 +1,305 @@
+"""SQL for photos, upload groups and the processing queue.
+
+The queue's rules live here, in the statements themselves:
+
+* a claim is one guarded ``UPDATE ... WHERE id = (SELECT ...) AND status = 'pending' RETURNING *``: it takes the
+  oldest pending photo, sets ``processing``, a fresh claim token, ``attempts + 1`` and a lease deadline;
+* every later write for that photo (renew, complete, fail, release) has ``AND claim_token = ? AND status =
+  'processing'`` in its WHERE clause, so a worker that lost its claim changes nothing, and learns so from the
+  row count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from picpeak_lite.store.db import Connection
+
+Row = dict[str, Any]
+
+MAX_ERROR_LENGTH = 1000
+ORIGINAL_MISSING = "The original file is missing from storage."  # the reason a photo without its file fails
+TERMINAL = ("complete", "failed")
+
+# The SQL condition for a photo a guest may see; used by every query that lists photos for guests. Here rather
+# than in ``access`` (which re-exports it) so that ``access`` can call these functions without an import cycle.
+GUEST_VISIBLE_PHOTO = "status = 'complete' AND hidden = 0"
+
+
+def create_upload(conn: Connection, upload_id: str, gallery_id: int, uploaded_by: str,
+                  guest_session_id: int | None, guest_name: str | None, now: float) -> None:
+    conn.execute(
+        "INSERT INTO uploads (id, gallery_id, uploaded_by, guest_session_id, guest_name, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (upload_id, gallery_id, uploaded_by, guest_session_id, guest_name, now),
+    )
+
+
+def get_upload(conn: Connection, upload_id: str) -> Row | None:
+    rows = conn.execute("SELECT * FROM uploads WHERE id = ?", (upload_id,)).fetchall()
+    return rows[0] if rows else None
+
+
+def insert_photo(conn: Connection, *, gallery_id: int, upload_id: str, storage_key: str, sha256: str,
+                 display_name: str, size: int, format: str, uploaded_by: str, guest_name: str | None,
+                 width: int, height: int, now: float) -> int:
+    """Insert a pending photo under a new id: one never given before, even to a photo since deleted (schema 5)."""
+    photo_id = conn.execute(
+        "UPDATE photo_id_counter SET next_id = max(next_id, (SELECT coalesce(max(id), 0) FROM photos) + 1) + 1 "
+        "RETURNING next_id - 1 AS id"
+    ).fetchall()[0]["id"]
+    conn.execute(
+        "INSERT INTO photos (id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
+        "uploaded_by, guest_name, width, height, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (photo_id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, uploaded_by,
+         guest_name, width, height, now),
+    )
+    return photo_id
+
+
+def find_by_sha(conn: Connection, gallery_id: int, sha256: str) -> Row | None:
+    rows = conn.execute(
+        "SELECT id, display_name, size, status FROM photos WHERE gallery_id = ? AND sha256 = ?",
+        (gallery_id, sha256),
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def count_in_gallery(conn: Connection, gallery_id: int) -> int:
+    return conn.execute("SELECT count(*) AS n FROM photos WHERE gallery_id = ?", (gallery_id,)).fetchall()[0]["n"]
+
+
+def get(conn: Connection, photo_id: int) -> Row | None:
+    rows = conn.execute("SELECT * FROM photos WHERE id = ?", (photo_id,)).fetchall()
+    return rows[0] if rows else None
+
+
+def get_visible(conn: Connection, gallery_id: int, photo_id: int) -> Row | None:
+    """The photo if it is in this gallery and a guest may see it (``access.visible_photo`` turns None into 404)."""
+    rows = conn.execute(
+        f"SELECT * FROM photos WHERE id = ? AND gallery_id = ? AND {GUEST_VISIBLE_PHOTO}",
+        (photo_id, gallery_id),
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def claim_next(conn: Connection, token: str, now: float, lease_seconds: float) -> Row | None:
+    rows = conn.execute(
+        "UPDATE photos SET status = 'processing', claim_token = ?, attempts = attempts + 1, lease_until = ?, "
+        "processing_started_at = ?, error = NULL "
+        "WHERE id = (SELECT id FROM photos WHERE status = 'pending' ORDER BY id LIMIT 1) AND status = 'pending' "
+        "RETURNING *",
+        (token, now + lease_seconds, now),
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def renew_lease(conn: Connection, photo_id: int, token: str, lease_until: float) -> bool:
+    conn.execute(
+        "UPDATE photos SET lease_until = ? WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (lease_until, photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any], now: float) -> bool:
+    """Record a finished photo, if ``token`` still holds its claim."""
+    columns = ("width", "height", "taken_at", "camera_make", "camera_model", "lens", "focal_length", "aperture",
+               "exposure", "iso", "has_gps")
+    assignments = ", ".join(f"{c} = ?" for c in columns)
+    conn.execute(
+        f"UPDATE photos SET status = 'complete', claim_token = NULL, lease_until = NULL, error = NULL, "
+        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (now, *(values.get(c) for c in columns), photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def fail(conn: Connection, photo_id: int, token: str, error: str, now: float) -> bool:
+    conn.execute(
+        "UPDATE photos SET status = 'failed', claim_token = NULL, lease_until = NULL, error = ?, completed_at = ? "
+        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (error[:MAX_ERROR_LENGTH], now, photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def release(conn: Connection, photo_id: int, token: str) -> bool:
+    """Hand a claimed photo back (shutdown): it is pending again and this attempt does not count."""
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
+        "attempts = max(attempts - 1, 0) WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def release_all_claims(conn: Connection) -> int:
+    """Every ``processing`` photo back to ``pending`` (this attempt does not count, as on a clean shutdown).
+
+    For a backup's copy of the database only, never the live one: there no worker holds those claims any more,
+    so a restored server reprocesses them at once instead of waiting for their lease.
+    """
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
+        "attempts = max(attempts - 1, 0) WHERE status = 'processing'"
+    )
+    return conn.changes()
+
+
+def mark_views_stale(conn: Connection, gallery_ids: list[int]) -> int:
+    """These galleries' watermark changed: their photos' images are to be made again (schema 6). A photo being
+    processed may have read the old watermark, so it is marked too (complete() leaves the mark); a pending one
+    will read the new one."""
+    if not gallery_ids:
+        return 0
+    marks = ", ".join("?" * len(gallery_ids))
+    conn.execute(
+        f"UPDATE photos SET views_stale = views_stale + 1 "
+        f"WHERE gallery_id IN ({marks}) AND status IN ('processing', 'complete')",
+        gallery_ids,
+    )
+    return conn.changes()
+
+
+# Named index: left to itself, the planner walks every complete photo through photos_queue instead.
+NEXT_STALE_VIEWS = ("SELECT * FROM photos INDEXED BY photos_views_stale "
+                    "WHERE views_stale > 0 AND status = 'complete' AND id % ? = ? ORDER BY id LIMIT 1")
+
+
+def next_stale_views(conn: Connection, worker: int, workers: int) -> Row | None:
+    """A complete photo whose images are to be made again; workers of one pool take disjoint photos."""
+    rows = conn.execute(NEXT_STALE_VIEWS, (workers, worker)).fetchall()
+    return rows[0] if rows else None
+
+
+def views_still_stale(conn: Connection, photo_id: int, stale: int) -> bool:
+    """Still complete and marked exactly as when its images were made again (nothing changed since)."""
+    rows = conn.execute(
+        "SELECT 1 FROM photos WHERE id = ? AND status = 'complete' AND views_stale = ?", (photo_id, stale)
+    ).fetchall()
+    return bool(rows)
+
+
+def views_refreshed(conn: Connection, photo_id: int, stale: int) -> bool:
+    """The images were made again from the settings of the time ``stale`` was read; False when the watermark
+    changed once more since (the photo stays marked and is made again)."""
+    conn.execute("UPDATE photos SET views_stale = 0 WHERE id = ? AND views_stale = ?", (photo_id, stale))
+    return conn.changes() == 1
+
+
+def expired_claims(conn: Connection, now: float) -> list[Row]:
+    return conn.execute(
+        "SELECT id, attempts, claim_token, upload_id, gallery_id FROM photos "
+        "WHERE status = 'processing' AND lease_until < ?",
+        (now,),
+    ).fetchall()
+
+
+def requeue(conn: Connection, photo_id: int, token: str) -> bool:
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL "
+        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def retry(conn: Connection, photo_id: int) -> bool:
+    """``failed`` -> ``pending`` with a fresh attempt budget; nothing else moves."""
+    conn.execute(
+        "UPDATE photos SET status = 'pending', error = NULL, attempts = 0, completed_at = NULL "
+        "WHERE id = ? AND status = 'failed'",
+        (photo_id,),
+    )
+    if conn.changes() == 1:
+        conn.execute("UPDATE uploads SET completed_at = NULL WHERE id = (SELECT upload_id FROM photos WHERE id = ?)",
+                     (photo_id,))
+        return True
+    return False
+
+
+def requeue_for_derivatives(conn: Connection, photo_id: int) -> bool:
+    """``complete`` -> ``pending`` with a fresh attempts budget, so that a worker makes the images again.
+
+    Guarded by the status: a photo that moved on (deleted, already requeued) is left alone. The upload group
+    stays completed, so no second ``upload.completed`` is sent; ``photo.uploaded`` keeps its id.
+    """
+    conn.execute(
+        "UPDATE photos SET status = 'pending', attempts = 0, error = NULL, claim_token = NULL, lease_until = NULL, "
+        "completed_at = NULL WHERE id = ? AND status = 'complete'",
+        (photo_id,),
+    )
+    return conn.changes() == 1
+
+
+def mark_missing_original(conn: Connection, photo_id: int, now: float) -> bool:
+    conn.execute(
+        "UPDATE photos SET status = 'failed', claim_token = NULL, lease_until = NULL, completed_at = ?, "
+        "error = ? WHERE id = ? AND status != 'failed'",
+        (now, ORIGINAL_MISSING, photo_id),
+    )
+    return conn.changes() == 1
+
+
+def upload_counts(conn: Connection, upload_id: str) -> Row:
+    return conn.execute(
+        "SELECT count(*) AS total, "
+        "coalesce(sum(status = 'pending'), 0) AS pending, coalesce(sum(status = 'processing'), 0) AS processing, "
+        "coalesce(sum(status = 'complete'), 0) AS complete, coalesce(sum(status = 'failed'), 0) AS failed "
+        "FROM photos WHERE upload_id = ?",
+        (upload_id,),
+    ).fetchall()[0]
+
+
+def upload_photos(conn: Connection, upload_id: str) -> list[Row]:
+    return conn.execute(
+        "SELECT id, display_name, status, error, width, height, size FROM photos WHERE upload_id = ? ORDER BY id",
+        (upload_id,),
+    ).fetchall()
+
+
+def finish_upload_if_terminal(conn: Connection, upload_id: str, now: float) -> bool:
+    """Mark the upload group completed when every photo is terminal. True only the first time."""
+    conn.execute(
+        "UPDATE uploads SET completed_at = ? WHERE id = ? AND completed_at IS NULL AND NOT EXISTS "
+        "(SELECT 1 FROM photos WHERE upload_id = ? AND status NOT IN ('complete', 'failed'))",
+        (now, upload_id, upload_id),
+    )
+    return conn.changes() == 1
+
+
+def delete(conn: Connection, photo_id: int) -> Row | None:
+    rows = conn.execute("DELETE FROM photos WHERE id = ? RETURNING *", (photo_id,)).fetchall()
+    return rows[0] if rows else None
+
+
+def existing_ids(conn: Connection, ids: list[int]) -> list[int]:
+    """Those of ``ids`` that still have a row (backup asks the live database which photos went meanwhile)."""
+    marks = ", ".join("?" * len(ids))
+    return [r["id"] for r in conn.execute(f"SELECT id FROM photos WHERE id IN ({marks})", ids).fetchall()]
+
+
+def key_in_use(conn: Connection, storage_key: str) -> bool:
+    return bool(conn.execute("SELECT 1 FROM photos WHERE storage_key = ?", (storage_key,)).fetchall())
+
+
+def keys_of_gallery(conn: Connection, gallery_id: int) -> list[str]:
+    rows = conn.execute("SELECT storage_key FROM photos WHERE gallery_id = ?", (gallery_id,)).fetchall()
+    return [r["storage_key"] for r in rows]
+
+
+def rows_for_check(conn: Connection) -> list[Row]:
+    """Every photo with what ``check`` and ``backup`` verify its original against."""
+    return conn.execute("SELECT id, storage_key, sha256, status, display_name FROM photos ORDER BY id").fetchall()
+
+
+def rows_with_keys(conn: Connection) -> list[Row]:
+    return conn.execute("SELECT id, storage_key, status FROM photos").fetchall()
+
+
+def queue_counts(conn: Connection) -> Row:
+    return conn.execute(
+        "SELECT coalesce(sum(status = 'pending'), 0) AS pending, "
+        "coalesce(sum(status = 'processing'), 0) AS processing FROM photos"
+    ).fetchall()[0]

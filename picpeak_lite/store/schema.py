@@ -1,0 +1,261 @@
+"""The database schema as numbered migrations keyed on ``PRAGMA user_version``.
+
+``migrate`` applies every pending step in one ``BEGIN IMMEDIATE`` transaction at start-up: either all of them
+land or none. A database written by a newer version of picpeak-lite is refused with a clear message rather than
+being half-understood. Add a step by appending to ``MIGRATIONS``; never edit a step that has shipped.
+"""
+
+from __future__ import annotations
+
+import apsw
+
+from picpeak_lite.errors import ConfigError
+from picpeak_lite.store.db import transaction
+
+# "PPKL": marks the file as ours, so that `file` and our own checks can tell it from other SQLite files.
+APPLICATION_ID = 0x50504B4C
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: admin accounts, sessions, API tokens, galleries, guest sessions.
+    """
+    CREATE TABLE admin_users (
+        id INTEGER PRIMARY KEY,
+        username TEXT NOT NULL UNIQUE,
+        password_hash TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        password_changed_at REAL NOT NULL
+    ) STRICT;
+
+    CREATE TABLE admin_sessions (
+        id INTEGER PRIMARY KEY,
+        token_hash TEXT NOT NULL UNIQUE,
+        user_id INTEGER NOT NULL REFERENCES admin_users(id) ON DELETE CASCADE,
+        csrf_token TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        revoked_at REAL
+    ) STRICT;
+
+    CREATE TABLE api_tokens (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        token_hash TEXT NOT NULL UNIQUE,
+        created_at REAL NOT NULL,
+        last_used_at REAL,
+        revoked_at REAL
+    ) STRICT;
+
+    CREATE TABLE galleries (
+        id INTEGER PRIMARY KEY,
+        slug TEXT NOT NULL UNIQUE,
+        share_token TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+        event_type TEXT NOT NULL DEFAULT 'other',
+        event_date TEXT,
+        customer_name TEXT NOT NULL DEFAULT '',
+        customer_email TEXT NOT NULL DEFAULT '',
+        welcome_message TEXT NOT NULL DEFAULT '',
+        password_hash TEXT,
+        password_version INTEGER NOT NULL DEFAULT 0,
+        expires_at REAL,
+        is_draft INTEGER NOT NULL DEFAULT 1 CHECK (is_draft IN (0, 1)),
+        allow_guest_uploads INTEGER NOT NULL DEFAULT 0 CHECK (allow_guest_uploads IN (0, 1)),
+        allow_downloads INTEGER NOT NULL DEFAULT 1 CHECK (allow_downloads IN (0, 1)),
+        watermark INTEGER NOT NULL DEFAULT 0 CHECK (watermark IN (0, 1)),
+        photo_cap INTEGER CHECK (photo_cap IS NULL OR photo_cap >= 1),
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    ) STRICT;
+
+    CREATE TABLE guest_sessions (
+        id INTEGER PRIMARY KEY,
+        token_hash TEXT NOT NULL UNIQUE,
+        csrf_token TEXT NOT NULL,
+        guest_name TEXT,
+        created_at REAL NOT NULL,
+        last_seen_at REAL NOT NULL
+    ) STRICT;
+
+    -- A guest session that entered a gallery's password. Tied to the password's version, so that changing the
+    -- password locks out everyone who entered the old one.
+    CREATE TABLE gallery_access (
+        guest_session_id INTEGER NOT NULL REFERENCES guest_sessions(id) ON DELETE CASCADE,
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        password_version INTEGER NOT NULL,
+        granted_at REAL NOT NULL,
+        PRIMARY KEY (guest_session_id, gallery_id)
+    ) STRICT;
+    """,
+    # 2: photos and their queue, upload groups, the webhook outbox.
+    """
+    CREATE TABLE uploads (
+        id TEXT PRIMARY KEY CHECK (length(id) = 32),
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        uploaded_by TEXT NOT NULL CHECK (uploaded_by IN ('admin', 'guest')),
+        guest_session_id INTEGER REFERENCES guest_sessions(id) ON DELETE SET NULL,
+        guest_name TEXT,
+        created_at REAL NOT NULL,
+        completed_at REAL
+    ) STRICT;
+
+    CREATE TABLE photos (
+        id INTEGER PRIMARY KEY,
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        upload_id TEXT NOT NULL REFERENCES uploads(id) ON DELETE CASCADE,
+        storage_key TEXT NOT NULL UNIQUE,
+        sha256 TEXT NOT NULL CHECK (length(sha256) = 64),
+        display_name TEXT NOT NULL,
+        size INTEGER NOT NULL CHECK (size > 0),
+        format TEXT NOT NULL CHECK (format IN ('jpeg', 'png', 'webp', 'heif')),
+        uploaded_by TEXT NOT NULL CHECK (uploaded_by IN ('admin', 'guest')),
+        guest_name TEXT,
+        status TEXT NOT NULL DEFAULT 'pending'
+            CHECK (status IN ('pending', 'processing', 'complete', 'failed')),
+        error TEXT CHECK (error IS NULL OR length(error) <= 1000),
+        claim_token TEXT,
+        lease_until REAL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        processing_started_at REAL,
+        width INTEGER,
+        height INTEGER,
+        taken_at TEXT,
+        camera_make TEXT,
+        camera_model TEXT,
+        lens TEXT,
+        focal_length REAL,
+        aperture REAL,
+        exposure TEXT,
+        iso INTEGER,
+        has_gps INTEGER,
+        hidden INTEGER NOT NULL DEFAULT 0 CHECK (hidden IN (0, 1)),
+        created_at REAL NOT NULL,
+        completed_at REAL,
+        UNIQUE (gallery_id, sha256),
+        CHECK (status != 'processing' OR (claim_token IS NOT NULL AND lease_until IS NOT NULL))
+    ) STRICT;
+    CREATE INDEX photos_queue ON photos(status, id);
+    CREATE INDEX photos_by_upload ON photos(upload_id, id);
+    CREATE INDEX photos_by_gallery ON photos(gallery_id, status, id);
+
+    ALTER TABLE galleries ADD COLUMN cover_photo_id INTEGER REFERENCES photos(id) ON DELETE SET NULL;
+
+    -- The outbox: written in the same transaction as the state change it reports. The id is derived from
+    -- (event, subject), so reprocessing a photo can never produce a second delivery id.
+    CREATE TABLE webhook_deliveries (
+        id INTEGER PRIMARY KEY,
+        event_id TEXT NOT NULL,
+        endpoint_url TEXT NOT NULL,
+        event_type TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'delivered', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at REAL NOT NULL,
+        last_status_code INTEGER,
+        last_error TEXT,
+        delivered_at REAL,
+        UNIQUE (event_id, endpoint_url)
+    ) STRICT;
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries(status, next_attempt_at);
+    """,
+    # 3: the change feed (filled by triggers, so no write path can forget it), favourites, webhook endpoints
+    # managed from the admin pages, and admin settings.
+    """
+    CREATE TABLE photo_changes (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        photo_id INTEGER NOT NULL,
+        gallery_id INTEGER NOT NULL,
+        upload_id TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'processing', 'complete', 'failed', 'deleted')),
+        hidden INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL DEFAULT (unixepoch('subsec'))
+    ) STRICT;
+    CREATE INDEX photo_changes_by_gallery ON photo_changes(gallery_id, seq);
+    CREATE INDEX photo_changes_by_upload ON photo_changes(upload_id, seq);
+
+    CREATE TRIGGER photos_change_insert AFTER INSERT ON photos BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden)
+        VALUES (NEW.id, NEW.gallery_id, NEW.upload_id, NEW.status, NEW.hidden);
+    END;
+    CREATE TRIGGER photos_change_update AFTER UPDATE OF status, hidden ON photos
+        WHEN OLD.status IS NOT NEW.status OR OLD.hidden IS NOT NEW.hidden BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden)
+        VALUES (NEW.id, NEW.gallery_id, NEW.upload_id, NEW.status, NEW.hidden);
+    END;
+    CREATE TRIGGER photos_change_delete AFTER DELETE ON photos BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden)
+        VALUES (OLD.id, OLD.gallery_id, OLD.upload_id, 'deleted', OLD.hidden);
+    END;
+
+    CREATE TABLE favourites (
+        guest_session_id INTEGER NOT NULL REFERENCES guest_sessions(id) ON DELETE CASCADE,
+        photo_id INTEGER NOT NULL REFERENCES photos(id) ON DELETE CASCADE,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (guest_session_id, photo_id)
+    ) STRICT;
+    CREATE INDEX favourites_by_photo ON favourites(photo_id);
+
+    CREATE TABLE webhook_endpoints (
+        id INTEGER PRIMARY KEY,
+        url TEXT NOT NULL UNIQUE,
+        secret TEXT NOT NULL,
+        events TEXT NOT NULL,
+        active INTEGER NOT NULL DEFAULT 1 CHECK (active IN (0, 1)),
+        created_at REAL NOT NULL
+    ) STRICT;
+
+    CREATE TABLE app_settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) STRICT;
+    """,
+    # 4: guests page through a gallery by capture time; this partial index makes each page's cost independent
+    # of the gallery's size (the expression is queries.listing.TAKEN_KEY, the condition is
+    # queries.photos.GUEST_VISIBLE_PHOTO).
+    """
+    CREATE INDEX photos_guest_taken ON photos(
+        gallery_id, coalesce(taken_at, strftime('%Y-%m-%dT%H:%M:%S', created_at, 'unixepoch')), id
+    ) WHERE status = 'complete' AND hidden = 0;
+    """,
+    # 5: a photo id is never given twice. Without AUTOINCREMENT (which needs a table rebuild) SQLite gives the
+    # next photo the highest id deleted before it, and browsers cache images by URL for a week, webhook
+    # receivers and the change log know photos by id. queries.photos.insert_photo takes ids from this counter;
+    # it starts past every id the photos table and the change log still remember.
+    """
+    CREATE TABLE photo_id_counter (next_id INTEGER NOT NULL) STRICT;
+    INSERT INTO photo_id_counter (next_id) SELECT max(
+        (SELECT coalesce(max(id), 0) FROM photos), (SELECT coalesce(max(photo_id), 0) FROM photo_changes)) + 1;
+    """,
+    # 6: view images follow the watermark. A change to a gallery's watermark (or to the settings behind it)
+    # counts up views_stale on its photos; an idle worker makes their images again and sets it back to 0 only
+    # if nothing counted it up meanwhile. The photo stays complete and visible throughout.
+    """
+    ALTER TABLE photos ADD COLUMN views_stale INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX photos_views_stale ON photos(id) WHERE views_stale > 0;
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: apsw.Connection, *, target: int | None = None) -> int:
+    """Bring the database up to ``target`` (default: the newest). Returns the version it started at."""
+    newest = len(MIGRATIONS)
+    target = newest if target is None else target
+    with transaction(conn):
+        current = conn.execute("PRAGMA user_version").fetchall()[0]["user_version"]
+        app_id = conn.execute("PRAGMA application_id").fetchall()[0]["application_id"]
+        if app_id not in (0, APPLICATION_ID):
+            raise ConfigError(f"{conn.filename} is not a picpeak-lite database (application_id {app_id:#x})")
+        if current > newest:
+            raise ConfigError(
+                f"the database {conn.filename} has schema version {current}, newer than this picpeak-lite "
+                f"understands ({newest}); upgrade picpeak-lite or restore a backup"
+            )
+        for version in range(current + 1, target + 1):
+            conn.execute(MIGRATIONS[version - 1])
+        if target > current:
+            # PRAGMAs take no parameters; both values are integers we control.
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    return current

@@ -1,0 +1,304 @@
+"""The photographer's HTML pages: login, dashboard, gallery form, gallery page (with the photo grid and the
+bulk uploader), QR codes for sharing."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+import os
+from typing import Any
+
+import trio
+from quart import Blueprint, Response, g, redirect, render_template, request, url_for
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from picpeak_lite import security
+from picpeak_lite.domain import admin_settings, galleries
+from picpeak_lite.domain.gallery_fields import EVENT_TYPES
+from picpeak_lite.errors import NotFound, ValidationError
+from picpeak_lite.store.queries import admin as admin_q
+from picpeak_lite.store.queries import admin_photos as admin_photo_q
+from picpeak_lite.store.queries import galleries as gallery_q
+from picpeak_lite.web import qr
+from picpeak_lite.web.auth import admin_page, check_origin, current_admin, services
+from picpeak_lite.web.views.admin_photos import load_grid, read_filters
+from picpeak_lite.web.views.common import client_ip, share_url
+from picpeak_lite.web.views.photos import admin_image_url
+
+EXPIRY_WARNING_DAYS = 7
+QR_TARGETS = ("gallery", "upload")
+
+blueprint = Blueprint("admin", __name__, url_prefix="/admin")
+
+
+@blueprint.get("/login")
+async def login() -> Any:
+    if await current_admin() is not None:
+        return redirect(url_for("admin.dashboard"))
+    return await render_template("admin/login.html", next=_safe_next(request.args.get("next")), error=None)
+
+
+@blueprint.post("/login")
+async def login_submit() -> Any:
+    check_origin()
+    svc = services()
+    form = await request.form
+    next_url = _safe_next(form.get("next"))
+    ip = client_ip()
+    async with svc.login_throttle.guard("admin", ip):
+        user = await svc.db.read(admin_q.get_user_by_name, form.get("username", "").strip())
+        ok = await svc.verify_password(user["password_hash"] if user else None, form.get("password", ""))
+        if not ok or user is None:
+            svc.login_throttle.failed("admin", ip)
+        else:
+            svc.login_throttle.succeeded("admin", ip)
+    if not ok or user is None:
+        html = await render_template(
+            "admin/login.html", next=next_url, error="Wrong user name or password.",
+            username=form.get("username", ""),
+        )
+        return html, 401
+    token = security.new_token()
+    now = svc.clock()
+    max_age = svc.settings.session_days * 86400
+    await svc.db.write(
+        admin_q.create_session, user["id"], security.token_hash(token), security.new_token(), now, now + max_age
+    )
+    g.set_admin_cookie = (token, max_age)
+    return redirect(next_url or url_for("admin.dashboard"))
+
+
+@blueprint.post("/logout")
+@admin_page
+async def logout() -> WerkzeugResponse:
+    svc = services()
+    admin = await current_admin()
+    if admin and admin.session_hash:
+        await svc.db.write(admin_q.revoke_session, admin.session_hash, svc.clock())
+    g.set_admin_cookie = (None, 0)
+    return redirect(url_for("admin.login"))
+
+
+@blueprint.get("/")
+@admin_page
+async def dashboard() -> str:
+    svc = services()
+
+    def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], int, Any]:
+        return (gallery_q.list_all(conn), admin_photo_q.gallery_extras(conn),
+                admin_photo_q.total_original_bytes(conn), admin_settings.load(conn, svc.settings))
+
+    rows, extras, original_bytes, chosen = await svc.db.read(read)
+    storage = svc.storage
+    derived_bytes, usage = await trio.to_thread.run_sync(lambda: (_tree_bytes(storage.root / "derived"),
+                                                                  storage.disk_usage()))
+    now = svc.clock()
+    cards = []
+    for row in rows:
+        extra = extras.get(row["id"], {})
+        cover_id = extra.get("cover_id")
+        cards.append({
+            **row, "favourite_count": extra.get("favourite_count", 0),
+            "cover_url": admin_image_url(cover_id, "grid") if cover_id else None,
+            "expiry": _expiry(row["expires_at"], now),
+        })
+    low_disk_bytes = chosen.low_disk_mb * 1024 * 1024
+    disk = {"used": original_bytes + derived_bytes, "free": usage.free, "total": usage.total,
+            "low": usage.free < low_disk_bytes, "threshold_mb": chosen.low_disk_mb}
+    return await render_template("admin/dashboard.html", galleries=cards, share_url=share_url, disk=disk,
+                                 size=human_size)
+
+
+@blueprint.get("/galleries/new")
+@admin_page
+async def new_gallery() -> str:
+    svc = services()
+    chosen = await svc.db.read(admin_settings.load, svc.settings)
+    today = dt.datetime.fromtimestamp(svc.clock(), dt.UTC).date()
+    values = {
+        "expires_on": (today + dt.timedelta(days=chosen.default_expiry_days)).isoformat(),
+        "allow_downloads": chosen.default_allow_downloads, "allow_guest_uploads": chosen.default_allow_guest_uploads,
+        "watermark": chosen.default_watermark, "photo_cap": chosen.default_photo_cap or "", "event_type": "wedding",
+    }
+    return await _form_page(values, {}, gallery=None)
+
+
+@blueprint.post("/galleries/new")
+@admin_page
+async def create_gallery() -> Any:
+    form = _form_values(await request.form)
+    try:
+        row = await galleries.create_gallery(services(), form)
+    except ValidationError as error:
+        return await _form_page(form, error.fields, gallery=None), 400
+    return redirect(url_for("admin.gallery", gallery_id=row["id"]))
+
+
+@blueprint.get("/galleries/<int:gallery_id>")
+@admin_page
+async def gallery(gallery_id: int) -> str:
+    return await gallery_page(gallery_id)
+
+
+async def gallery_page(gallery_id: int, **extra: Any) -> str:
+    svc = services()
+    row = await galleries.get_gallery(svc, gallery_id)
+    filters = read_filters(request.args)
+    photos, favourites = await load_grid(gallery_id, filters)
+    link = share_url(row["slug"])
+    return await render_template(
+        "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
+        expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
+        image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), **extra,
+    )
+
+
+@blueprint.get("/galleries/<int:gallery_id>/qr")
+@admin_page
+async def qr_sheet(gallery_id: int) -> str:
+    """A printable page with both codes, for a table card."""
+    row = await galleries.get_gallery(services(), gallery_id)
+    link = share_url(row["slug"])
+    return await render_template("admin/qr.html", gallery=row, share_url=link, upload_url=link + "/upload")
+
+
+@blueprint.get("/galleries/<int:gallery_id>/qr/<any(gallery, upload):target>.<any(png, svg):kind>")
+@admin_page
+async def qr_image(gallery_id: int, target: str, kind: str) -> Response:
+    row = await galleries.get_gallery(services(), gallery_id)
+    if target == "upload" and not row["allow_guest_uploads"]:
+        raise NotFound("Guest uploads are off for this gallery.")
+    payload = share_url(row["slug"]) + ("/upload" if target == "upload" else "")
+    try:
+        scale = int(request.args.get("scale", "10"))
+    except ValueError:
+        scale = 10
+    data = qr.render(payload, kind, scale=scale)
+    response = Response(data, content_type=qr.KINDS[kind], headers={"Cache-Control": "private, no-cache"})
+    if request.args.get("download"):
+        response.headers["Content-Disposition"] = f'attachment; filename="{row["slug"]}-{target}-qr.{kind}"'
+    return response
+
+
+@blueprint.get("/galleries/<int:gallery_id>/edit")
+@admin_page
+async def edit_gallery(gallery_id: int) -> str:
+    row = await galleries.get_gallery(services(), gallery_id)
+    values = dict(row, expires_on=galleries.expires_on(row) or "")
+    return await _form_page(values, {}, gallery=row)
+
+
+@blueprint.post("/galleries/<int:gallery_id>/edit")
+@admin_page
+async def update_gallery(gallery_id: int) -> Any:
+    svc = services()
+    row = await galleries.get_gallery(svc, gallery_id)
+    form = _form_values(await request.form)
+    try:
+        await galleries.update_gallery(svc, gallery_id, form, partial=False)
+    except ValidationError as error:
+        return await _form_page(form, error.fields, gallery=row), 400
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id))
+
+
+@blueprint.post("/galleries/<int:gallery_id>/publish")
+@admin_page
+async def publish(gallery_id: int) -> WerkzeugResponse:
+    await galleries.set_published(services(), gallery_id, True)
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id))
+
+
+@blueprint.post("/galleries/<int:gallery_id>/unpublish")
+@admin_page
+async def unpublish(gallery_id: int) -> WerkzeugResponse:
+    await galleries.set_published(services(), gallery_id, False)
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id))
+
+
+@blueprint.post("/galleries/<int:gallery_id>/delete")
+@admin_page
+async def delete(gallery_id: int) -> Any:
+    svc = services()
+    row = await galleries.get_gallery(svc, gallery_id)
+    form = await request.form
+    if form.get("confirm_name", "").strip() != row["name"]:
+        return await gallery_page(gallery_id, delete_error="Type the gallery's name exactly to delete it."), 400
+    await galleries.delete_gallery(svc, gallery_id)
+    return redirect(url_for("admin.dashboard"))
+
+
+@blueprint.get("/password")
+@admin_page
+async def password() -> str:
+    return await render_template("admin/password.html", errors={})
+
+
+@blueprint.post("/password")
+@admin_page
+async def password_submit() -> Any:
+    svc = services()
+    admin = await current_admin()
+    assert admin is not None
+    form = await request.form
+    user = await svc.db.read(admin_q.get_user_by_name, admin.username)
+    errors: dict[str, str] = {}
+    if not await svc.verify_password(user["password_hash"], form.get("current", "")):
+        errors["current"] = "That is not your current password."
+    new = form.get("new", "")
+    if len(new) < security.MIN_PASSWORD_LENGTH:
+        errors["new"] = f"At least {security.MIN_PASSWORD_LENGTH} characters."
+    elif new != form.get("confirm", ""):
+        errors["confirm"] = "The two new passwords differ."
+    if errors:
+        return await render_template("admin/password.html", errors=errors), 400
+    new_hash = await svc.hash_password(new)
+    await svc.db.write(admin_q.set_password, user["id"], new_hash, svc.clock())
+    g.set_admin_cookie = (None, 0)
+    return redirect(url_for("admin.login"))
+
+
+async def _form_page(values: dict[str, Any], errors: dict[str, str], gallery: dict[str, Any] | None) -> str:
+    return await render_template(
+        "admin/gallery_form.html", values=values, errors=errors, gallery=gallery, event_types=EVENT_TYPES
+    )
+
+
+def _form_values(form: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {key: form.get(key) for key in form if key != "csrf_token"}
+    values["_form"] = True
+    values.setdefault("expires_on", "")
+    return values
+
+
+def _safe_next(value: str | None) -> str | None:
+    """Only redirect to our own pages after login."""
+    if value and value.startswith("/admin") and not value.startswith("//") and "\\" not in value:
+        return value
+    return None
+
+
+def _expiry(expires_at: float | None, now: float) -> dict[str, Any] | None:
+    """Days left (rounded up), and whether to warn: within a week, or already expired."""
+    if expires_at is None:
+        return None
+    days = math.ceil((expires_at - now) / 86400)
+    return {"days": days, "expired": expires_at <= now, "warn": expires_at <= now or days <= EXPIRY_WARNING_DAYS,
+            "on": dt.datetime.fromtimestamp(expires_at, dt.UTC).date().isoformat()}
+
+
+def _tree_bytes(path: Any) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # removed while we walk
+                total += os.stat(os.path.join(folder, name)).st_size
+    return total
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"

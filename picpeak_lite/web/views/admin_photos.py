@@ -1,0 +1,179 @@
+"""The photographer's photo grid: list with filters, hide/show, delete several, set the cover, retry.
+
+Each action exists twice over one core function: as JSON under ``/api/admin`` (for the page's script and for
+tools) and as a plain form post under ``/admin`` that redirects back, so the grid works without script too.
+A form delete without ``confirm=yes`` answers with a confirmation page instead of deleting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from quart import Blueprint, redirect, render_template, request, url_for
+
+from picpeak_lite.domain import galleries
+from picpeak_lite.errors import BadRequest, Conflict, NotFound
+from picpeak_lite.pipeline import transitions
+from picpeak_lite.store.queries import admin_photos as q
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.web.auth import admin_api, admin_page, services
+from picpeak_lite.web.views.photos import admin_image_url, photo_status
+
+blueprint = Blueprint("admin_photos", __name__)
+
+ACTIONS = ("hide", "show", "delete", "cover")
+MAX_IDS = 5000
+
+
+def photo_json(row: dict[str, Any], favourited_by: list[str], cover_id: int | None) -> dict[str, Any]:
+    """The status endpoint's shape of a photo, plus what the admin grid shows about it."""
+    return {
+        **photo_status(row, admin_image_url),
+        "size": row["size"],
+        "hidden": bool(row["hidden"]),
+        "uploaded_by": row["uploaded_by"],
+        "guest_name": row["guest_name"],
+        "favourite_count": row["favourite_count"],
+        "favourited_by": favourited_by,
+        "is_cover": row["id"] == cover_id,
+    }
+
+
+def read_filters(args: Any) -> dict[str, Any]:
+    status = args.get("status") or None
+    source = args.get("source") or None
+    return {
+        "status": status if status in q.STATUS_FILTERS else None,
+        "source": source if source in q.SOURCE_FILTERS else None,
+        "favourites": args.get("favourites") in ("1", "on", "true"),
+    }
+
+
+def filter_query(filters: dict[str, Any]) -> dict[str, str]:
+    """The query string of ``read_filters``' output: only the known keys, so no client key can clash with a
+    route's own arguments in ``url_for``."""
+    query = {key: filters[key] for key in ("status", "source") if filters[key]}
+    if filters["favourites"]:
+        query["favourites"] = "1"
+    return query
+
+
+async def load_grid(gallery_id: int, filters: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, list[str]]]:
+    def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, list[str]]]:
+        return q.list_photos(conn, gallery_id, **filters), q.favourites_by_photo(conn, gallery_id)
+
+    return await services().db.read(read)
+
+
+@blueprint.get("/api/admin/galleries/<int:gallery_id>/photos")
+@admin_api
+async def list_photos(gallery_id: int) -> dict[str, Any]:
+    gallery = await galleries.get_gallery(services(), gallery_id)
+    rows, favs = await load_grid(gallery_id, read_filters(request.args))
+    return {"photos": [photo_json(r, favs.get(r["id"], []), gallery["cover_photo_id"]) for r in rows]}
+
+
+@blueprint.post("/api/admin/galleries/<int:gallery_id>/photos/bulk")
+@admin_api
+async def bulk_api(gallery_id: int) -> dict[str, Any]:
+    data = await request.get_json(force=True, silent=True)
+    if not isinstance(data, dict):
+        raise BadRequest("Send a JSON object: {\"action\": ..., \"ids\": [...]}.")
+    action, ids = data.get("action"), data.get("ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise BadRequest("'ids' must be a list of photo ids.")
+    changed = await apply_action(gallery_id, action, ids)
+    return {"action": action, "changed": changed}
+
+
+@blueprint.put("/api/admin/galleries/<int:gallery_id>/cover")
+@admin_api
+async def cover_api(gallery_id: int) -> dict[str, Any]:
+    data = await request.get_json(force=True, silent=True)
+    photo_id = data.get("photo_id") if isinstance(data, dict) else "missing"
+    if photo_id is not None and (not isinstance(photo_id, int) or isinstance(photo_id, bool)):
+        raise BadRequest("Send {\"photo_id\": <id>} (or null for the first photo).")
+    await set_cover(gallery_id, photo_id)
+    return {"gallery_id": gallery_id, "cover_photo_id": photo_id}
+
+
+@blueprint.post("/admin/galleries/<int:gallery_id>/photos")
+@admin_page
+async def bulk_form(gallery_id: int) -> Any:
+    form = await request.form
+    action = form.get("action")
+    try:
+        ids = [int(v) for v in form.getlist("ids")]
+    except ValueError:
+        raise BadRequest("The selection is not valid; reload the page and try again.") from None
+    back = url_for("admin.gallery", gallery_id=gallery_id, **filter_query(read_filters(request.args)))
+    if action == "delete" and form.get("confirm") != "yes":
+        gallery = await galleries.get_gallery(services(), gallery_id)
+        ids = await services().db.read(q.ids_in_gallery, gallery_id, ids)
+        if not ids:
+            raise BadRequest("Select the photos to delete first.")
+        return await render_template("admin/confirm_delete.html", gallery=gallery, ids=ids, back=back), 200
+    await apply_action(gallery_id, action, ids)
+    return redirect(back + "#photos")
+
+
+@blueprint.post("/admin/photos/<int:photo_id>/retry")
+@admin_page
+async def retry_form(photo_id: int) -> Any:
+    svc = services()
+    photo = await svc.db.read(photo_q.get, photo_id)
+    if photo is None:
+        raise NotFound("There is no such photo.")
+    if not await svc.db.write(photo_q.retry, photo_id):
+        raise Conflict("Only a failed photo can be retried.")
+    svc.wake_workers()
+    return redirect(url_for("admin.gallery", gallery_id=photo["gallery_id"]) + "#photos")
+
+
+async def apply_action(gallery_id: int, action: Any, ids: list[int]) -> int:
+    """Run one grid action on the photos of ``ids`` that belong to this gallery; returns how many changed."""
+    svc = services()
+    if action not in ACTIONS:
+        raise BadRequest("Choose one of: " + ", ".join(ACTIONS) + ".")
+    if not ids:
+        raise BadRequest("Select at least one photo.")
+    if len(ids) > MAX_IDS:
+        raise BadRequest(f"At most {MAX_IDS} photos at once.")
+    await galleries.get_gallery(svc, gallery_id)
+    if action == "cover":
+        if len(ids) != 1:
+            raise BadRequest("Select exactly one photo to make it the cover.")
+        await set_cover(gallery_id, ids[0])
+        return 1
+    if action in ("hide", "show"):
+        return await svc.db.write(q.set_hidden, gallery_id, ids, action == "hide")
+    return await delete_photos(gallery_id, ids)
+
+
+async def set_cover(gallery_id: int, photo_id: int | None) -> None:
+    svc = services()
+    await galleries.get_gallery(svc, gallery_id)
+    if not await svc.db.write(q.set_cover, gallery_id, photo_id, svc.clock()):
+        raise Conflict("Only a processed photo of this gallery can be its cover.")
+
+
+async def delete_photos(gallery_id: int, ids: list[int]) -> int:
+    """Rows (and their photo.deleted webhooks) in one transaction, then the files."""
+    svc = services()
+    endpoints = svc.settings.webhooks
+    now = svc.clock()
+
+    def delete(conn: Any) -> list[str]:
+        keys = []
+        for photo_id in q.ids_in_gallery(conn, gallery_id, ids):
+            row = transitions.delete_photo(conn, endpoints, photo_id, now)
+            if row is not None:
+                keys.append(row["storage_key"])
+        return keys
+
+    keys = await svc.db.write(delete)
+    storage = svc.storage
+    await trio.to_thread.run_sync(lambda: [storage.remove_photo_files(k) for k in keys])
+    svc.wake_webhooks()
+    return len(keys)

@@ -1,0 +1,230 @@
+"""The settings page: watermark (with a live preview), webhooks with their delivery log, defaults for new
+galleries. Each section is its own form and post, so a mistake in one never loses what was typed in another.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any
+
+import trio
+from quart import Blueprint, Response, redirect, render_template, request, url_for
+
+from picpeak_lite.config import WEBHOOK_EVENTS
+from picpeak_lite.domain import admin_settings
+from picpeak_lite.errors import BadRequest, NotFound
+from picpeak_lite.events.webhooks import TargetRefused, parse_target
+from picpeak_lite.media import images
+from picpeak_lite.store.queries import settings as settings_q
+from picpeak_lite.store.queries import webhooks as webhook_q
+from picpeak_lite.store.storage import fsync_dir, fsync_file, remove_quietly
+from picpeak_lite.web.auth import admin_page, services
+
+blueprint = Blueprint("admin_settings", __name__, url_prefix="/admin/settings")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+SAMPLE_PHOTO = os.path.join(ROOT, "static", "watermark-sample.jpg")
+PREVIEW_SPEC = images.RenderSpec(grid_px=200, view_px=900, quality=80)
+DELIVERY_LOG_ROWS = 50
+# Previews render on demand while the admin drags a slider: one at a time is plenty.
+_preview_limiter = trio.CapacityLimiter(1)
+
+
+async def load_settings() -> admin_settings.AdminSettings:
+    svc = services()
+    return await svc.db.read(admin_settings.load, svc.settings)
+
+
+async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str, str]] | None = None,
+                        values: dict[str, Any] | None = None, new_secret: dict[str, Any] | None = None,
+                        webhook_form: dict[str, Any] | None = None) -> tuple[str, int]:
+    svc = services()
+    current = await load_settings()
+
+    def read(conn: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return settings_q.list_endpoints(conn), webhook_q.list_deliveries(conn, limit=DELIVERY_LOG_ROWS)
+
+    endpoints, deliveries = await svc.db.read(read)
+    form = current.as_form()
+    form.update(values or {})
+    html = await render_template(
+        "admin/settings.html", values=form, errors=section_errors or {}, current=current,
+        positions=admin_settings.KEYS["watermark_position"].choices, has_logo=bool(current.logo_path),
+        uploaded_logo=admin_settings.logo_path(svc.settings).exists(), endpoints=endpoints,
+        config_endpoints=svc.settings.webhooks, deliveries=deliveries, events=WEBHOOK_EVENTS,
+        new_secret=new_secret, webhook_form=webhook_form or {"events": list(WEBHOOK_EVENTS)},
+        saved=request.args.get("saved"), keys=admin_settings.KEYS,
+    )
+    return html, status
+
+
+@blueprint.get("/")
+@admin_page
+async def page() -> tuple[str, int]:
+    return await settings_page()
+
+
+@blueprint.post("/watermark")
+@admin_page
+async def save_watermark() -> Any:
+    svc = services()
+    form = await request.form
+    files = await request.files
+    values, errors = admin_settings.parse_section("watermark", form)
+    logo = files.get("logo")
+    logo_bytes = logo.read(admin_settings.LOGO_MAX_BYTES + 1) if logo is not None and logo.filename else b""
+    if logo_bytes:
+        problem = await trio.to_thread.run_sync(_check_logo, logo_bytes)
+        if problem:
+            errors["logo"] = problem
+    target = admin_settings.logo_path(svc.settings)
+    if values.get("watermark_use_logo") and not logo_bytes and not target.exists() and not svc.settings.watermark_logo:
+        errors["watermark_use_logo"] = "Upload a logo first."
+    if errors:
+        return await settings_page(status=400, section_errors={"watermark": errors}, values=values)
+    before = await svc.db.read(admin_settings.watermark_fingerprints, svc.settings)
+    if logo_bytes:
+        await trio.to_thread.run_sync(_store_logo, target, logo_bytes)
+        values["watermark_use_logo"] = True
+    elif form.get("remove_logo"):
+        await trio.to_thread.run_sync(remove_quietly, target)
+        values["watermark_use_logo"] = False
+
+    def save(conn: Any) -> None:
+        admin_settings.save(conn, values)
+        admin_settings.mark_changed_watermarks(conn, svc.settings, before)  # their view images are made again
+
+    await svc.db.write(save)
+    svc.wake_workers()
+    return redirect(url_for("admin_settings.page", saved="watermark") + "#watermark")
+
+
+@blueprint.post("/defaults")
+@admin_page
+async def save_defaults() -> Any:
+    values, errors = admin_settings.parse_section("defaults", await request.form)
+    if errors:
+        return await settings_page(status=400, section_errors={"defaults": errors}, values=values)
+    await services().db.write(admin_settings.save, values)
+    return redirect(url_for("admin_settings.page", saved="defaults") + "#defaults")
+
+
+@blueprint.get("/watermark-preview.jpg")
+@admin_page
+async def watermark_preview() -> Response:
+    """The built-in sample photo with the watermark the form currently describes (unsaved values allowed)."""
+    current = await load_settings()
+    values, errors = admin_settings.parse_section("watermark", request.args)
+    if errors:
+        raise BadRequest("; ".join(f"{k}: {v}" for k, v in errors.items()))
+    chosen = admin_settings.AdminSettings(**{**current.as_form(), **values}, logo_path=current.logo_path)
+    watermark = chosen.watermark("Anna & Ben")
+    async with _preview_limiter:
+        try:
+            data = await trio.to_thread.run_sync(_render_preview, watermark)
+        except images.InvalidImage as error:
+            raise BadRequest(error.reason) from None
+    return Response(data, content_type="image/jpeg", headers={"Cache-Control": "private, no-store"})
+
+
+@blueprint.post("/webhooks")
+@admin_page
+async def add_webhook() -> Any:
+    svc = services()
+    form = await request.form
+    url = (form.get("url") or "").strip()
+    events = [e for e in form.getlist("events")]
+    errors: dict[str, str] = {}
+    try:
+        if len(url) > 2000:
+            raise TargetRefused("at most 2000 characters")
+        parse_target(url)
+    except TargetRefused as error:
+        errors["url"] = f"Not a usable webhook URL: {error}."
+    if not events:
+        errors["events"] = "Choose at least one event."
+    elif any(e not in WEBHOOK_EVENTS for e in events):
+        errors["events"] = "Unknown event."
+    secret = secrets.token_hex(24)
+
+    def create(conn: Any) -> int | None:
+        if settings_q.endpoint_url_taken(conn, url):
+            return None
+        return settings_q.create_endpoint(conn, url, secret, events, svc.clock())
+
+    if not errors:
+        endpoint_id = await svc.db.write(create)
+        if endpoint_id is None:
+            errors["url"] = "This URL is already a webhook."
+    if errors:
+        return await settings_page(status=400, section_errors={"webhooks": errors},
+                                   webhook_form={"url": url, "events": events})
+    # The secret is shown on this answer only: it is not in a redirect URL and no page shows it again.
+    return await settings_page(status=201, new_secret={"url": url, "secret": secret})
+
+
+@blueprint.post("/webhooks/<int:endpoint_id>/delete")
+@admin_page
+async def delete_webhook(endpoint_id: int) -> Any:
+    if not await services().db.write(settings_q.delete_endpoint, endpoint_id):
+        raise NotFound("There is no such webhook.")
+    return redirect(url_for("admin_settings.page") + "#webhooks")
+
+
+@blueprint.post("/webhooks/<int:endpoint_id>/active")
+@admin_page
+async def toggle_webhook(endpoint_id: int) -> Any:
+    active = (await request.form).get("active") == "1"
+    if not await services().db.write(settings_q.set_endpoint_active, endpoint_id, active):
+        raise NotFound("There is no such webhook.")
+    return redirect(url_for("admin_settings.page") + "#webhooks")
+
+
+@blueprint.post("/webhooks/<int:endpoint_id>/test")
+@admin_page
+async def test_webhook(endpoint_id: int) -> Any:
+    svc = services()
+
+    def enqueue(conn: Any) -> int | None:
+        endpoint = settings_q.get_endpoint(conn, endpoint_id)
+        if endpoint is None:
+            return None
+        return webhook_q.enqueue_test(conn, endpoint["url"], svc.clock())
+
+    if await svc.db.write(enqueue) is None:
+        raise NotFound("There is no such webhook.")
+    svc.wake_webhooks()
+    return redirect(url_for("admin_settings.page", saved="test") + "#deliveries")
+
+
+def _render_preview(watermark: images.Watermark) -> bytes:
+    picture = images.make_view(images.decode(SAMPLE_PHOTO, PREVIEW_SPEC), PREVIEW_SPEC)
+    return images.encode(images.add_watermark(picture, watermark), PREVIEW_SPEC)
+
+
+def _check_logo(data: bytes) -> str | None:
+    if len(data) > admin_settings.LOGO_MAX_BYTES:
+        return f"The logo may be at most {admin_settings.LOGO_MAX_BYTES // (1024 * 1024)} MB."
+    try:
+        header = images.sniff(data, max_pixels=images.LOGO_MAX_PIXELS)
+    except images.InvalidImage as error:
+        return error.reason
+    if header.format != "png":
+        return "Upload the logo as a PNG (with transparency, ideally)."
+    return None
+
+
+def _store_logo(target: Any, data: bytes) -> None:
+    """Atomically, like every file we keep: temp file, fsync, rename, fsync the folder."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(target.name + f".{secrets.token_hex(6)}.tmp")
+    try:
+        temp.write_bytes(data)
+        fsync_file(temp)
+        os.replace(temp, target)
+        fsync_dir(target.parent)
+    finally:
+        remove_quietly(temp)
+
+

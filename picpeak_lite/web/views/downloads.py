@@ -1,0 +1,190 @@
+"""Guest downloads: one photo, the whole gallery as a zip, and the guest's favourites as a zip.
+
+All of them go through ``access.guest_gallery`` and list only ``queries.photos.GUEST_VISIBLE_PHOTO`` photos,
+and all respect the gallery's ``allow_downloads``. A gallery that watermarks downloads gets watermarked full-size JPEGs,
+in single downloads and in zips alike; the others get the original bytes. Zips are streamed as they are built
+(``zipstream``).
+
+A watermarked copy decodes the whole original (up to ``max_pixels``, hundreds of MB of pixels), so it is made
+once per photo and watermark, one at a time (``Services.watermark_limiter``), and kept on disk next to the
+derivatives (``Storage.watermarked_path``); every later download of it, single or zipped, streams that file. The
+tag in its name is a hash of the watermark's parameters, so a changed watermark makes new copies (and
+``Storage.write_watermarked`` removes the old ones).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import trio
+from quart import Blueprint, Response
+
+from picpeak_lite.domain import access, admin_settings
+from picpeak_lite.errors import Forbidden, InsufficientStorage, NotFound
+from picpeak_lite.media import images
+from picpeak_lite.services import Services
+from picpeak_lite.store.queries import listing
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.storage import WATERMARK_TAG_CHARS
+from picpeak_lite.web import zipstream
+from picpeak_lite.web.auth import current_guest, services
+from picpeak_lite.web.views.guest import load_gallery
+from picpeak_lite.web.views.photos import attachment_header, send_original, send_path
+
+blueprint = Blueprint("downloads", __name__)
+
+NO_DOWNLOADS = "The photographer has turned off downloads for this gallery."
+SANDBOX_CSP = "default-src 'none'; sandbox"
+WATERMARK_QUALITY = 92  # JPEG quality of watermarked downloads; part of the cached copy's tag
+
+
+async def watermark_for(gallery: dict[str, Any]) -> images.Watermark | None:
+    """The same watermark as the gallery's view images (settings page over config defaults)."""
+    svc = services()
+    return await svc.db.read(admin_settings.gallery_watermark, svc.settings, gallery)
+
+
+def watermark_tag(watermark: images.Watermark) -> str:
+    """A short hash of what a watermarked copy depends on besides the original: the watermark (its parameters
+    and logo file, ``admin_settings.watermark_fingerprint``) and the JPEG quality."""
+    text = json.dumps([admin_settings.watermark_fingerprint(watermark), WATERMARK_QUALITY])
+    return hashlib.sha256(text.encode()).hexdigest()[:WATERMARK_TAG_CHARS]
+
+
+async def watermarked_copy(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Path | bytes:
+    """The cached watermarked copy of a photo, made first if need be. Raises FileNotFoundError without an original.
+
+    Returns the bytes instead of a path only when the disk is too full to keep the copy.
+    """
+    cached = svc.storage.watermarked_path(key, tag)
+    if cached.exists():
+        return cached
+    return await trio.to_thread.run_sync(_make_watermarked, svc, key, watermark, tag, limiter=svc.watermark_limiter)
+
+
+def _make_watermarked(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Path | bytes:
+    storage = svc.storage
+    cached = storage.watermarked_path(key, tag)
+    if cached.exists():  # made by another download while this one waited for its turn
+        return cached
+    data = images.apply_watermark(storage.original_path(key), watermark, quality=WATERMARK_QUALITY,
+                                  max_pixels=svc.settings.max_pixels)
+    try:
+        return storage.write_watermarked(key, tag, data)
+    except InsufficientStorage:
+        return data
+
+
+async def _downloadable_gallery(slug: str) -> dict[str, Any]:
+    gallery = await load_gallery(slug)
+    if not gallery["allow_downloads"]:
+        raise Forbidden(NO_DOWNLOADS)
+    return gallery
+
+
+@blueprint.get("/g/<slug>/photos/<int:photo_id>/download")
+async def photo(slug: str, photo_id: int) -> Response:
+    svc = services()
+    gallery = await _downloadable_gallery(slug)
+    row = await svc.db.read(access.visible_photo, gallery, photo_id)
+    watermark = await watermark_for(gallery)
+    if watermark is None:
+        response = await send_original(row)
+    else:
+        try:
+            made = await watermarked_copy(svc, row["storage_key"], watermark, watermark_tag(watermark))
+        except FileNotFoundError:
+            raise NotFound(photo_q.ORIGINAL_MISSING) from None
+        if isinstance(made, Path):
+            response = await send_path(made, "image/jpeg")
+        else:
+            response = Response(made, mimetype="image/jpeg")
+        response.headers["Content-Disposition"] = attachment_header(_as_jpeg_name(row["display_name"]), "jpeg")
+        response.headers["Content-Security-Policy"] = SANDBOX_CSP
+        response.headers["Cache-Control"] = "private, no-cache"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.timeout = None  # a large original on a slow phone connection takes longer than Quart's 60 s
+    return response
+
+
+@blueprint.get("/g/<slug>/download")
+async def gallery_zip(slug: str) -> Response:
+    gallery = await _downloadable_gallery(slug)
+    return await _zip_response(gallery, favourites_only=False)
+
+
+@blueprint.get("/g/<slug>/favourites/download")
+async def favourites_zip(slug: str) -> Response:
+    gallery = await _downloadable_gallery(slug)
+    return await _zip_response(gallery, favourites_only=True)
+
+
+async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Response:
+    svc = services()
+    guest = await current_guest(create=False)
+    if favourites_only and guest is None:
+        raise NotFound("You have not marked any favourites in this gallery yet.")
+    rows = await svc.db.read(lambda conn: listing.all_visible(
+        conn, gallery["id"], guest_session_id=guest.id if guest else None, favourites_only=favourites_only))
+    if not rows:
+        raise NotFound("You have not marked any favourites in this gallery yet." if favourites_only
+                       else "There are no photos in this gallery yet.")
+    watermark = await watermark_for(gallery)
+    names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
+                                  force_extension=".jpg" if watermark else None)
+    entries = _zip_entries(svc, rows, names, watermark)
+    filename = _zip_name(gallery["name"], favourites_only)
+    response = Response(zipstream.stream_zip(entries, limiter=svc.download_limiter), mimetype="application/zip")
+    response.headers["Content-Disposition"] = (
+        f"attachment; filename=\"{_ascii(filename)}\"; filename*=UTF-8''{quote(filename, safe='')}")
+    response.headers["Content-Security-Policy"] = SANDBOX_CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Cache-Control"] = "private, no-store"
+    response.timeout = None  # streams for as long as the client reads
+    return response
+
+
+def _zip_entries(svc: Services, rows: list[dict[str, Any]], names: list[str],
+                 watermark: images.Watermark | None) -> Iterator[zipstream.Entry]:
+    """Made as the zip reaches each photo: a watermarked copy that is cached by then is streamed from disk."""
+    storage = svc.storage
+    tag = watermark_tag(watermark) if watermark is not None else ""
+    for row, name in zip(rows, names, strict=True):
+        key = row["storage_key"]
+        date_time = zipstream.zip_date(row["taken_at"], svc.clock())
+        if watermark is None:
+            yield zipstream.Entry(name=name, path=storage.original_path(key), date_time=date_time)
+        elif storage.watermarked_path(key, tag).exists():
+            yield zipstream.Entry(name=name, path=storage.watermarked_path(key, tag), date_time=date_time)
+        else:
+            yield zipstream.Entry(name=name, path=storage.original_path(key), date_time=date_time,
+                                  render=_cached_renderer(svc, key, watermark, tag))
+
+
+def _cached_renderer(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Any:
+    """Runs in the zip's worker thread: has the event loop make the copy the way a single download does (same
+    limiter, same cache), then reads it."""
+    def render() -> bytes:
+        made = trio.from_thread.run(watermarked_copy, svc, key, watermark, tag)
+        return made.read_bytes() if isinstance(made, Path) else made
+
+    return render
+
+
+def _as_jpeg_name(display_name: str) -> str:
+    return zipstream.safe_name(display_name, "jpeg", force_extension=".jpg")
+
+
+def _zip_name(gallery_name: str, favourites_only: bool) -> str:
+    base = zipstream.safe_name(gallery_name, "jpeg", force_extension=".zip")[: -len(".zip")]
+    return f"{base} - favourites.zip" if favourites_only else f"{base}.zip"
+
+
+def _ascii(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._ -]", "_", name)

@@ -1,0 +1,195 @@
+"""What guests see: the gallery page, its JSON listing, the guest upload page and the password form.
+
+Every route asks ``access.guest_gallery`` (through :func:`load_gallery`); photos come from
+``queries.listing``, which only lists what ``queries.photos.GUEST_VISIBLE_PHOTO`` allows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from quart import Blueprint, redirect, render_template, request, url_for
+
+from picpeak_lite.domain import access
+from picpeak_lite.errors import BadRequest, Forbidden, Gone
+from picpeak_lite.store.queries import favourites as favourite_q
+from picpeak_lite.store.queries import guests as guest_q
+from picpeak_lite.store.queries import listing
+from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, services
+from picpeak_lite.web.views.common import base_url, client_ip
+
+blueprint = Blueprint("guest", __name__)
+
+
+async def load_gallery(slug: str) -> dict[str, Any]:
+    """The gallery if this guest may see it (raises NotFound, Gone or PasswordRequired otherwise)."""
+    svc = services()
+    guest = await current_guest(create=False)
+    return await svc.db.read(access.guest_gallery, slug, guest.id if guest else None, svc.clock())
+
+
+@blueprint.errorhandler(Gone)
+async def expired(error: Gone) -> Any:
+    """The expired page in the guest look (JSON clients get the usual error body)."""
+    from picpeak_lite.web.app import render_error
+
+    error.template = "guest/expired.html"  # type: ignore[attr-defined]
+    return await render_error(error)
+
+
+def _sort_arg() -> str:
+    sort = request.args.get("sort", "taken")
+    if sort not in listing.SORTS:
+        raise BadRequest(f"sort must be one of {', '.join(listing.SORTS)}.")
+    return sort
+
+
+def camera_line(photo: dict[str, Any]) -> str:
+    """'Canon EOS R5 · 35 mm · f/1.8 · 1/200 s · ISO 400', leaving out what is unknown."""
+    make, model = (photo.get("camera_make") or "").strip(), (photo.get("camera_model") or "").strip()
+    body = model if model.lower().startswith(make.lower()) else f"{make} {model}".strip()
+    parts = [body] if body else []
+    if photo.get("focal_length"):
+        parts.append(f"{photo['focal_length']:g} mm")
+    if photo.get("aperture"):
+        parts.append(f"f/{photo['aperture']:g}")
+    if photo.get("exposure"):
+        exposure = str(photo["exposure"])
+        parts.append(exposure if exposure.endswith("s") else f"{exposure} s")
+    if photo.get("iso"):
+        parts.append(f"ISO {photo['iso']}")
+    return " · ".join(parts)
+
+
+def taken_label(taken_at: str | None) -> str:
+    """'2024-06-20T14:03:00' -> '20 June 2024, 14:03' (camera local time, as the camera wrote it)."""
+    if not taken_at:
+        return ""
+    try:
+        moment = dt.datetime.fromisoformat(taken_at)
+    except ValueError:
+        return ""
+    return f"{moment.day} {moment:%B %Y, %H:%M}"
+
+
+def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | None = None) -> dict[str, Any]:
+    """What the page and the JSON listing know of one photo."""
+    slug, pid = gallery["slug"], photo["id"]
+    taken = taken_label(photo.get("taken_at"))
+    alt = f"Photo taken {taken}" if taken else f"Photo {position}" if position else "Photo"
+    return {
+        "id": pid,
+        "width": photo["width"] or 1,
+        "height": photo["height"] or 1,
+        "grid_url": url_for("photos.guest_image", slug=slug, photo_id=pid, kind="grid"),
+        "view_url": url_for("photos.guest_image", slug=slug, photo_id=pid, kind="view"),
+        "download_url": (url_for("downloads.photo", slug=slug, photo_id=pid)
+                         if gallery["allow_downloads"] else None),
+        "favourite": bool(photo.get("favourite")),
+        "taken": taken,
+        "camera": camera_line(photo),
+        "alt": alt,
+    }
+
+
+async def _page(gallery: dict[str, Any], guest: Guest | None, *, sort: str, after: str | None,
+                favourites_only: bool, limit: int = listing.PAGE_SIZE) -> dict[str, Any]:
+    cursor = None
+    if after:
+        try:
+            cursor = listing.decode_cursor(sort, after)
+        except listing.BadCursor as error:
+            raise BadRequest("The 'after' cursor is not valid; reload the gallery.") from error
+    rows, more = await services().db.read(
+        lambda conn: listing.list_photos(conn, gallery["id"], sort=sort, after=cursor, limit=limit,
+                                         guest_session_id=guest.id if guest else None,
+                                         favourites_only=favourites_only))
+    return {
+        "photos": [photo_json(gallery, row) for row in rows],
+        "next": listing.encode_cursor(sort, rows[-1]) if more and rows else None,
+    }
+
+
+@blueprint.get("/g/<slug>")
+async def gallery(slug: str) -> Any:
+    svc = services()
+    row = await load_gallery(slug)
+    # A session from the first visit: the hearts and their CSRF token need one.
+    guest = await current_guest(create=True)
+    sort = request.args.get("sort", "taken")
+    if sort not in listing.SORTS:
+        sort = "taken"
+    favourites_only = request.args.get("favourites") == "1"
+    page = await _page(row, guest, sort=sort, after=None, favourites_only=favourites_only)
+
+    def counts(conn: Any) -> tuple[int, int, dict[str, Any] | None]:
+        return (listing.count_visible(conn, row["id"]),
+                favourite_q.count_for_guest(conn, guest.id, row["id"]) if guest else 0,
+                listing.cover_photo(conn, row))
+
+    total, favourite_count, cover = await svc.db.read(counts)
+    cover_url = (url_for("photos.guest_image", slug=slug, photo_id=cover["id"], kind="view") if cover else None)
+    return await render_template(
+        "guest/gallery.html", gallery=row, page=page, total=total, sort=sort, favourites_only=favourites_only,
+        favourite_count=favourite_count, cover=cover, cover_url=cover_url, guest=guest,
+        og_image=f"{base_url()}{cover_url}" if cover_url and row["password_hash"] is None else None,
+        og_url=f"{base_url()}/g/{slug}",
+    )
+
+
+@blueprint.get("/api/g/<slug>/photos")
+async def photos_page(slug: str) -> dict[str, Any]:
+    """``{"photos": [...], "next": cursor-or-null}``; ``after`` is the ``next`` of the previous page."""
+    row = await load_gallery(slug)
+    guest = await current_guest(create=False)
+    try:
+        limit = int(request.args.get("limit", listing.PAGE_SIZE))
+    except ValueError as error:
+        raise BadRequest("limit must be a number.") from error
+    return await _page(row, guest, sort=_sort_arg(), after=request.args.get("after"),
+                       favourites_only=request.args.get("favourites") == "1", limit=limit)
+
+
+@blueprint.get("/g/<slug>/upload")
+async def upload_page(slug: str) -> Any:
+    row = await load_gallery(slug)
+    if not row["allow_guest_uploads"]:
+        raise Forbidden("This gallery does not accept photos from guests.")
+    guest = await current_guest(create=True)
+    settings = services().settings
+    return await render_template(
+        "guest/upload.html", gallery=row, guest=guest, max_file_mb=settings.guest_max_file_mb,
+        max_files=settings.guest_max_files,
+    )
+
+
+async def password_page(gallery: dict[str, Any], *, status: int, error: str | None = None) -> Any:
+    # The form needs a guest session for its CSRF token.
+    await current_guest(create=True)
+    html = await render_template("guest/password.html", gallery=gallery, error=error)
+    return html, status
+
+
+@blueprint.post("/g/<slug>/password")
+async def password_submit(slug: str) -> Any:
+    svc = services()
+    guest = await current_guest(create=False)
+    await check_guest_state_change(guest)
+    assert guest is not None
+    row = await svc.db.read(access.gallery_for_password_form, slug, svc.clock())
+    if row["password_hash"] is None:
+        return redirect(url_for("guest.gallery", slug=slug))
+    ip = client_ip()
+    target = f"gallery:{row['id']}"
+    form = await request.form
+    async with svc.gallery_throttle.guard(target, ip):
+        ok = await svc.verify_password(row["password_hash"], form.get("password", ""))
+        if ok:
+            svc.gallery_throttle.succeeded(target, ip)
+        else:
+            svc.gallery_throttle.failed(target, ip)
+    if not ok:
+        return await password_page(row, status=401, error="That password is not right. Please try again.")
+    await svc.db.write(guest_q.grant_access, guest.id, row["id"], row["password_version"], svc.clock())
+    return redirect(url_for("guest.gallery", slug=slug))

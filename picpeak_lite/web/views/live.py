@@ -1,0 +1,300 @@
+"""Live progress over WebSocket: ``/ws/uploads/<upload_id>`` and ``/ws/galleries/<id>``.
+
+The protocol (JSON text frames) is documented in docs/live.md. In short: on connect a ``snapshot`` carrying
+the current sequence number, then ``photo`` deltas in sequence order, ``ping`` every 20 s, ``resync`` (followed
+by a fresh snapshot) when this client fell behind, and for uploads a ``done`` when every photo is terminal,
+followed by a normal close. ``?since=<seq>`` replays exactly what a reconnecting client missed.
+
+Authorisation and the Origin check happen before the handshake is accepted; a refused handshake gets 403.
+Guests see their own uploads, and of a gallery only photos becoming visible or being removed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from quart import Blueprint, Response, websocket
+
+from picpeak_lite.domain import access
+from picpeak_lite.errors import AppError
+from picpeak_lite.events.broker import Change, Subscription
+from picpeak_lite.store.queries import changes as change_q
+from picpeak_lite.store.queries import galleries as gallery_q
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.web.auth import (
+    ADMIN_COOKIE,
+    GUEST_COOKIE,
+    admin_from_handshake,
+    guest_from_cookie,
+    origin_allowed,
+    services,
+)
+from picpeak_lite.web.views.photos import _load_upload, read_upload, upload_status
+
+blueprint = Blueprint("live", __name__)
+
+PING_SECONDS = 20.0
+MAX_CLIENT_MESSAGE = 4096
+
+
+@dataclass(frozen=True)
+class Viewer:
+    is_admin: bool
+    guest_id: int | None
+
+
+async def _viewer() -> Viewer | None:
+    """Who opens this WebSocket: the admin (session cookie or API token) or a guest session; None if nobody."""
+    try:
+        admin = await admin_from_handshake(websocket.headers.get("Authorization"), websocket.cookies.get(ADMIN_COOKIE))
+    except AppError:
+        return None
+    if admin is not None:
+        return Viewer(True, None)
+    cookie = websocket.cookies.get(GUEST_COOKIE)
+    guest = await guest_from_cookie(cookie) if cookie else None
+    return Viewer(False, guest.id) if guest else None
+
+
+def _refuse(message: str = "Forbidden") -> Response:
+    return Response(message, status=403, content_type="text/plain; charset=utf-8")
+
+
+def _origin_ok() -> bool:
+    origin = websocket.headers.get("Origin")
+    return origin is None or origin_allowed(origin, websocket.host, services().settings.public_url)
+
+
+async def _send(message: dict[str, Any]) -> None:
+    await websocket.send(json.dumps(message, ensure_ascii=False))
+
+
+async def _read_client_messages(cancel: trio.CancelScope) -> None:
+    """Clients have nothing to say but may send small keep-alives; anything large ends the connection."""
+    while True:
+        message = await websocket.receive()
+        if len(message) > MAX_CLIENT_MESSAGE:
+            await websocket.close(1009, "message too big")
+            cancel.cancel()
+            return
+
+
+def _since() -> int | None:
+    raw = websocket.args.get("since")
+    return int(raw) if raw is not None and raw.isascii() and raw.isdigit() else None
+
+
+class GuestAccess:
+    """Asks the one visibility function again while a guest's connection lives: an unpublished or expired
+    gallery, or a changed password, ends the feed within ``RECHECK_SECONDS`` (or at the next ping)."""
+
+    RECHECK_SECONDS = 5.0
+
+    def __init__(self, viewer: Viewer, slug: str) -> None:
+        self.viewer = viewer
+        self.slug = slug
+        self._checked_at = trio.current_time()
+
+    async def still_allowed(self) -> bool:
+        if self.viewer.is_admin or trio.current_time() - self._checked_at < self.RECHECK_SECONDS:
+            return True
+        svc = services()
+        try:
+            await svc.db.read(access.guest_gallery, self.slug, self.viewer.guest_id, svc.clock())
+        except AppError:
+            await websocket.close(4403, "no longer allowed")
+            return False
+        self._checked_at = trio.current_time()
+        return True
+
+
+# --- uploads -----------------------------------------------------------------------------------------------
+
+@blueprint.websocket("/ws/uploads/<upload_id>")
+async def upload_feed(upload_id: str) -> Response | None:
+    svc = services()
+    if not _origin_ok():
+        return _refuse("This page is from another site.")
+    viewer = await _viewer()
+    if viewer is None:
+        return _refuse("Log in first.")
+    found = await read_upload(upload_id)
+    if not viewer.is_admin and (found is None or found[0]["guest_session_id"] != viewer.guest_id):
+        return _refuse("This is not your upload.")
+    gallery = await svc.db.read(gallery_q.get, found[0]["gallery_id"]) if found is not None else None
+    if not viewer.is_admin:
+        # The uploader follows it only while they may still see the gallery (expired, unpublished or a changed
+        # password end that), as the HTTP status route decides through the same function.
+        try:
+            await svc.db.read(access.guest_gallery, gallery["slug"] if gallery else "", viewer.guest_id, svc.clock())
+        except AppError:
+            return _refuse("You cannot see this gallery.")
+    await websocket.accept()
+    if found is None:
+        await _send({"type": "error", "error": "There is no upload with this id."})
+        await websocket.close(4404, "unknown upload")
+        return None
+    image_url = _image_url(viewer, gallery["slug"] if gallery else "")
+    with svc.broker.subscribe(lambda change: change.upload_id == upload_id) as subscription:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_read_client_messages, nursery.cancel_scope)
+            allowed = GuestAccess(viewer, gallery["slug"] if gallery else "")
+            await _stream_upload(upload_id, subscription, image_url, _since(), allowed)
+            nursery.cancel_scope.cancel()
+    return None
+
+
+async def _stream_upload(upload_id: str, subscription: Subscription, image_url: Callable[[int, str], str],
+                         since: int | None, allowed: GuestAccess) -> None:
+    db = services().db
+
+    def snapshot(conn: Any) -> tuple[Any, int, int]:
+        return _load_upload(conn, upload_id), change_q.latest_seq(conn), change_q.oldest_seq(conn)
+
+    found, seq, oldest = await db.read(snapshot)
+    statuses = {p["id"]: p["status"] for p in found[2]}
+    if since is not None and since >= oldest - 1 and since <= seq:
+        # Resume: exactly the changes the client missed, then live.
+        for row in await db.read(change_q.for_upload_after, upload_id, since):
+            if row["seq"] <= seq:
+                await _send(_delta(Change.from_row(row), image_url))
+    else:
+        await _send({"type": "snapshot", "seq": seq, **upload_status(*found, image_url)})
+    while not _all_terminal(statuses):
+        change = await _next_change(subscription)
+        if not await allowed.still_allowed():
+            return
+        if change is None:
+            await _send({"type": "ping"})
+            continue
+        if change == "resync":
+            found, seq, _ = await db.read(snapshot)
+            statuses = {p["id"]: p["status"] for p in found[2]}
+            await _send({"type": "resync"})
+            await _send({"type": "snapshot", "seq": seq, **upload_status(*found, image_url)})
+            continue
+        if change.seq <= seq:
+            continue
+        seq = change.seq
+        if change.status == "deleted":
+            statuses.pop(change.photo_id, None)
+        else:
+            statuses[change.photo_id] = change.status
+        await _send(_delta(change, image_url))
+    final = await db.read(_load_upload, upload_id)
+    status = upload_status(*final, image_url) if final else {"upload_id": upload_id, "total": 0}
+    await _send({"type": "done", "seq": seq, **{k: v for k, v in status.items() if k != "photos"}})
+    await websocket.close(1000, "done")
+
+
+def _all_terminal(statuses: dict[int, str]) -> bool:
+    return all(s in photo_q.TERMINAL for s in statuses.values())
+
+
+async def _next_change(subscription: Subscription) -> Change | str | None:
+    """The next change, ``"resync"`` after an overflow, or None when it is time for a ping."""
+    if subscription.overflowed:
+        subscription.drain()
+        return "resync"
+    with trio.move_on_after(PING_SECONDS):
+        change = await subscription.receive.receive()
+        return "resync" if subscription.overflowed else change
+    return None
+
+
+def _image_url(viewer: Viewer, slug: str) -> Callable[[int, str], str]:
+    if viewer.is_admin:
+        return lambda photo_id, kind: f"/api/admin/photos/{photo_id}/{kind}"
+    return lambda photo_id, kind: f"/g/{slug}/photos/{photo_id}/{kind}"
+
+
+def _delta(change: Change, image_url: Callable[[int, str], str]) -> dict[str, Any]:
+    complete = change.status == "complete"
+    return {
+        "type": "photo",
+        "seq": change.seq,
+        "id": change.photo_id,
+        "status": change.status,
+        "hidden": change.hidden,
+        "error": change.error if change.status == "failed" else None,
+        "filename": change.filename,
+        "width": change.width,
+        "height": change.height,
+        "thumb_url": image_url(change.photo_id, "grid") if complete else None,
+        "view_url": image_url(change.photo_id, "view") if complete else None,
+    }
+
+
+# --- galleries ---------------------------------------------------------------------------------------------
+
+@blueprint.websocket("/ws/galleries/<int:gallery_id>")
+async def gallery_feed(gallery_id: int) -> Response | None:
+    svc = services()
+    if not _origin_ok():
+        return _refuse("This page is from another site.")
+    # An open gallery is public: a visitor without a session may follow it too (as a guest).
+    viewer = await _viewer() or Viewer(False, None)
+    gallery = await svc.db.read(gallery_q.get, gallery_id)
+    if gallery is None:
+        return _refuse("There is no such gallery.")
+    if not viewer.is_admin:
+        try:
+            await svc.db.read(access.guest_gallery, gallery["slug"], viewer.guest_id, svc.clock())
+        except AppError:
+            return _refuse("You cannot see this gallery.")
+    await websocket.accept()
+    image_url = _image_url(viewer, gallery["slug"])
+    with svc.broker.subscribe(lambda change: change.gallery_id == gallery_id) as subscription:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_read_client_messages, nursery.cancel_scope)
+            allowed = GuestAccess(viewer, gallery["slug"])
+            await _stream_gallery(gallery_id, viewer, subscription, image_url, _since(), allowed)
+    return None
+
+
+async def _stream_gallery(gallery_id: int, viewer: Viewer, subscription: Subscription,
+                          image_url: Callable[[int, str], str], since: int | None, allowed: GuestAccess) -> None:
+    db = services().db
+
+    def positions(conn: Any) -> tuple[int, int]:
+        return change_q.latest_seq(conn), change_q.oldest_seq(conn)
+
+    seq, oldest = await db.read(positions)
+    if since is not None and since >= oldest - 1 and since <= seq:
+        for row in await db.read(change_q.for_gallery_after, gallery_id, since):
+            message = _gallery_delta(Change.from_row(row), viewer, image_url)
+            if row["seq"] <= seq and message:
+                await _send(message)
+    else:
+        await _send({"type": "snapshot", "seq": seq})
+    while True:
+        change = await _next_change(subscription)
+        if not await allowed.still_allowed():
+            return
+        if change is None:
+            await _send({"type": "ping"})
+        elif change == "resync":
+            seq = await db.read(change_q.latest_seq)
+            await _send({"type": "resync"})
+            await _send({"type": "snapshot", "seq": seq})
+        elif change.seq > seq:
+            seq = change.seq
+            message = _gallery_delta(change, viewer, image_url)
+            if message:
+                await _send(message)
+
+
+def _gallery_delta(change: Change, viewer: Viewer, image_url: Callable[[int, str], str]) -> dict[str, Any] | None:
+    """Admins see every change; guests only photos becoming visible or going away."""
+    if viewer.is_admin:
+        return _delta(change, image_url)
+    if change.status == "complete" and not change.hidden:
+        # Not the file name: it may be another guest's, and the guest listing does not show names either.
+        return {**_delta(change, image_url), "filename": None}
+    if change.status == "deleted" or change.hidden:
+        return {"type": "photo", "seq": change.seq, "id": change.photo_id, "status": "removed"}
+    return None

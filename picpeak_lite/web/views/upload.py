@@ -1,0 +1,305 @@
+"""The two upload routes: ``POST /api/admin/galleries/<id>/upload`` and ``POST /api/g/<slug>/upload``.
+
+The body is never parsed by Quart (``await request.files`` spools and is 7x slower): chunks of ``request.body``
+go, in slices of at most 256 KiB, through werkzeug's sans-IO ``MultipartDecoder`` into :mod:`..intake`, which
+streams each file part to a temp file and owns every rule about files. This module owns the HTTP side: who
+may upload, the request-size cap, the form fields, the status of the answer, and closing the connection when
+the answer leaves part of the body unread.
+
+Limits, and why they differ:
+
+* Request-level problems stop reading at once and answer with ``Connection: close`` (the only way to stop a
+  client that is still sending without leaving the keep-alive connection in a broken state): a
+  ``Content-Length`` above what a legitimate request can be, more bytes than that counted as they arrive,
+  more files than allowed (413; nothing of that request is kept), a malformed body (400), a missing CSRF
+  token before the first file (403).
+* A full disk (507) stops storing at once, but the rest of the body (within the request cap) is read and
+  dropped before the answer: most HTTP clients read the answer only once they have sent everything, and with
+  the server no longer reading, a client with a megabyte still to send would wait for its timeout instead.
+* A file over the per-file limit is a per-file error: its remaining bytes are counted and dropped (never
+  written, never buffered), the request goes on, and the other files are kept. Draining costs at most what
+  the request cap already allows a legitimate request, and the guest whose 12th photo was too large keeps
+  the other 19. When nothing was accepted the answer is 413 (all too large), 415 (all unsupported), 409
+  (gallery full) or 400, with ``errors`` and no ``upload_id``; every 413 also says ``Connection: close``.
+
+Guest uploads are throttled per guest session and per client IP, before any of the body is read (429 with
+``Retry-After`` and ``Connection: close``): a budget of requests, and a budget of bytes that each request's
+accepted files are charged against once it has been read (see GUEST_UPLOADS_PER_SESSION in ratelimit.py).
+
+A request whose files were all duplicates is accepted (202, each with ``"duplicate": true`` and its existing
+id) but creates no upload group, so ``upload_id`` is null: there is nothing to follow, and an id whose status
+is 404 must never be handed out.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterable, Callable
+from typing import Any
+
+from quart import Blueprint, Response, after_this_request, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder
+
+from picpeak_lite import security
+from picpeak_lite.domain import access
+from picpeak_lite.errors import (
+    AppError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InsufficientStorage,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+    UnsupportedMedia,
+)
+from picpeak_lite.pipeline.intake import FileSink, Intake, Limits, clean_guest_name
+from picpeak_lite.store.db import Connection
+from picpeak_lite.store.queries import galleries as gallery_q
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.web.auth import admin_api, check_origin, current_admin, current_guest, services
+from picpeak_lite.web.views.common import client_ip
+
+blueprint = Blueprint("upload", __name__)
+
+
+@blueprint.teardown_request
+async def _after_upload(_error: BaseException | None) -> None:
+    services().trimmer.freed()  # a burst of uploads leaves its buffers scattered over the heap (memory.py)
+
+SLICE = 256 * 1024  # most bytes handed to the decoder at once: Quart hands over everything buffered
+FIELD_MAX = 4096  # form fields (csrf_token, guest_name) are small
+MAX_FIELDS = 16
+FILE_FIELD = "photos"
+MALFORMED = "The upload was cut off or is not valid multipart/form-data."
+CSRF_MESSAGE = "The form has expired or is missing its security token. Reload the page and try again."
+FAILURES = {413: TooLarge, 415: UnsupportedMedia, 409: Conflict}
+
+def _closes_unless_drained(view: Any) -> Any:
+    """Answer with ``Connection: close`` whenever the body was not read to its end (and on every 413)."""
+
+    @functools.wraps(view)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        @after_this_request
+        def close_connection(response: Response) -> Response:
+            if response.status_code == 413 or not g.get("upload_drained"):
+                response.headers["Connection"] = "close"
+            return response
+
+        return await view(*args, **kwargs)
+
+    return wrapper
+
+
+def _csrf_in_header(view: Any) -> Any:
+    """Admin uploads with a session cookie carry the CSRF token in ``X-CSRF-Token``. Refuse before
+    ``admin_api``'s form fallback would make Quart parse (and spool) the whole multipart body to find one."""
+
+    @functools.wraps(view)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if "Authorization" not in request.headers and "X-CSRF-Token" not in request.headers:
+            if await current_admin() is None:
+                raise Unauthorized("Log in or send 'Authorization: Bearer <token>'.")
+            raise Forbidden("Send the session's CSRF token in the X-CSRF-Token header with uploads.")
+        return await view(*args, **kwargs)
+
+    return wrapper
+
+
+@blueprint.post("/api/admin/galleries/<int:gallery_id>/upload")
+@_closes_unless_drained
+@_csrf_in_header
+@admin_api
+async def admin_upload(gallery_id: int) -> Any:
+    authorize = functools.partial(_admin_gallery, gallery_id=gallery_id)
+    return await _upload(authorize, Limits.admin(services().settings), uploaded_by="admin")
+
+
+@blueprint.post("/api/g/<slug>/upload")
+@_closes_unless_drained
+async def guest_upload(slug: str) -> Any:
+    svc = services()
+    check_origin()
+    guest = await current_guest(create=False)
+    if guest is None:
+        raise Forbidden("Your browser session has ended. Reload the page and try again.")
+    sent = request.headers.get("X-CSRF-Token")
+    if sent is not None and not security.tokens_equal(sent, guest.csrf_token):
+        raise Forbidden(CSRF_MESSAGE)
+    limits, ip = svc.guest_upload_limits, client_ip()
+    limits.take(guest.id, ip)
+    authorize = functools.partial(_guest_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
+    return await _upload(
+        authorize, Limits.guest(svc.settings), uploaded_by="guest", guest_session_id=guest.id,
+        default_name=guest.name, form_csrf=None if sent is not None else guest.csrf_token,
+        on_accepted=lambda size: limits.charge_bytes(guest.id, ip, size),
+    )
+
+
+def _admin_gallery(conn: Connection, *, gallery_id: int) -> dict[str, Any]:
+    row = gallery_q.get(conn, gallery_id)
+    if row is None:
+        raise NotFound("There is no such gallery.")
+    return row
+
+
+def _guest_gallery(conn: Connection, *, slug: str, guest_session_id: int, clock: Any) -> dict[str, Any]:
+    """The one visibility rule, then the gallery's own switch. Run at the start and again at commit."""
+    row = access.guest_gallery(conn, slug, guest_session_id, clock())
+    if not row["allow_guest_uploads"]:
+        raise Forbidden("This gallery does not accept photos from guests.")
+    return row
+
+
+async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_session_id: int | None = None,
+                  default_name: str | None = None, form_csrf: str | None = None,
+                  on_accepted: Callable[[int], None] | None = None) -> Any:
+    """``on_accepted`` is told the bytes of the files accepted (duplicates included) once they are committed."""
+    svc = services()
+    gallery = await svc.db.read(authorize)
+    if request.mimetype != "multipart/form-data" or not request.mimetype_params.get("boundary"):
+        raise UnsupportedMedia(f"Send the photos as multipart/form-data in the '{FILE_FIELD}' field.")
+    if request.content_length is not None and request.content_length > limits.max_request_bytes:
+        raise TooLarge(f"This upload is larger than the server accepts in one request "
+                       f"(at most {limits.max_files} files of {limits.max_file_bytes // (1024 * 1024)} MB).")
+    cap = gallery["photo_cap"] or svc.settings.gallery_photo_cap
+    if await svc.db.read(photo_q.count_in_gallery, gallery["id"]) >= cap:
+        raise Conflict(f"The gallery is full: it holds at most {cap} photos.")
+    boundary = request.mimetype_params["boundary"].encode("latin-1")
+    intake = Intake(db=svc.db, storage=svc.storage, settings=svc.settings, gallery=gallery, limits=limits,
+                    clock=svc.clock)
+    try:
+        with intake:
+            request.body.stream()  # our limits, counted as bytes arrive; backpressure instead of buffering
+            fields = await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
+            g.upload_drained = True
+            if not intake.entries:
+                raise BadRequest(f"Choose at least one photo to upload (field '{FILE_FIELD}').")
+            guest_name = None
+            if uploaded_by == "guest":
+                guest_name = clean_guest_name(fields.get("guest_name")) or default_name
+            await intake.commit(authorize, uploaded_by=uploaded_by, guest_session_id=guest_session_id,
+                                guest_name=guest_name)
+    except InsufficientStorage:
+        # Out of the intake first, which removed what it had stored of this request: the full disk is not kept
+        # full while a slow client sends the rest, which is read and dropped before the 507 (module docstring).
+        if not g.get("upload_drained"):
+            await _drop_rest(request.body, limits.max_request_bytes)
+        raise
+    if intake.upload_id is not None:
+        svc.wake_workers()
+    if on_accepted is not None:
+        on_accepted(sum(e.size for e in intake.accepted()))
+    if not intake.accepted():
+        error: AppError = FAILURES.get(intake.failure_status(), BadRequest)(
+            "None of the files could be accepted.", errors=[e.to_json() for e in intake.errors()])
+        raise error
+    return intake.answer(), 202
+
+
+async def _drop_rest(body: AsyncIterable[bytes], max_bytes: int) -> None:
+    """Read the rest of the body and drop it; if it ends within ``max_bytes``, the connection stays usable."""
+    dropped = 0
+    async for chunk in body:
+        dropped += len(chunk)
+        if dropped > max_bytes:
+            return
+    g.upload_drained = True
+
+
+async def receive_multipart(intake: Intake, body: AsyncIterable[bytes], boundary: bytes, *,
+                            csrf_token: str | None = None) -> dict[str, str]:
+    """Stream a multipart body into ``intake``; returns the small form fields once the body has been read.
+
+    With ``csrf_token``, a ``csrf_token`` field must arrive before the first file part (a no-JS form puts its
+    hidden input first); otherwise the request is refused before any file byte is stored.
+    """
+    receiver = _Receiver(intake, boundary, csrf_token)
+    received = 0
+    async for chunk in body:
+        received += len(chunk)
+        if received > intake.limits.max_request_bytes:
+            raise TooLarge("The upload is larger than this server accepts in one request.")
+        view = memoryview(chunk)
+        for start in range(0, len(view), SLICE):
+            await receiver.feed(view[start : start + SLICE])
+    await receiver.feed(None)
+    if csrf_token is not None and not receiver.csrf_ok:
+        raise Forbidden(CSRF_MESSAGE)
+    return receiver.fields
+
+
+class _Receiver:
+    """Turns decoder events into intake calls; holds at most one open file and one small field at a time."""
+
+    def __init__(self, intake: Intake, boundary: bytes, csrf_token: str | None) -> None:
+        self.intake = intake
+        # The decoder's own buffer stays small because it is fed slices and drained after each one; this
+        # bound only stops a part whose headers never end.
+        self.decoder = MultipartDecoder(boundary, max_form_memory_size=4 * SLICE)
+        self.csrf_token = csrf_token
+        self.csrf_ok = False
+        self.fields: dict[str, str] = {}
+        self.done = False
+        self._sink: FileSink | None = None
+        self._field: tuple[str, bytearray] | None = None
+        self._stray: str | None = None  # a file sent under another field name: its bytes are dropped
+        self._field_count = 0
+
+    async def feed(self, data: memoryview | None) -> None:
+        if self.done:
+            return
+        try:
+            self.decoder.receive_data(data)  # type: ignore[arg-type]  # bytearray.extend takes any buffer
+        except RequestEntityTooLarge:
+            raise BadRequest(MALFORMED) from None
+        while True:
+            try:
+                event = self.decoder.next_event()
+            except ValueError:  # werkzeug's word for a malformed or truncated body
+                raise BadRequest(MALFORMED) from None
+            if event is NEED_DATA:
+                return
+            if isinstance(event, Epilogue):
+                self.done = True
+                return
+            if isinstance(event, File):
+                if self.csrf_token is not None and not self.csrf_ok:
+                    raise Forbidden(CSRF_MESSAGE)
+                if event.name == FILE_FIELD:
+                    self._sink = self.intake.start_file(event.filename)
+                else:
+                    self._stray = event.filename
+            elif isinstance(event, Field):
+                self._field_count += 1
+                if self._field_count > MAX_FIELDS:
+                    raise BadRequest("The upload form has too many fields.")
+                self._field = (event.name or "", bytearray())  # a part may have no name at all
+            elif isinstance(event, Data):
+                await self._data(event)
+
+    async def _data(self, event: Data) -> None:
+        if self._sink is not None:
+            await self._sink.write(event.data)
+            if not event.more_data:
+                sink, self._sink = self._sink, None
+                await self.intake.finish_file(sink)
+        elif self._field is not None:
+            name, value = self._field
+            value += event.data
+            if len(value) > FIELD_MAX:
+                raise BadRequest(f"The form field {name[:40]!r} is too long.")
+            if not event.more_data:
+                self._field = None
+                self._end_field(name, value.decode("utf-8", "replace"))
+        elif self._stray is not None and not event.more_data:
+            self.intake.add_error(self._stray, f"Send photos in the '{FILE_FIELD}' field.", 400)
+            self._stray = None
+
+    def _end_field(self, name: str, value: str) -> None:
+        if name == "csrf_token" and self.csrf_token is not None:
+            if not security.tokens_equal(value, self.csrf_token):
+                raise Forbidden(CSRF_MESSAGE)
+            self.csrf_ok = True
+        self.fields[name] = value
