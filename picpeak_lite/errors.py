@@ -1,7 +1,8 @@
 """One exception hierarchy for everything a client can be told.
 
-Each error carries its HTTP status and a message meant for people. ``web/app.py`` has the one handler that renders
-them as an HTML page or JSON, whichever the client asked for. Anything that is not an :class:`AppError` is a bug:
+Each error carries its HTTP status and a message meant for people. ``web/errors.py`` has the one handler that
+renders them as an HTML page (``page``, with ``page_context()``) or JSON (``to_json()``), whichever the client
+asked for. Anything that is not an :class:`AppError` is a bug:
 it is logged with its traceback and answered 500 without internals.
 """
 
@@ -13,6 +14,10 @@ from typing import Any
 class AppError(Exception):
     status = 500
     title = "Something went wrong"
+    #: The template of this error's HTML page. A page whose form posts needs the guest session that holds its
+    #: CSRF token, so the handler makes one first when ``needs_guest_session`` is set.
+    page = "error.html"
+    needs_guest_session = False
 
     def __init__(self, message: str | None = None, **extra: Any) -> None:
         super().__init__(message or self.title)
@@ -24,6 +29,10 @@ class AppError(Exception):
 
     def to_json(self) -> dict[str, Any]:
         return {"error": self.message, **self.extra}
+
+    def page_context(self) -> dict[str, Any]:
+        """What ``page`` is rendered with."""
+        return {"error": self}
 
 
 class BadRequest(AppError):

@@ -17,14 +17,28 @@ Row = dict[str, Any]
 
 
 class PasswordRequired(AppError):
-    """The gallery exists and is open, but this guest has not entered its password yet."""
+    """The gallery exists and is open, but this guest has not entered its password yet (or just entered a wrong
+    one): the page is the password form, whatever address the guest asked for."""
 
     status = 401
     title = "This gallery is protected by a password"
+    page = "guest/password.html"
+    needs_guest_session = True
+    WRONG_PASSWORD = "That password is not right. Please try again."
 
-    def __init__(self, gallery: Row) -> None:
-        super().__init__()
+    def __init__(self, gallery: Row, *, wrong_password: bool = False) -> None:
+        super().__init__(self.WRONG_PASSWORD if wrong_password else None)
         self.gallery = gallery
+        self.wrong_password = wrong_password
+
+    def page_context(self) -> dict[str, Any]:
+        return {"gallery": self.gallery, "error": self.message if self.wrong_password else None}
+
+
+class GalleryExpired(Gone):
+    """Shown in the guest look, on the gallery's own page."""
+
+    page = "guest/expired.html"
 
 
 def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now: float) -> Row:
@@ -33,7 +47,7 @@ def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now
     if gallery is None or gallery["is_draft"]:
         raise NotFound("There is no gallery at this address.")
     if is_expired(gallery, now):
-        raise Gone("This gallery has expired. Please contact your photographer.")
+        raise GalleryExpired("This gallery has expired. Please contact your photographer.")
     if gallery["password_hash"] is not None and not (
         guest_session_id is not None
         and guest_q.has_access(conn, guest_session_id, gallery["id"], gallery["password_version"])
@@ -48,7 +62,7 @@ def gallery_for_password_form(conn: Connection, slug: str, now: float) -> Row:
     if gallery is None or gallery["is_draft"]:
         raise NotFound("There is no gallery at this address.")
     if is_expired(gallery, now):
-        raise Gone("This gallery has expired. Please contact your photographer.")
+        raise GalleryExpired("This gallery has expired. Please contact your photographer.")
     return gallery
 
 

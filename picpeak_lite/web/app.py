@@ -4,18 +4,16 @@ headers and cookies."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup, escape
-from quart import Response, g, render_template, request
+from quart import Response, g
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
 
-from picpeak_lite.errors import AppError, TooLarge
 from picpeak_lite.services import Services
+from picpeak_lite.web import errors
 from picpeak_lite.web.asgi import BackpressureHTTPConnection, BoundedRequest
 from picpeak_lite.web.auth import ADMIN_COOKIE, GUEST_COOKIE, services
 
@@ -77,58 +75,21 @@ def create_app(svc: Services) -> QuartTrio:
     app.register_blueprint(admin_photos.blueprint)
     app.register_blueprint(admin_settings.blueprint)
 
-    app.register_error_handler(AppError, _render_app_error)
-    app.register_error_handler(HTTPException, _render_http_exception)
-    app.register_error_handler(Exception, _render_unexpected)
+    errors.install(app)
     app.after_request(_after_request)
     app.jinja_env.globals["csrf_field"] = _csrf_field
     app.jinja_env.filters["datetime"] = _format_timestamp
     return app
 
 
-def wants_json() -> bool:
-    if request.path.startswith(("/api/", "/healthz")):
-        return True
-    best = request.accept_mimetypes.best_match(["text/html", "application/json"])
-    return best == "application/json"
 
 
-async def render_error(error: AppError) -> Response:
-    if wants_json():
-        response = Response(
-            _json_dumps(error.to_json()), status=error.status, content_type="application/json"
-        )
-    else:
-        template = getattr(error, "template", "error.html")
-        html = await render_template(template, error=error)
-        response = Response(html, status=error.status, content_type="text/html; charset=utf-8")
-    for name, value in error.headers().items():
-        response.headers[name] = value
-    return response
 
 
-async def _render_app_error(error: AppError) -> Response:
-    from picpeak_lite.domain.access import PasswordRequired
-    from picpeak_lite.web.views.guest import password_page
-
-    if isinstance(error, PasswordRequired) and not wants_json():
-        return await password_page(error.gallery, status=401)
-    return await render_error(error)
 
 
-async def _render_http_exception(error: HTTPException) -> Response:
-    code = error.code or 500
-    if code == 413:
-        return await render_error(TooLarge("The request is too large."))
-    generic = AppError(error.description if code < 500 else None)
-    generic.status = code
-    generic.message = {404: "Not found", 405: "Method not allowed"}.get(code, error.name)
-    return await render_error(generic)
 
 
-async def _render_unexpected(error: Exception) -> Response:
-    log.exception("unexpected error on %s %s", request.method, request.path, exc_info=error)
-    return await render_error(AppError("Something went wrong on our side. Please try again."))
 
 
 def _after_request(response: Response) -> Response:
@@ -169,7 +130,3 @@ def _format_timestamp(value: float | None) -> str:
     if value is None:
         return ""
     return dt.datetime.fromtimestamp(value, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _json_dumps(data: Any) -> str:
-    return json.dumps(data, ensure_ascii=False)

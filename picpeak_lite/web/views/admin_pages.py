@@ -22,9 +22,7 @@ from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.web import qr
 from picpeak_lite.web.auth import admin_page, check_origin, current_admin, services
-from picpeak_lite.web.views.admin_photos import load_grid, read_filters
-from picpeak_lite.web.views.common import client_ip, share_url
-from picpeak_lite.web.views.photos import admin_image_url
+from picpeak_lite.web.views.common import admin_image_url, client_ip, load_grid, read_filters, share_url
 
 EXPIRY_WARNING_DAYS = 7
 QR_TARGETS = ("gallery", "upload")

@@ -18,7 +18,7 @@ from picpeak_lite.pipeline import transitions
 from picpeak_lite.store.queries import admin_photos as q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import admin_api, admin_page, services
-from picpeak_lite.web.views.photos import admin_image_url, photo_status
+from picpeak_lite.web.views.common import admin_image_url, filter_query, load_grid, photo_status, read_filters
 
 blueprint = Blueprint("admin_photos", __name__)
 
@@ -40,30 +40,10 @@ def photo_json(row: dict[str, Any], favourited_by: list[str], cover_id: int | No
     }
 
 
-def read_filters(args: Any) -> dict[str, Any]:
-    status = args.get("status") or None
-    source = args.get("source") or None
-    return {
-        "status": status if status in q.STATUS_FILTERS else None,
-        "source": source if source in q.SOURCE_FILTERS else None,
-        "favourites": args.get("favourites") in ("1", "on", "true"),
-    }
 
 
-def filter_query(filters: dict[str, Any]) -> dict[str, str]:
-    """The query string of ``read_filters``' output: only the known keys, so no client key can clash with a
-    route's own arguments in ``url_for``."""
-    query = {key: filters[key] for key in ("status", "source") if filters[key]}
-    if filters["favourites"]:
-        query["favourites"] = "1"
-    return query
 
 
-async def load_grid(gallery_id: int, filters: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, list[str]]]:
-    def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, list[str]]]:
-        return q.list_photos(conn, gallery_id, **filters), q.favourites_by_photo(conn, gallery_id)
-
-    return await services().db.read(read)
 
 
 @blueprint.get("/api/admin/galleries/<int:gallery_id>/photos")

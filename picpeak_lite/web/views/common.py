@@ -1,12 +1,18 @@
-"""Small helpers shared by the views."""
+"""What the views share: the client's address, links, the guest's gallery, and the JSON shape of photos and
+uploads. Views import this module, never each other."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
+from typing import Any
 
-from quart import request
+from quart import request, url_for
 
-from picpeak_lite.web.auth import services
+from picpeak_lite.domain import access
+from picpeak_lite.store.queries import admin_photos as admin_photo_q
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.web.auth import current_guest, services
 
 
 def client_ip() -> str:
@@ -46,3 +52,88 @@ def base_url() -> str:
 
 def share_url(slug: str) -> str:
     return f"{base_url()}/g/{slug}"
+
+
+async def load_gallery(slug: str) -> dict[str, Any]:
+    """The gallery if this guest may see it (raises NotFound, Gone or PasswordRequired otherwise)."""
+    svc = services()
+    guest = await current_guest(create=False)
+    return await svc.db.read(access.guest_gallery, slug, guest.id if guest else None, svc.clock())
+
+
+UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def admin_image_url(photo_id: int, kind: str) -> str:
+    return url_for("photos.admin_image", photo_id=photo_id, kind=kind)
+
+
+def guest_image_url(slug: str, photo_id: int, kind: str) -> str:
+    return url_for("photos.guest_image", slug=slug, photo_id=photo_id, kind=kind)
+
+
+def upload_status(upload: dict[str, Any], counts: dict[str, Any], photos: list[dict[str, Any]],
+                  image_url: Any) -> dict[str, Any]:
+    """The status shape shared by the admin and guest endpoints (and the WebSocket snapshot)."""
+    return {
+        "upload_id": upload["id"],
+        "gallery_id": upload["gallery_id"],
+        **{k: counts[k] for k in ("total", "pending", "processing", "complete", "failed")},
+        "done": upload["completed_at"] is not None,
+        "photos": [photo_status(p, image_url) for p in photos],
+    }
+
+
+def photo_status(photo: dict[str, Any], image_url: Any) -> dict[str, Any]:
+    complete = photo["status"] == "complete"
+    return {
+        "id": photo["id"],
+        "filename": photo["display_name"],
+        "status": photo["status"],
+        "error": photo["error"],
+        "width": photo["width"],
+        "height": photo["height"],
+        "thumb_url": image_url(photo["id"], "grid") if complete else None,
+        "view_url": image_url(photo["id"], "view") if complete else None,
+    }
+
+
+async def read_upload(upload_id: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
+    """The upload group, its counts and photos; None for an unknown or malformed id."""
+    if not UPLOAD_ID.match(upload_id):
+        return None
+    return await services().db.read(load_upload, upload_id)
+
+
+def load_upload(conn: Any, upload_id: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
+    upload = photo_q.get_upload(conn, upload_id)
+    if upload is None:
+        return None
+    return upload, photo_q.upload_counts(conn, upload_id), photo_q.upload_photos(conn, upload_id)
+
+
+def read_filters(args: Any) -> dict[str, Any]:
+    status = args.get("status") or None
+    source = args.get("source") or None
+    return {
+        "status": status if status in admin_photo_q.STATUS_FILTERS else None,
+        "source": source if source in admin_photo_q.SOURCE_FILTERS else None,
+        "favourites": args.get("favourites") in ("1", "on", "true"),
+    }
+
+
+def filter_query(filters: dict[str, Any]) -> dict[str, str]:
+    """The query string of ``read_filters``' output: only the known keys, so no client key can clash with a
+    route's own arguments in ``url_for``."""
+    query = {key: filters[key] for key in ("status", "source") if filters[key]}
+    if filters["favourites"]:
+        query["favourites"] = "1"
+    return query
+
+
+async def load_grid(gallery_id: int, filters: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, list[str]]]:
+    def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, list[str]]]:
+        return (admin_photo_q.list_photos(conn, gallery_id, **filters),
+                admin_photo_q.favourites_by_photo(conn, gallery_id))
+
+    return await services().db.read(read)

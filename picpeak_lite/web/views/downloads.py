@@ -34,8 +34,8 @@ from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import WATERMARK_TAG_CHARS
 from picpeak_lite.web import zipstream
 from picpeak_lite.web.auth import current_guest, services
-from picpeak_lite.web.views.guest import load_gallery
-from picpeak_lite.web.views.photos import attachment_header, send_original, send_path
+from picpeak_lite.web.files import attachment_header, send_original, send_path
+from picpeak_lite.web.views.common import load_gallery
 
 blueprint = Blueprint("downloads", __name__)
 

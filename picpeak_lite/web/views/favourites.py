@@ -19,7 +19,7 @@ from picpeak_lite.pipeline.intake import clean_guest_name
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.web.auth import check_guest_state_change, current_guest, services
-from picpeak_lite.web.views.guest import load_gallery
+from picpeak_lite.web.views.common import load_gallery
 
 blueprint = Blueprint("favourites", __name__)
 

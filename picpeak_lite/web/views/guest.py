@@ -12,30 +12,16 @@ from typing import Any
 from quart import Blueprint, redirect, render_template, request, url_for
 
 from picpeak_lite.domain import access
-from picpeak_lite.errors import BadRequest, Forbidden, Gone
+from picpeak_lite.errors import BadRequest, Forbidden
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import listing
 from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, services
-from picpeak_lite.web.views.common import base_url, client_ip
+from picpeak_lite.web.views.common import base_url, client_ip, load_gallery
 
 blueprint = Blueprint("guest", __name__)
 
 
-async def load_gallery(slug: str) -> dict[str, Any]:
-    """The gallery if this guest may see it (raises NotFound, Gone or PasswordRequired otherwise)."""
-    svc = services()
-    guest = await current_guest(create=False)
-    return await svc.db.read(access.guest_gallery, slug, guest.id if guest else None, svc.clock())
-
-
-@blueprint.errorhandler(Gone)
-async def expired(error: Gone) -> Any:
-    """The expired page in the guest look (JSON clients get the usual error body)."""
-    from picpeak_lite.web.app import render_error
-
-    error.template = "guest/expired.html"  # type: ignore[attr-defined]
-    return await render_error(error)
 
 
 def _sort_arg() -> str:
@@ -164,13 +150,6 @@ async def upload_page(slug: str) -> Any:
     )
 
 
-async def password_page(gallery: dict[str, Any], *, status: int, error: str | None = None) -> Any:
-    # The form needs a guest session for its CSRF token.
-    await current_guest(create=True)
-    html = await render_template("guest/password.html", gallery=gallery, error=error)
-    return html, status
-
-
 @blueprint.post("/g/<slug>/password")
 async def password_submit(slug: str) -> Any:
     svc = services()
@@ -190,6 +169,6 @@ async def password_submit(slug: str) -> Any:
         else:
             svc.gallery_throttle.failed(target, ip)
     if not ok:
-        return await password_page(row, status=401, error="That password is not right. Please try again.")
+        raise access.PasswordRequired(row, wrong_password=True)
     await svc.db.write(guest_q.grant_access, guest.id, row["id"], row["password_version"], svc.clock())
     return redirect(url_for("guest.gallery", slug=slug))

@@ -33,7 +33,7 @@ from picpeak_lite.web.auth import (
     origin_allowed,
     services,
 )
-from picpeak_lite.web.views.photos import _load_upload, read_upload, upload_status
+from picpeak_lite.web.views.common import load_upload, read_upload, upload_status
 
 blueprint = Blueprint("live", __name__)
 
@@ -153,7 +153,7 @@ async def _stream_upload(upload_id: str, subscription: Subscription, image_url: 
     db = services().db
 
     def snapshot(conn: Any) -> tuple[Any, int, int]:
-        return _load_upload(conn, upload_id), change_q.latest_seq(conn), change_q.oldest_seq(conn)
+        return load_upload(conn, upload_id), change_q.latest_seq(conn), change_q.oldest_seq(conn)
 
     found, seq, oldest = await db.read(snapshot)
     statuses = {p["id"]: p["status"] for p in found[2]}
@@ -185,7 +185,7 @@ async def _stream_upload(upload_id: str, subscription: Subscription, image_url: 
         else:
             statuses[change.photo_id] = change.status
         await _send(_delta(change, image_url))
-    final = await db.read(_load_upload, upload_id)
+    final = await db.read(load_upload, upload_id)
     status = upload_status(*final, image_url) if final else {"upload_id": upload_id, "total": 0}
     await _send({"type": "done", "seq": seq, **{k: v for k, v in status.items() if k != "photos"}})
     await websocket.close(1000, "done")

@@ -7,87 +7,39 @@ An image of a photo that is still waiting or processing answers 503 with ``Retry
 
 from __future__ import annotations
 
-import re
 from typing import Any
-from urllib.parse import quote
 
 import trio
-from quart import Blueprint, Response, send_file, url_for
+from quart import Blueprint, Response
 
 from picpeak_lite.domain import access
 from picpeak_lite.errors import Conflict, NotFound, NotReady, Unprocessable
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import admin_api, current_guest, services
-from picpeak_lite.web.views.guest import load_gallery
+from picpeak_lite.web.files import send_original, send_path
+from picpeak_lite.web.views.common import admin_image_url, guest_image_url, load_gallery, read_upload, upload_status
 
 blueprint = Blueprint("photos", __name__)
 
-UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
-MIME = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp", "heif": "image/heif"}
-EXTENSION = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "heif": ".heic"}
 # How long a browser keeps an image without asking again (then a 304 when unchanged). Grid images never change.
 # View images are made again when their gallery's watermark changes (worker.refresh_stale_views): an hour
 # bounds how long a guest's browser shows the old one.
 CACHE_SECONDS = {"grid": 7 * 86400, "view": 3600}
-# quart-trio reads files in 8 KiB steps with two thread hops each; 256 KiB steps cut the hops 32-fold.
-FILE_CHUNK_BYTES = 256 * 1024
 
 
-async def send_path(path: Any, mimetype: str) -> Response:
-    """``send_file`` with ETag/conditional support and large read steps."""
-    response = await send_file(path, mimetype=mimetype, conditional=True)
-    if hasattr(response.response, "buffer_size"):
-        response.response.buffer_size = FILE_CHUNK_BYTES
-    return response
 
 
-def admin_image_url(photo_id: int, kind: str) -> str:
-    return url_for("photos.admin_image", photo_id=photo_id, kind=kind)
 
 
-def guest_image_url(slug: str, photo_id: int, kind: str) -> str:
-    return url_for("photos.guest_image", slug=slug, photo_id=photo_id, kind=kind)
 
 
-def upload_status(upload: dict[str, Any], counts: dict[str, Any], photos: list[dict[str, Any]],
-                  image_url: Any) -> dict[str, Any]:
-    """The status shape shared by the admin and guest endpoints (and the WebSocket snapshot)."""
-    return {
-        "upload_id": upload["id"],
-        "gallery_id": upload["gallery_id"],
-        **{k: counts[k] for k in ("total", "pending", "processing", "complete", "failed")},
-        "done": upload["completed_at"] is not None,
-        "photos": [photo_status(p, image_url) for p in photos],
-    }
 
 
-def photo_status(photo: dict[str, Any], image_url: Any) -> dict[str, Any]:
-    complete = photo["status"] == "complete"
-    return {
-        "id": photo["id"],
-        "filename": photo["display_name"],
-        "status": photo["status"],
-        "error": photo["error"],
-        "width": photo["width"],
-        "height": photo["height"],
-        "thumb_url": image_url(photo["id"], "grid") if complete else None,
-        "view_url": image_url(photo["id"], "view") if complete else None,
-    }
 
 
-async def read_upload(upload_id: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
-    """The upload group, its counts and photos; None for an unknown or malformed id."""
-    if not UPLOAD_ID.match(upload_id):
-        return None
-    return await services().db.read(_load_upload, upload_id)
 
 
-def _load_upload(conn: Any, upload_id: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
-    upload = photo_q.get_upload(conn, upload_id)
-    if upload is None:
-        return None
-    return upload, photo_q.upload_counts(conn, upload_id), photo_q.upload_photos(conn, upload_id)
 
 
 @blueprint.get("/api/admin/uploads/<upload_id>")
@@ -179,22 +131,5 @@ async def send_derivative(photo: dict[str, Any], kind: str) -> Response:
     return response
 
 
-async def send_original(photo: dict[str, Any]) -> Response:
-    """The original bytes, always as an attachment, with the type we detected (never the client's)."""
-    path = services().storage.original_path(photo["storage_key"])
-    if not path.exists():
-        raise NotFound(photo_q.ORIGINAL_MISSING)
-    response = await send_path(path, MIME[photo["format"]])
-    response.headers["Content-Disposition"] = attachment_header(photo["display_name"], photo["format"])
-    response.headers["Content-Security-Policy"] = "default-src 'none'; sandbox"
-    response.headers["Cache-Control"] = "private, no-cache"
-    return response
 
 
-def attachment_header(display_name: str, fmt: str) -> str:
-    """``attachment`` with an ASCII fallback and the UTF-8 name (RFC 6266 / 5987)."""
-    name = display_name
-    if not name.lower().endswith((EXTENSION[fmt], ".jpeg" if fmt == "jpeg" else EXTENSION[fmt], ".heif")):
-        name += EXTENSION[fmt]
-    fallback = re.sub(r"[^A-Za-z0-9._ -]", "_", name) or "photo" + EXTENSION[fmt]
-    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"

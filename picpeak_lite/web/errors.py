@@ -1,0 +1,68 @@
+"""The one place where errors become responses: HTML pages or JSON, whichever the client asked for.
+
+Views raise :class:`picpeak_lite.errors.AppError` subclasses and never build an error response themselves. An
+error chooses its own page (``AppError.page``): the expired page and the password form are errors like any
+other, so a guest who follows any link to a closed gallery sees the right page at that address. Anything that
+is not an ``AppError`` is a bug: logged with its traceback and answered 500 without internals.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from quart import Response, render_template, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from picpeak_lite.errors import AppError, TooLarge
+from picpeak_lite.web.auth import current_guest
+
+log = logging.getLogger(__name__)
+
+
+def install(app: QuartTrio) -> None:
+    """Register the handlers: ours, werkzeug's HTTP errors (404 routing, 405, 413), and everything else."""
+    app.register_error_handler(AppError, render_error)
+    app.register_error_handler(HTTPException, _render_http_exception)
+    app.register_error_handler(Exception, _render_unexpected)
+
+
+def wants_json() -> bool:
+    if request.path.startswith(("/api/", "/healthz")):
+        return True
+    best = request.accept_mimetypes.best_match(["text/html", "application/json"])
+    return best == "application/json"
+
+
+async def render_error(error: AppError) -> Response:
+    if wants_json():
+        response = Response(json_dumps(error.to_json()), status=error.status, content_type="application/json")
+    else:
+        if error.needs_guest_session:
+            await current_guest(create=True)
+        html = await render_template(error.page, **error.page_context())
+        response = Response(html, status=error.status, content_type="text/html; charset=utf-8")
+    for name, value in error.headers().items():
+        response.headers[name] = value
+    return response
+
+
+async def _render_http_exception(error: HTTPException) -> Response:
+    code = error.code or 500
+    if code == 413:
+        return await render_error(TooLarge("The request is too large."))
+    generic = AppError(error.description if code < 500 else None)
+    generic.status = code
+    generic.message = {404: "Not found", 405: "Method not allowed"}.get(code, error.name)
+    return await render_error(generic)
+
+
+async def _render_unexpected(error: Exception) -> Response:
+    log.exception("unexpected error on %s %s", request.method, request.path, exc_info=error)
+    return await render_error(AppError("Something went wrong on our side. Please try again."))
+
+
+def json_dumps(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False)
