@@ -8,12 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from picpeak_lite.errors import AppError, Gone, NotFound
-from picpeak_lite.store.db import Connection
+from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import photos as photo_q
-
-Row = dict[str, Any]
 
 
 class PasswordRequired(AppError):

@@ -154,7 +154,8 @@ def watermark_fingerprint(watermark: images.Watermark | None, logos: dict[str, A
 def watermark_fingerprints(conn: Connection, settings: Settings, gallery_id: int | None = None) -> dict[int, str]:
     """Each gallery's (or one gallery's) :func:`watermark_fingerprint`: compared before and after a change to
     find the galleries whose view images must be made again."""
-    chosen, logos = load(conn, settings), {}
+    chosen = load(conn, settings)
+    logos: dict[str, Any] = {}
     return {row["id"]: watermark_fingerprint(_watermark_of(chosen, row), logos)
             for row in gallery_q.watermark_fields(conn, gallery_id)}
 

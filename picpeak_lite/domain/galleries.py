@@ -15,10 +15,9 @@ from picpeak_lite.domain import admin_settings
 from picpeak_lite.domain.gallery_fields import parse_gallery_input
 from picpeak_lite.errors import NotFound
 from picpeak_lite.services import Services
+from picpeak_lite.store.db import Row
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
-
-Row = dict[str, Any]
 
 _SLUG_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
 
@@ -131,8 +130,7 @@ async def delete_gallery(svc: Services, gallery_id: int) -> None:
     keys = await svc.db.write(delete)
     if keys is None:
         raise NotFound("There is no such gallery.")
-    storage = svc.storage
-    await trio.to_thread.run_sync(lambda: [storage.remove_photo_files(key) for key in keys])
+    await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
 
 
 def expires_on(row: Row) -> str | None:

@@ -85,12 +85,12 @@ def parse_gallery_input(
         elif not partial:
             out[key] = False  # an unchecked checkbox is simply absent from a form
     if present("photo_cap"):
-        raw = data.get("photo_cap")
+        cap_text = data.get("photo_cap")
         out["photo_cap"] = None
-        if raw not in (None, ""):
+        if cap_text not in (None, ""):
             try:
-                cap = int(raw)
-                if cap < 1 or isinstance(raw, bool):
+                cap = int(cap_text)
+                if cap < 1 or isinstance(cap_text, bool):
                     raise ValueError
                 out["photo_cap"] = cap
             except (TypeError, ValueError):

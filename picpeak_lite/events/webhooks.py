@@ -213,7 +213,7 @@ async def post(target: Target, headers: list[tuple[str, str]], body: bytes) -> t
             if event is h11.NEED_DATA:
                 if response is not None and len(content) >= MAX_RESPONSE_BODY:
                     break
-                conn.receive_data(await stream.receive_some(4096))
+                conn.receive_data(bytes(await stream.receive_some(4096)))
             elif isinstance(event, h11.Response):
                 response = event
             elif isinstance(event, h11.Data):

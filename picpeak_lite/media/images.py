@@ -263,7 +263,9 @@ def _to_rgb(im: Image.Image, icc: bytes | None) -> tuple[Image.Image, bytes | No
     if space in (b"CMYK", b"GRAY") and im.mode in ("CMYK", "L"):
         try:
             source = ImageCms.ImageCmsProfile(io.BytesIO(icc or b""))
-            return ImageCms.profileToProfile(im, source, SRGB, outputMode="RGB"), None
+            converted = ImageCms.profileToProfile(im, source, SRGB, outputMode="RGB")
+            if converted is not None:  # None only when asked to convert in place, which we never do
+                return converted, None
         except (ImageCms.PyCMSError, OSError, ValueError):
             pass  # a broken profile: fall back to Pillow's plain conversion below
     kept = icc if space == b"RGB " else None
@@ -341,7 +343,7 @@ def _mark(watermark: Watermark, size: tuple[int, int]) -> Image.Image | None:
         font = ImageFont.load_default(size=points)
         stroke = max(1, points // 25)  # a dark outline keeps white text readable on light photos
         left, top, right, bottom = font.getbbox(text, stroke_width=stroke)
-        mark = Image.new("RGBA", (max(1, right - left), max(1, bottom - top)))
+        mark = Image.new("RGBA", (max(1, round(right - left)), max(1, round(bottom - top))))
         ImageDraw.Draw(mark).text((-left, -top), text, font=font, fill=(255, 255, 255, 255),
                                   stroke_width=stroke, stroke_fill=(0, 0, 0, 255))
     else:

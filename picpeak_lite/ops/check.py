@@ -123,15 +123,15 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
             current = {r["id"]: r for r in photo_q.rows_for_check(conn)}
             live_keys = {r["storage_key"] for r in current.values()}
         for photo_id in suspects["missing"]:
-            row = current.get(photo_id)
-            if row is not None and row["status"] != "failed" and not storage.original_path(
-                    row["storage_key"]).exists():
+            found = current.get(photo_id)
+            if found is not None and found["status"] != "failed" and not storage.original_path(
+                    found["storage_key"]).exists():
                 report.missing_original.append(photo_id)
         report.sha_mismatch = [i for i in suspects["sha"] if i in current]
         for photo_id in suspects["derived"]:
-            row = current.get(photo_id)
-            if row is not None and row["status"] == "complete" and not all(
-                    storage.derived_path(row["storage_key"], kind).exists() for kind in DERIVATIVES):
+            found = current.get(photo_id)
+            if found is not None and found["status"] == "complete" and not all(
+                    storage.derived_path(found["storage_key"], kind).exists() for kind in DERIVATIVES):
                 report.missing_derivatives.append(photo_id)
         report.orphans = sorted(p for key, paths in orphan_keys.items() if key not in live_keys for p in paths)
         if repair:

@@ -11,11 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from picpeak_lite.config import WebhookEndpoint
-from picpeak_lite.store.db import Connection
+from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import webhooks as webhook_q
-
-Row = dict[str, Any]
 
 
 def photo_subject(row: Row) -> str:

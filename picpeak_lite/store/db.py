@@ -22,7 +22,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 import apsw
 import trio
@@ -32,7 +32,31 @@ from picpeak_lite.errors import DatabaseError, InsufficientStorage
 P = ParamSpec("P")
 T = TypeVar("T")
 
-Connection = apsw.Connection
+#: A row as every query returns it: ``connect`` installs a row tracer that keys values by column name.
+Row = dict[str, Any]
+
+
+class Cursor(Protocol):
+    """What ``Connection.execute`` returns, with rows typed as our row tracer makes them."""
+
+    def fetchall(self) -> list[Row]: ...
+    def fetchone(self) -> Row | None: ...
+    def __iter__(self) -> Iterator[Row]: ...
+    def __next__(self) -> Row: ...
+
+
+class Connection(Protocol):
+    """The part of ``apsw.Connection`` our SQL uses. apsw's own stubs type rows as tuples, which ours are not;
+    this type lets mypy check every query's use of its rows."""
+
+    @property
+    def in_transaction(self) -> bool: ...
+    @property
+    def filename(self) -> str: ...
+    def execute(self, statements: str, bindings: Any = None) -> Cursor: ...
+    def changes(self) -> int: ...
+    def last_insert_rowid(self) -> int: ...
+    def close(self, force: bool = False) -> None: ...
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -40,7 +64,7 @@ BUSY_TIMEOUT_MS = 10_000
 ConstraintError = apsw.ConstraintError
 
 
-def connect(path: str | os.PathLike[str]) -> apsw.Connection:
+def connect(path: str | os.PathLike[str]) -> Connection:
     """Open one connection with the project's pragmas. Used by the bridge, the CLI and the tests."""
     conn = apsw.Connection(str(path))
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
@@ -53,7 +77,7 @@ def connect(path: str | os.PathLike[str]) -> apsw.Connection:
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = ON")
     conn.row_trace = _row_as_dict
-    return conn
+    return cast(Connection, conn)
 
 
 def _row_as_dict(cursor: apsw.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
@@ -62,7 +86,7 @@ def _row_as_dict(cursor: apsw.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def transaction(conn: apsw.Connection, *, immediate: bool = True) -> Iterator[apsw.Connection]:
+def transaction(conn: Connection, *, immediate: bool = True) -> Iterator[Connection]:
     """One unit of work: ``BEGIN [IMMEDIATE]`` ... ``COMMIT``, rolled back on any exception.
 
     When SQLite hits disk-full or an I/O error it rolls the transaction back by itself; our own ``ROLLBACK``
@@ -133,7 +157,7 @@ class Database:
 
     @staticmethod
     def _run_in_transaction(
-        conn: apsw.Connection, immediate: bool, fn: Callable[..., T], args: tuple[Any, ...]
+        conn: Connection, immediate: bool, fn: Callable[..., T], args: tuple[Any, ...]
     ) -> T:
         with transaction(conn, immediate=immediate):
             return fn(conn, *args)
@@ -150,7 +174,7 @@ class Database:
         self._writer.close()
 
 
-def backup_to(conn: apsw.Connection, path: str | os.PathLike[str]) -> None:
+def backup_to(conn: Connection, path: str | os.PathLike[str]) -> None:
     """Copy the database behind ``conn`` to a new file at ``path`` with SQLite's online backup API.
 
     One step copies every page under one read transaction: a consistent snapshot, taken while other
@@ -158,12 +182,12 @@ def backup_to(conn: apsw.Connection, path: str | os.PathLike[str]) -> None:
     """
     dest = apsw.Connection(str(path))
     try:
-        with dest.backup("main", conn, "main") as backup:
+        with dest.backup("main", cast(apsw.Connection, conn), "main") as backup:
             backup.step(-1)
     finally:
         dest.close()
 
 
-def check(conn: apsw.Connection) -> None:
+def check(conn: Connection) -> None:
     """A cheap liveness check for ``/healthz``: the file is readable and the schema is there."""
     conn.execute("SELECT count(*) FROM galleries").fetchall()

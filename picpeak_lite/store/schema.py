@@ -7,10 +7,8 @@ being half-understood. Add a step by appending to ``MIGRATIONS``; never edit a s
 
 from __future__ import annotations
 
-import apsw
-
 from picpeak_lite.errors import ConfigError
-from picpeak_lite.store.db import transaction
+from picpeak_lite.store.db import Connection, transaction
 
 # "PPKL": marks the file as ours, so that `file` and our own checks can tell it from other SQLite files.
 APPLICATION_ID = 0x50504B4C
@@ -238,7 +236,7 @@ MIGRATIONS: tuple[str, ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def migrate(conn: apsw.Connection, *, target: int | None = None) -> int:
+def migrate(conn: Connection, *, target: int | None = None) -> int:
     """Bring the database up to ``target`` (default: the newest). Returns the version it started at."""
     newest = len(MIGRATIONS)
     target = newest if target is None else target

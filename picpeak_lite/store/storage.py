@@ -24,7 +24,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +130,11 @@ class Storage:
             remove_quietly(self.derived_path(key, kind))
         for path in self._watermarked_files(key):
             remove_quietly(path)
+
+    def remove_files_of(self, keys: Iterable[str]) -> None:
+        """:meth:`remove_photo_files` for each key: one thread hop for a gallery or a selection."""
+        for key in keys:
+            self.remove_photo_files(key)
 
     def _watermarked_files(self, key: str) -> list[Path]:
         _check_key(key)

@@ -78,7 +78,7 @@ async def stream_zip(entries: Iterable[Entry], *, limiter: trio.CapacityLimiter 
     """Yield the archive in pieces of about :data:`CHUNK_BYTES`. A file that vanished meanwhile (the photo was
     deleted while the zip streamed) is left out."""
     sink = _Sink()
-    archive = zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED, allowZip64=True)  # type: ignore[arg-type]
+    archive = zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED, allowZip64=True)  # type: ignore[call-overload]
 
     async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=limiter)

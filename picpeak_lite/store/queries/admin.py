@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from picpeak_lite.store.db import Connection
-
-Row = dict[str, Any]
+from picpeak_lite.store.db import Connection, Row
 
 
 def get_user_by_name(conn: Connection, username: str) -> Row | None:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from picpeak_lite.store.db import Connection
-
-Row = dict[str, Any]
+from picpeak_lite.store.db import Connection, Row
 
 _WITH_DETAILS = (
     "SELECT c.seq, c.photo_id, c.gallery_id, c.upload_id, c.status, c.hidden, "

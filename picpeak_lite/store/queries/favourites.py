@@ -6,12 +6,8 @@ photo must be one the guest may see, which the caller proves with ``access.visib
 
 from __future__ import annotations
 
-from typing import Any
-
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries.photos import GUEST_VISIBLE_PHOTO
-
-Row = dict[str, Any]
 
 
 def add(conn: Connection, guest_session_id: int, photo_id: int, now: float) -> bool:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from picpeak_lite.store.db import Connection
-
-Row = dict[str, Any]
+from picpeak_lite.store.db import Connection, Row
 
 EDITABLE = (
     "name", "event_type", "event_date", "customer_name", "customer_email", "welcome_message", "expires_at",

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from picpeak_lite.store.db import Connection
-
-Row = dict[str, Any]
+from picpeak_lite.store.db import Connection, Row
 
 
 def create_session(conn: Connection, token_hash: str, csrf_token: str, now: float) -> int:

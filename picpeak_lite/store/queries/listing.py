@@ -21,10 +21,8 @@ import binascii
 import json
 from typing import Any
 
-from picpeak_lite.store.db import Connection
+from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries.photos import GUEST_VISIBLE_PHOTO
-
-Row = dict[str, Any]
 
 SORTS = ("taken", "uploaded")
 PAGE_SIZE = 60

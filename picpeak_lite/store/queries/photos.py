@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from picpeak_lite.store.db import Connection
-
-Row = dict[str, Any]
+from picpeak_lite.store.db import Connection, Row
 
 MAX_ERROR_LENGTH = 1000
 ORIGINAL_MISSING = "The original file is missing from storage."  # the reason a photo without its file fails

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from picpeak_lite.store.db import Connection
-
-Row = dict[str, Any]
+from picpeak_lite.store.db import Connection, Row
 
 
 def get_all(conn: Connection) -> dict[str, str]:

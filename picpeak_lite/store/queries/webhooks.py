@@ -207,7 +207,8 @@ def list_deliveries(
     limit: int = 50,
 ) -> list[dict[str, Any]]:
     """Deliveries newest first, for the admin log; for the next page pass the last id seen as before_id."""
-    clauses, params = [], []
+    clauses: list[str] = []
+    params: list[Any] = []
     if status is not None:
         clauses.append("status = ?")
         params.append(status)

@@ -240,6 +240,7 @@ async def password_submit() -> Any:
     assert admin is not None
     form = await request.form
     user = await svc.db.read(admin_q.get_user_by_name, admin.username)
+    assert user is not None  # current_admin found this user's session
     errors: dict[str, str] = {}
     if not await svc.verify_password(user["password_hash"], form.get("current", "")):
         errors["current"] = "That is not your current password."

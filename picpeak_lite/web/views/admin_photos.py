@@ -87,7 +87,7 @@ async def bulk_form(gallery_id: int) -> Any:
         ids = [int(v) for v in form.getlist("ids")]
     except ValueError:
         raise BadRequest("The selection is not valid; reload the page and try again.") from None
-    back = url_for("admin.gallery", gallery_id=gallery_id, **filter_query(read_filters(request.args)))
+    back = url_for("admin.gallery", gallery_id=gallery_id, **filter_query(read_filters(request.args)))  # type: ignore[arg-type]
     if action == "delete" and form.get("confirm") != "yes":
         gallery = await galleries.get_gallery(services(), gallery_id)
         ids = await services().db.read(q.ids_in_gallery, gallery_id, ids)
@@ -153,7 +153,6 @@ async def delete_photos(gallery_id: int, ids: list[int]) -> int:
         return keys
 
     keys = await svc.db.write(delete)
-    storage = svc.storage
-    await trio.to_thread.run_sync(lambda: [storage.remove_photo_files(k) for k in keys])
+    await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
     svc.wake_webhooks()
     return len(keys)

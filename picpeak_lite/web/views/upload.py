@@ -37,7 +37,7 @@ import functools
 from collections.abc import AsyncIterable, Callable
 from typing import Any
 
-from quart import Blueprint, Response, after_this_request, g, request
+from quart import Blueprint, after_this_request, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder
 
@@ -82,7 +82,7 @@ def _closes_unless_drained(view: Any) -> Any:
     @functools.wraps(view)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         @after_this_request
-        def close_connection(response: Response) -> Response:
+        def close_connection(response: Any) -> Any:
             if response.status_code == 413 or not g.get("upload_drained"):
                 response.headers["Connection"] = "close"
             return response
@@ -171,7 +171,7 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
                     clock=svc.clock)
     try:
         with intake:
-            request.body.stream()  # our limits, counted as bytes arrive; backpressure instead of buffering
+            request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py): our limits, counted as bytes arrive; backpressure instead of buffering
             fields = await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
             g.upload_drained = True
             if not intake.entries:
