@@ -16,6 +16,7 @@ from picpeak_lite import server
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.services import Services
 from picpeak_lite.store import db
+from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import photos as photo_q
 
 from .conftest import make_settings
@@ -38,7 +39,7 @@ async def test_backup_copies_everything_with_a_manifest_and_restores(tmp_path: P
     data = svc.settings.data_path
     # One photo is mid-processing when the backup is taken: the copy hands it back to pending.
     late = stage_photo(svc, 1, jpeg(9), name="late.jpg")[0]
-    await svc.db.write(photo_q.claim_next, "t" * 32, 0.0, 3600.0)
+    await svc.db.write(claims.claim_next, "t" * 32, 0.0, 3600.0)
     target = tmp_path / "backup"
     done = cli("backup", str(target), "--data-dir", str(data))
     assert done.returncode == 0, done.stderr

@@ -21,6 +21,7 @@ from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.pipeline.worker import WorkerPool, _Claim
 from picpeak_lite.services import Services
 from picpeak_lite.store import db
+from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import webhooks as webhook_q
 from picpeak_lite.store.storage import new_key
@@ -100,7 +101,7 @@ async def test_concurrent_claims_from_many_threads_never_claim_twice(services: S
         mine = db.connect(services.settings.database_path)
         try:
             while True:
-                row = photo_q.claim_next(mine, secrets.token_hex(8), time.time(), 60)
+                row = claims.claim_next(mine, secrets.token_hex(8), time.time(), 60)
                 if row is None:
                     return
                 with lock:
@@ -120,11 +121,11 @@ async def test_concurrent_claims_from_many_threads_never_claim_twice(services: S
 CLAIM_SCRIPT = textwrap.dedent("""
     import secrets, sys, time
     from picpeak_lite.store import db
-    from picpeak_lite.store.queries import photos
+    from picpeak_lite.store.queries import claims
     conn = db.connect(sys.argv[1])
     got = []
     while True:
-        row = photos.claim_next(conn, secrets.token_hex(8), time.time(), 60)
+        row = claims.claim_next(conn, secrets.token_hex(8), time.time(), 60)
         if row is None:
             break
         got.append(row["id"])
@@ -151,17 +152,17 @@ async def test_stale_worker_cannot_overwrite_after_its_lease_expired(services: S
     photo_id, _ = stage_photo(services, gallery_id, b"z")
     now = time.time()
     with db.transaction(conn):
-        slow = photo_q.claim_next(conn, "token-slow", now, 60)
+        slow = claims.claim_next(conn, "token-slow", now, 60)
     assert slow is not None and slow["id"] == photo_id
     with db.transaction(conn):  # the slow worker's lease runs out; the janitor requeues
         requeued, failed = transitions.requeue_expired(conn, (), now + 61, max_attempts=3)
     assert (requeued, failed) == ([photo_id], [])
     with db.transaction(conn):
-        fresh = photo_q.claim_next(conn, "token-fresh", now + 62, 60)
+        fresh = claims.claim_next(conn, "token-fresh", now + 62, 60)
     assert fresh is not None and fresh["attempts"] == 2
     with db.transaction(conn):
         assert transitions.fail_photo(conn, (), photo_id, "token-slow", "late failure", now + 63) is None
-        assert not photo_q.renew_lease(conn, photo_id, "token-slow", now + 200)
+        assert not claims.renew_lease(conn, photo_id, "token-slow", now + 200)
         done = transitions.complete_photo(conn, (), photo_id, "token-fresh", {"width": 10, "height": 10}, now + 64)
     assert done is not None and done["status"] == "complete"
     with db.transaction(conn):
@@ -175,7 +176,7 @@ async def test_attempts_are_bounded(services: Services, conn: Any, gallery_id: i
     now = time.time()
     for attempt in range(1, 4):
         with db.transaction(conn):
-            assert photo_q.claim_next(conn, f"t{attempt}", now, 60)["attempts"] == attempt
+            assert claims.claim_next(conn, f"t{attempt}", now, 60)["attempts"] == attempt
         now += 61
         with db.transaction(conn):
             requeued, failed = transitions.requeue_expired(conn, (), now, max_attempts=3)
@@ -183,7 +184,7 @@ async def test_attempts_are_bounded(services: Services, conn: Any, gallery_id: i
     row = status_of(conn, photo_id)
     assert row["status"] == "failed" and row["error"] == "Gave up after 3 attempts: processing did not finish."
     with db.transaction(conn):
-        assert photo_q.claim_next(conn, "t4", now, 60) is None
+        assert claims.claim_next(conn, "t4", now, 60) is None
 
 
 async def test_status_is_checked_by_the_database(conn: Any, services: Services, gallery_id: int) -> None:
@@ -367,7 +368,7 @@ async def test_lease_is_renewed_while_working(tmp_path: Path) -> None:
         photo_id, _ = stage_photo(svc, gid, jpeg(5))
         pool = WorkerPool(svc, svc.storage, count=1)
         token = secrets.token_hex(8)
-        row = await svc.db.write(photo_q.claim_next, token, svc.clock(), 5)
+        row = await svc.db.write(claims.claim_next, token, svc.clock(), 5)
         claim = _Claim(photo_id, token)
         with trio.move_on_after(4):
             async with trio.open_nursery() as nursery:
@@ -412,7 +413,7 @@ async def test_janitor_recovers_a_dead_workers_photo_within_one_lease(tmp_path: 
         gid = await svc.db.write(create_gallery)
         photo_id, _ = stage_photo(svc, gid, b"w")
         started = trio.current_time()
-        await svc.db.write(photo_q.claim_next, "dead-worker", svc.clock(), 5)
+        await svc.db.write(claims.claim_next, "dead-worker", svc.clock(), 5)
         janitor = Janitor(svc, svc.storage)
         async with trio.open_nursery() as nursery:
             await nursery.start(janitor.run)

@@ -32,6 +32,7 @@ from typing import Any
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import ConfigError
 from picpeak_lite.store import db
+from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import DERIVATIVES, Storage, file_sha256, fsync_dir, fsync_file, remove_quietly
 
@@ -78,7 +79,7 @@ def backup(settings: Settings, target: str | os.PathLike[str], progress: Progres
         copy = db.connect(partial)
         try:
             with db.transaction(copy):
-                summary.released = photo_q.release_all_claims(copy)
+                summary.released = claims.release_all_claims(copy)
                 rows = photo_q.rows_for_check(copy)
             summary.photos = len(rows)
             files, gone = _copy_files(Storage(settings.data_path), dest, rows, previous, summary, progress)

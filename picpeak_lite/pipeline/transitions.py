@@ -12,6 +12,7 @@ from typing import Any
 
 from picpeak_lite.config import WebhookEndpoint
 from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import webhooks as webhook_q
 
@@ -38,7 +39,7 @@ def photo_event_data(row: Row) -> dict[str, Any]:
 def complete_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id: int, token: str,
                    values: dict[str, Any], now: float) -> Row | None:
     """Mark the photo complete if ``token`` still holds the claim. None when the claim was lost."""
-    if not photo_q.complete(conn, photo_id, token, values, now):
+    if not claims.complete(conn, photo_id, token, values, now):
         return None
     row = photo_q.get(conn, photo_id)
     assert row is not None
@@ -49,7 +50,7 @@ def complete_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo
 
 def fail_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id: int, token: str, reason: str,
                now: float) -> Row | None:
-    if not photo_q.fail(conn, photo_id, token, reason, now):
+    if not claims.fail(conn, photo_id, token, reason, now):
         return None
     return _after_failure(conn, endpoints, photo_id, now)
 
@@ -62,13 +63,13 @@ def requeue_expired(conn: Connection, endpoints: Sequence[WebhookEndpoint], now:
     ``max_attempts`` of that it is failed instead of being retried forever. Returns (requeued, failed) ids.
     """
     requeued, failed = [], []
-    for row in photo_q.expired_claims(conn, now):
+    for row in claims.expired_claims(conn, now):
         if row["attempts"] >= max_attempts:
             reason = f"Gave up after {row['attempts']} attempts: processing did not finish."
-            if photo_q.fail(conn, row["id"], row["claim_token"], reason, now):
+            if claims.fail(conn, row["id"], row["claim_token"], reason, now):
                 _after_failure(conn, endpoints, row["id"], now)
                 failed.append(row["id"])
-        elif photo_q.requeue(conn, row["id"], row["claim_token"]):
+        elif claims.requeue(conn, row["id"], row["claim_token"]):
             requeued.append(row["id"])
     return requeued, failed
 

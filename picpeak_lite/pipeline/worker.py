@@ -25,6 +25,7 @@ from picpeak_lite.errors import InsufficientStorage
 from picpeak_lite.media import exif, images
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.services import Services
+from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import Storage
@@ -76,7 +77,7 @@ class WorkerPool:
         """Claim and process one photo. False when there was nothing to claim."""
         svc = self.svc
         token = secrets.token_hex(16)
-        row = await svc.db.write(photo_q.claim_next, token, svc.clock(), svc.settings.lease_seconds)
+        row = await svc.db.write(claims.claim_next, token, svc.clock(), svc.settings.lease_seconds)
         if row is None:
             return False
         claim = _Claim(row["id"], token)
@@ -90,12 +91,12 @@ class WorkerPool:
             # Cancelled (shutdown) or a bug outside the per-photo handling: hand the photo back so that it is
             # processed again, then let the exception propagate.
             with trio.CancelScope(shield=True):
-                await svc.db.write(photo_q.release, row["id"], token)
+                await svc.db.write(claims.release, row["id"], token)
             raise
         if outcome is DISK_FULL and not claim.lost:
             # Not this photo's fault: hand it back and let the worker pause (_work), so that it is made once
             # space is freed instead of failing for good. Raised here, outside the nursery, as itself.
-            await svc.db.write(photo_q.release, row["id"], token)
+            await svc.db.write(claims.release, row["id"], token)
             raise InsufficientStorage("The server's disk is full; the thumbnails were not saved.")
         if claim.lost or outcome is None:
             log.warning("photo %s: lost its claim while processing; result discarded", row["id"])
@@ -210,7 +211,7 @@ class WorkerPool:
         lease = svc.settings.lease_seconds
         while True:
             await trio.sleep(lease / 3)
-            if not await svc.db.write(photo_q.renew_lease, claim.photo_id, claim.token, svc.clock() + lease):
+            if not await svc.db.write(claims.renew_lease, claim.photo_id, claim.token, svc.clock() + lease):
                 claim.lost = True
                 processing.cancel()
                 return

@@ -1,17 +1,10 @@
-"""SQL for photos, upload groups and the processing queue.
+"""SQL for photos and upload groups: inserting, finding, listing, retrying, deleting.
 
-The queue's rules live here, in the statements themselves:
-
-* a claim is one guarded ``UPDATE ... WHERE id = (SELECT ...) AND status = 'pending' RETURNING *``: it takes the
-  oldest pending photo, sets ``processing``, a fresh claim token, ``attempts + 1`` and a lease deadline;
-* every later write for that photo (renew, complete, fail, release) has ``AND claim_token = ? AND status =
-  'processing'`` in its WHERE clause, so a worker that lost its claim changes nothing, and learns so from the
-  row count.
+The claim (how a worker takes a pending photo, and the token-guarded writes that follow it) has its own module,
+``store/queries/claims.py``.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from picpeak_lite.store.db import Connection, Row
 
@@ -81,68 +74,16 @@ def get_visible(conn: Connection, gallery_id: int, photo_id: int) -> Row | None:
     return rows[0] if rows else None
 
 
-def claim_next(conn: Connection, token: str, now: float, lease_seconds: float) -> Row | None:
-    rows = conn.execute(
-        "UPDATE photos SET status = 'processing', claim_token = ?, attempts = attempts + 1, lease_until = ?, "
-        "processing_started_at = ?, error = NULL "
-        "WHERE id = (SELECT id FROM photos WHERE status = 'pending' ORDER BY id LIMIT 1) AND status = 'pending' "
-        "RETURNING *",
-        (token, now + lease_seconds, now),
-    ).fetchall()
-    return rows[0] if rows else None
 
 
-def renew_lease(conn: Connection, photo_id: int, token: str, lease_until: float) -> bool:
-    conn.execute(
-        "UPDATE photos SET lease_until = ? WHERE id = ? AND claim_token = ? AND status = 'processing'",
-        (lease_until, photo_id, token),
-    )
-    return conn.changes() == 1
 
 
-def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any], now: float) -> bool:
-    """Record a finished photo, if ``token`` still holds its claim."""
-    columns = ("width", "height", "taken_at", "camera_make", "camera_model", "lens", "focal_length", "aperture",
-               "exposure", "iso", "has_gps")
-    assignments = ", ".join(f"{c} = ?" for c in columns)
-    conn.execute(
-        f"UPDATE photos SET status = 'complete', claim_token = NULL, lease_until = NULL, error = NULL, "
-        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing'",
-        (now, *(values.get(c) for c in columns), photo_id, token),
-    )
-    return conn.changes() == 1
 
 
-def fail(conn: Connection, photo_id: int, token: str, error: str, now: float) -> bool:
-    conn.execute(
-        "UPDATE photos SET status = 'failed', claim_token = NULL, lease_until = NULL, error = ?, completed_at = ? "
-        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
-        (error[:MAX_ERROR_LENGTH], now, photo_id, token),
-    )
-    return conn.changes() == 1
 
 
-def release(conn: Connection, photo_id: int, token: str) -> bool:
-    """Hand a claimed photo back (shutdown): it is pending again and this attempt does not count."""
-    conn.execute(
-        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
-        "attempts = max(attempts - 1, 0) WHERE id = ? AND claim_token = ? AND status = 'processing'",
-        (photo_id, token),
-    )
-    return conn.changes() == 1
 
 
-def release_all_claims(conn: Connection) -> int:
-    """Every ``processing`` photo back to ``pending`` (this attempt does not count, as on a clean shutdown).
-
-    For a backup's copy of the database only, never the live one: there no worker holds those claims any more,
-    so a restored server reprocesses them at once instead of waiting for their lease.
-    """
-    conn.execute(
-        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
-        "attempts = max(attempts - 1, 0) WHERE status = 'processing'"
-    )
-    return conn.changes()
 
 
 def mark_views_stale(conn: Connection, gallery_ids: list[int]) -> int:
@@ -186,21 +127,8 @@ def views_refreshed(conn: Connection, photo_id: int, stale: int) -> bool:
     return conn.changes() == 1
 
 
-def expired_claims(conn: Connection, now: float) -> list[Row]:
-    return conn.execute(
-        "SELECT id, attempts, claim_token, upload_id, gallery_id FROM photos "
-        "WHERE status = 'processing' AND lease_until < ?",
-        (now,),
-    ).fetchall()
 
 
-def requeue(conn: Connection, photo_id: int, token: str) -> bool:
-    conn.execute(
-        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL "
-        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
-        (photo_id, token),
-    )
-    return conn.changes() == 1
 
 
 def retry(conn: Connection, photo_id: int) -> bool:

@@ -1,0 +1,98 @@
+"""The claim: how a worker takes a pending photo, and every write that must prove it still holds it.
+
+``claim_next`` is one guarded ``UPDATE ... RETURNING`` that moves the oldest pending photo to ``processing``
+with a fresh token and a lease. Every later write for that attempt (``renew_lease``, ``complete``, ``fail``,
+``release``, ``requeue``) names the token and changes nothing if another worker or the janitor has taken the
+photo since: the fencing whose absence made PicPeak complete one photo twice. The state transitions that use
+these are in ``pipeline/transitions.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.queries.photos import MAX_ERROR_LENGTH
+
+
+def claim_next(conn: Connection, token: str, now: float, lease_seconds: float) -> Row | None:
+    rows = conn.execute(
+        "UPDATE photos SET status = 'processing', claim_token = ?, attempts = attempts + 1, lease_until = ?, "
+        "processing_started_at = ?, error = NULL "
+        "WHERE id = (SELECT id FROM photos WHERE status = 'pending' ORDER BY id LIMIT 1) AND status = 'pending' "
+        "RETURNING *",
+        (token, now + lease_seconds, now),
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def renew_lease(conn: Connection, photo_id: int, token: str, lease_until: float) -> bool:
+    conn.execute(
+        "UPDATE photos SET lease_until = ? WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (lease_until, photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any], now: float) -> bool:
+    """Record a finished photo, if ``token`` still holds its claim."""
+    columns = ("width", "height", "taken_at", "camera_make", "camera_model", "lens", "focal_length", "aperture",
+               "exposure", "iso", "has_gps")
+    assignments = ", ".join(f"{c} = ?" for c in columns)
+    conn.execute(
+        f"UPDATE photos SET status = 'complete', claim_token = NULL, lease_until = NULL, error = NULL, "
+        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (now, *(values.get(c) for c in columns), photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def fail(conn: Connection, photo_id: int, token: str, error: str, now: float) -> bool:
+    conn.execute(
+        "UPDATE photos SET status = 'failed', claim_token = NULL, lease_until = NULL, error = ?, completed_at = ? "
+        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (error[:MAX_ERROR_LENGTH], now, photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def release(conn: Connection, photo_id: int, token: str) -> bool:
+    """Hand a claimed photo back (shutdown): it is pending again and this attempt does not count."""
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
+        "attempts = max(attempts - 1, 0) WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (photo_id, token),
+    )
+    return conn.changes() == 1
+
+
+def release_all_claims(conn: Connection) -> int:
+    """Every ``processing`` photo back to ``pending`` (this attempt does not count, as on a clean shutdown).
+
+    For a backup's copy of the database only, never the live one: there no worker holds those claims any more,
+    so a restored server reprocesses them at once instead of waiting for their lease.
+    """
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
+        "attempts = max(attempts - 1, 0) WHERE status = 'processing'"
+    )
+    return conn.changes()
+
+
+def expired_claims(conn: Connection, now: float) -> list[Row]:
+    return conn.execute(
+        "SELECT id, attempts, claim_token, upload_id, gallery_id FROM photos "
+        "WHERE status = 'processing' AND lease_until < ?",
+        (now,),
+    ).fetchall()
+
+
+def requeue(conn: Connection, photo_id: int, token: str) -> bool:
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL "
+        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (photo_id, token),
+    )
+    return conn.changes() == 1
+
+
