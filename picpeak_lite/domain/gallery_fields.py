@@ -1,110 +1,193 @@
 """Validation of gallery fields, shared by the admin form and the JSON API.
 
-Both send the same field names; the form sends strings and checkboxes, JSON sends typed values. The result is
-a dict of column values ready for ``queries.galleries``; problems are collected per field and raised together
-as one ValidationError, so the form can show each next to its field and keep what the user typed.
+Both send the same field names; the form sends strings and checkboxes, JSON sends typed values. Each field is
+declared once in :data:`FIELDS` with its parser and a line of help. The result is a dict of column values ready
+for ``store/queries/galleries.py``; problems are collected per field and raised together as one ValidationError,
+so the form can show each next to its field and keep what the user typed.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from picpeak_lite.errors import ValidationError
 from picpeak_lite.security import MIN_GALLERY_PASSWORD_LENGTH
 
 EVENT_TYPES = ("wedding", "birthday", "party", "corporate", "portrait", "family", "other")
-TEXT_LIMITS = {"name": 200, "customer_name": 200, "customer_email": 254, "welcome_message": 5000}
-BOOL_FIELDS = ("allow_guest_uploads", "allow_downloads", "watermark")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_DATE_HINT = "Use a date like 2026-06-20."
+
+
+class Invalid(Exception):
+    """A field's value cannot be used; the message is shown next to that field."""
+
+
+class Omit:
+    """A field's parser returns :data:`OMIT` when the field leaves its column as it is (e.g. no new password)."""
+
+
+OMIT = Omit()
+
+
+@dataclass(frozen=True)
+class Context:
+    partial: bool  # an update: fields that are absent are left alone
+    today: dt.date
+    default_expiry_days: int
+    is_form: bool  # the admin form, where an unchecked checkbox is simply absent
+
+
+@dataclass(frozen=True)
+class Field:
+    """One gallery field: its key in forms and JSON, the column it fills, and how a value is read.
+
+    ``parse(value, missing, context)`` gets the sent value (None when the key is absent, with ``missing`` set),
+    returns the column value (or :data:`OMIT`) and raises :class:`Invalid` with a sentence for the person.
+    An absent key is parsed only when a whole gallery is given (not ``partial``), or always for fields that are
+    only ever acted on when sent (``always``: the password and its removal).
+    """
+
+    key: str
+    parse: Callable[[Any, bool, Context], Any]
+    help: str
+    column: str | None = None
+    always: bool = False
+
+
+def _text_field(limit: int, *, keep_newlines: bool = False, required: str | None = None,
+                pattern: tuple[re.Pattern[str], str] | None = None) -> Callable[[Any, bool, Context], Any]:
+    def parse(value: Any, missing: bool, context: Context) -> str:
+        text = _text(value, keep_newlines=keep_newlines)
+        if required and not text:
+            raise Invalid(required)
+        if pattern and text and not pattern[0].match(text):
+            raise Invalid(pattern[1])
+        if len(text) > limit:
+            raise Invalid(f"At most {limit} characters, please.")
+        return text
+
+    return parse
+
+
+def _event_type(value: Any, missing: bool, context: Context) -> str:
+    event_type = _text(value) or "other"
+    if event_type not in EVENT_TYPES:
+        raise Invalid("Choose one of: " + ", ".join(EVENT_TYPES) + ".")
+    return event_type
+
+
+def _event_date(value: Any, missing: bool, context: Context) -> str | None:
+    raw = _text(value)
+    if not raw:
+        return None
+    try:
+        return dt.date.fromisoformat(raw).isoformat()
+    except ValueError:
+        raise Invalid(_DATE_HINT) from None
+
+
+def _expiry(value: Any, missing: bool, context: Context) -> float | None:
+    """Absent from a new gallery: the default expiry. Sent empty: never expires. A date: the end of that day."""
+    if missing:
+        return _end_of_day(context.today + dt.timedelta(days=context.default_expiry_days))
+    raw = _text(value)
+    if not raw:
+        return None
+    try:
+        expires_on = dt.date.fromisoformat(raw)
+    except ValueError:
+        raise Invalid(_DATE_HINT) from None
+    if not context.partial and expires_on < context.today:
+        raise Invalid("The expiry date is in the past.")
+    if expires_on > context.today + dt.timedelta(days=3650):
+        raise Invalid("At most ten years ahead.")
+    return _end_of_day(expires_on)
+
+
+def _switch(default: bool) -> Callable[[Any, bool, Context], Any]:
+    def parse(value: Any, missing: bool, context: Context) -> bool:
+        if missing:
+            return False if context.is_form else default
+        return _bool(value, default=default)
+
+    return parse
+
+
+def _photo_cap(value: Any, missing: bool, context: Context) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        cap = int(value)
+    except (TypeError, ValueError):
+        cap = 0
+    if cap < 1 or isinstance(value, bool):
+        raise Invalid("A whole number of photos, at least 1, or empty for the default.")
+    return cap
+
+
+def _password(value: Any, missing: bool, context: Context) -> str | Omit:
+    """Returned plain, for the caller to hash; empty or absent keeps the current password."""
+    if value in (None, ""):
+        return OMIT
+    if not isinstance(value, str) or len(value) < MIN_GALLERY_PASSWORD_LENGTH:
+        raise Invalid(f"At least {MIN_GALLERY_PASSWORD_LENGTH} characters.")
+    if len(value) > 200:
+        raise Invalid("At most 200 characters.")
+    return value
+
+
+def _clear_password(value: Any, missing: bool, context: Context) -> bool | Omit:
+    return True if _bool(value, default=False) else OMIT
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("name", _text_field(200, required="Please give the gallery a name."),
+          "The gallery's title, shown to guests."),
+    Field("customer_name", _text_field(200), "Who the photos are for; shown on the admin pages only."),
+    Field("customer_email", _text_field(254, pattern=(_EMAIL, "This does not look like an email address.")),
+          "The client's address, for the photographer's records."),
+    Field("welcome_message", _text_field(5000, keep_newlines=True), "Shown above the photos; line breaks are kept."),
+    Field("event_type", _event_type, "One of " + ", ".join(EVENT_TYPES) + "; empty means other."),
+    Field("event_date", _event_date, "The day of the event (YYYY-MM-DD), or empty."),
+    Field("expires_on", _expiry, "The last day guests can open the gallery (YYYY-MM-DD); empty: never.",
+          column="expires_at"),
+    Field("allow_guest_uploads", _switch(False), "Guests may add their own photos."),
+    Field("allow_downloads", _switch(True), "Guests may download originals and zips."),
+    Field("watermark", _switch(False), "Guests see watermarked photos."),
+    Field("photo_cap", _photo_cap, "Most photos in this gallery, guests' included; empty: the server's limit."),
+    Field("password", _password, f"Guests must enter it (at least {MIN_GALLERY_PASSWORD_LENGTH} characters).",
+          always=True),
+    Field("clear_password", _clear_password, "Remove the password.", always=True),
+)
 
 
 def parse_gallery_input(
     data: Mapping[str, Any], *, partial: bool, today: dt.date, default_expiry_days: int
 ) -> dict[str, Any]:
-    """Validate ``data``. With ``partial`` (an update), only the fields present are checked and returned.
+    """Validate ``data`` against :data:`FIELDS`. With ``partial`` (an update), only the fields present are
+    checked and returned.
 
     The password is returned as ``password`` (plain, for the caller to hash) or ``clear_password: True``.
     """
+    context = Context(partial=partial, today=today, default_expiry_days=default_expiry_days, is_form=_is_form(data))
     errors: dict[str, str] = {}
     out: dict[str, Any] = {}
-
-    def present(key: str) -> bool:
-        return key in data or not partial
-
-    if present("name"):
-        name = _text(data.get("name"))
-        if not name:
-            errors["name"] = "Please give the gallery a name."
-        out["name"] = name
-    for key in ("customer_name", "customer_email", "welcome_message"):
-        if present(key):
-            out[key] = _text(data.get(key), keep_newlines=key == "welcome_message")
-    for key, limit in TEXT_LIMITS.items():
-        if key in out and len(out[key]) > limit:
-            errors[key] = f"At most {limit} characters, please."
-    if out.get("customer_email") and not _EMAIL.match(out["customer_email"]):
-        errors["customer_email"] = "This does not look like an email address."
-    if present("event_type"):
-        event_type = _text(data.get("event_type")) or "other"
-        if event_type not in EVENT_TYPES:
-            errors["event_type"] = "Choose one of: " + ", ".join(EVENT_TYPES) + "."
-        out["event_type"] = event_type
-    if present("event_date"):
-        raw = _text(data.get("event_date"))
-        out["event_date"] = None
-        if raw:
-            try:
-                out["event_date"] = dt.date.fromisoformat(raw).isoformat()
-            except ValueError:
-                errors["event_date"] = "Use a date like 2026-06-20."
-    if present("expires_on"):
-        raw = _text(data.get("expires_on"))
-        if raw:
-            try:
-                expires_on = dt.date.fromisoformat(raw)
-            except ValueError:
-                errors["expires_on"] = "Use a date like 2026-06-20."
-            else:
-                if not partial and expires_on < today:
-                    errors["expires_on"] = "The expiry date is in the past."
-                elif expires_on > today + dt.timedelta(days=3650):
-                    errors["expires_on"] = "At most ten years ahead."
-                out["expires_at"] = _end_of_day(expires_on)
-        elif "expires_on" in data:
-            out["expires_at"] = None  # explicitly cleared: never expires
-        else:
-            out["expires_at"] = _end_of_day(today + dt.timedelta(days=default_expiry_days))
-    for key in BOOL_FIELDS:
-        if key in data or (not partial and not _is_form(data)):
-            default = key == "allow_downloads"
-            out[key] = _bool(data.get(key), default=default)
-        elif not partial:
-            out[key] = False  # an unchecked checkbox is simply absent from a form
-    if present("photo_cap"):
-        cap_text = data.get("photo_cap")
-        out["photo_cap"] = None
-        if cap_text not in (None, ""):
-            try:
-                cap = int(cap_text)
-                if cap < 1 or isinstance(cap_text, bool):
-                    raise ValueError
-                out["photo_cap"] = cap
-            except (TypeError, ValueError):
-                errors["photo_cap"] = "A whole number of photos, at least 1, or empty for the default."
-    password = data.get("password")
-    if password not in (None, ""):
-        if not isinstance(password, str) or len(password) < MIN_GALLERY_PASSWORD_LENGTH:
-            errors["password"] = f"At least {MIN_GALLERY_PASSWORD_LENGTH} characters."
-        elif len(password) > 200:
-            errors["password"] = "At most 200 characters."
-        else:
-            out["password"] = password
-    if _bool(data.get("clear_password"), default=False):
-        out["clear_password"] = True
+    for field in FIELDS:
+        missing = field.key not in data
+        if missing and partial and not field.always:
+            continue
+        try:
+            value = field.parse(data.get(field.key), missing, context)
+        except Invalid as problem:
+            errors[field.key] = str(problem)
+            continue
+        if value is not OMIT:
+            out[field.column or field.key] = value
     if errors:
         raise ValidationError(errors)
     return out
