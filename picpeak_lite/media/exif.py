@@ -7,6 +7,11 @@ exactly those with every offset bounds-checked, a set of visited IFDs against lo
 IFD and on bytes per value. The work is therefore bounded by a constant, whatever the input, and garbage
 gives empty metadata instead of an exception.
 
+Pillow's own reader (``Image.Exif().load``) was measured as the replacement and kept out: it reads the piexif
+file correctly, but on ``tests/test_exif.py``'s block of 5 MB of 0xff after a TIFF header it took 2.5 s and
+10 MB (this parser: under 0.5 s and 3 MB, which that test asserts), and it raises a different exception type
+for each kind of garbage.
+
 Derivatives carry no metadata at all (``images.py`` re-encodes pixels only), so there is nothing to strip
 here; this module decides what of the original we *keep* in the database.
 """
