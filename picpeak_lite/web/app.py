@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup, escape
-from quart import Response, g, render_template, request
+from quart import Response, g, has_websocket_context, render_template, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -94,7 +94,11 @@ def wants_json() -> bool:
 
 
 async def render_error(error: AppError) -> Response:
-    if wants_json():
+    if has_websocket_context():
+        # A refused WebSocket handshake (no such route, a bad id): there is no ``request`` to read, and the
+        # client only shows the status, so a plain sentence.
+        response = Response(error.message, status=error.status, content_type="text/plain; charset=utf-8")
+    elif wants_json():
         response = Response(
             _json_dumps(error.to_json()), status=error.status, content_type="application/json"
         )
@@ -111,7 +115,7 @@ async def _render_app_error(error: AppError) -> Response:
     from picpeak_lite.domain.access import PasswordRequired
     from picpeak_lite.web.views.guest import password_page
 
-    if isinstance(error, PasswordRequired) and not wants_json():
+    if isinstance(error, PasswordRequired) and not has_websocket_context() and not wants_json():
         return await password_page(error.gallery, status=401)
     return await render_error(error)
 
@@ -127,7 +131,8 @@ async def _render_http_exception(error: HTTPException) -> Response:
 
 
 async def _render_unexpected(error: Exception) -> Response:
-    log.exception("unexpected error on %s %s", request.method, request.path, exc_info=error)
+    where = ("WebSocket", websocket.path) if has_websocket_context() else (request.method, request.path)
+    log.exception("unexpected error on %s %s", *where, exc_info=error)
     return await render_error(AppError("Something went wrong on our side. Please try again."))
 
 
