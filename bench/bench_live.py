@@ -54,7 +54,7 @@ def seed(database: Path, count: int) -> tuple[int, list[int]]:
 
 
 async def latency(url: str, token: str, database: Path, gid: int, ids: list[int], clients: int) -> None:
-    ws_url = url.replace("http://", "ws://") + f"/ws/galleries/{gid}"
+    ws_url = url.replace("http://", "ws://") + f"/ws/admin/galleries/{gid}"
     headers = [("Authorization", f"Bearer {token}")]
     received: dict[int, list[float]] = {}
     ready = trio.Event()
@@ -95,7 +95,7 @@ async def latency(url: str, token: str, database: Path, gid: int, ids: list[int]
 
 
 async def idle_memory(url: str, token: str, gid: int, pid: int, count: int) -> None:
-    ws_url = url.replace("http://", "ws://") + f"/ws/galleries/{gid}"
+    ws_url = url.replace("http://", "ws://") + f"/ws/admin/galleries/{gid}"
     headers = [("Authorization", f"Bearer {token}")]
     before = rss_kb(pid)
     opened = 0

@@ -219,7 +219,7 @@
   var newCount = 0;
   if (window.PicpeakLive && typeof window.PicpeakLive.watchGallery === "function" && !favouritesOnly) {
     window.PicpeakLive.watchGallery({
-      wsPath: "/ws/galleries/" + grid.dataset.galleryId,
+      wsPath: grid.dataset.wsPath,
       onPhoto: function (delta) {
         var tile = grid.querySelector('.tile[data-id="' + delta.id + '"]');
         if (delta.status === "removed") {

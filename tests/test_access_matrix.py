@@ -75,11 +75,24 @@ def _password_form(method: str, variant: str) -> dict[str, set[int]]:
 
 
 def _live(method: str, variant: str) -> dict[str, set[int]]:
-    """Gallery feeds follow the gallery's rule; upload feeds are their uploader's, while the gallery is open.
-    In the expired gallery the upload is ``guest_expired``'s own, which no longer entitles them to it."""
+    """Upload feeds are their uploader's, while the gallery is open, and the admin's. In the expired gallery the
+    upload is ``guest_expired``'s own, which no longer entitles them to it."""
     if variant == "expired":
         return _all({403}, admin={101})
     return _all({403}, admin={101}, guest_access={101})
+
+
+def _live_guest(method: str, variant: str) -> dict[str, set[int]]:
+    """The guest's gallery feed, by slug, answers as the gallery page does (the admin's cookie counts for
+    nothing there, as on the page)."""
+    if variant == "expired":
+        return _all({410})
+    return _all({401}, guest_access={101})
+
+
+def _live_admin(method: str, variant: str) -> dict[str, set[int]]:
+    """The admin's gallery feed, by id: the admin's only, whatever the gallery's state."""
+    return _all({403}, admin={101})
 
 
 CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
@@ -92,8 +105,10 @@ CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
     "guest_upload": _guest_upload,
     "password_form": _password_form,
     "live": _live,
+    "live_guest": _live_guest,
+    "live_admin": _live_admin,
 }
-GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live")
+GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_guest", "live_admin")
 
 # endpoint -> (category, {role: statuses} overrides for the main gallery)
 ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
@@ -155,7 +170,8 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "favourites.set_guest_name": ("guest", {}),
     "upload.guest_upload": ("guest_upload", {}),
     "live.upload_feed": ("live", {}),
-    "live.gallery_feed": ("live", {}),
+    "live.guest_gallery_feed": ("live_guest", {}),
+    "live.admin_gallery_feed": ("live_admin", {}),
 }
 # Arguments a rule's converters cannot tell: a choice for each ``any(...)`` and the file for ``static``.
 CHOICES = {"kind": {"admin.qr_image": "png", "photos.admin_image": "original"}, "target": {}, "filename": {}}

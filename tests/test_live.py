@@ -112,7 +112,10 @@ async def test_refused_without_session_or_with_foreign_origin(live: Services, cl
     assert await refused_status(client, f"/ws/uploads/{upload}", {"Origin": "https://evil.example"}) == 403
     # A draft gallery is nobody's but the admin's.
     await live.db.write(lambda conn: conn.execute("UPDATE galleries SET is_draft = 1 WHERE id = ?", (gid,)))
-    assert await refused_status(guest, f"/ws/galleries/{gid}") == 403
+    assert await refused_status(guest, f"/ws/admin/galleries/{gid}") == 403
+    slug = (await live.db.read(lambda conn: conn.execute("SELECT slug FROM galleries WHERE id = ?", (gid,))
+                               .fetchall()[0]))["slug"]
+    assert await refused_status(guest, f"/ws/g/{slug}") == 404  # as the draft's page: no gallery here
 
 
 async def test_unknown_upload_gets_an_immediate_error(live: Services, client: Any, admin: AuthActions) -> None:
@@ -125,7 +128,8 @@ async def test_guest_sees_own_upload_and_only_visible_photos(live: Services, cli
                                                              admin: AuthActions) -> None:
     gallery = await admin.create_gallery(name="Party", password="letmein")
     await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
-    assert await refused_status(guest, f"/ws/galleries/{gallery['id']}") == 403  # before the password
+    assert await refused_status(guest, f"/ws/admin/galleries/{gallery['id']}") == 403
+    assert await refused_status(guest, f"/ws/g/{gallery['slug']}") == 401  # before the password, as the page
     form = await (await guest.get(f"/g/{gallery['slug']}")).get_data(as_text=True)
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', form).group(1)
     entered = await guest.post(f"/g/{gallery['slug']}/password", form={"password": "letmein", "csrf_token": csrf})
@@ -137,7 +141,7 @@ async def test_guest_sees_own_upload_and_only_visible_photos(live: Services, cli
     await live.db.write(lambda conn: conn.execute("UPDATE uploads SET guest_session_id = ?, uploaded_by = 'guest' "
                                                   "WHERE id = ?", (guest_row["id"], own_upload)))
     assert await refused_status(guest, f"/ws/uploads/{admins_upload}") == 403
-    async with guest.websocket(f"/ws/galleries/{gallery['id']}") as gallery_ws:
+    async with guest.websocket(f"/ws/g/{gallery['slug']}") as gallery_ws:
         assert (await receive_json(gallery_ws))["type"] == "snapshot"
         async with guest.websocket(f"/ws/uploads/{own_upload}") as ws:
             snapshot = await receive_json(ws)
@@ -245,7 +249,7 @@ async def test_a_consumer_that_never_reads_does_not_delay_processing(real_server
     for i in range(12):
         _, upload = stage_photo(svc, gid, jpeg(30 + i, (320, 240)), upload_id=upload)
     headers = [("Authorization", f"Bearer {token}")]
-    async with open_websocket_url(ws_url(running, f"/ws/galleries/{gid}"), extra_headers=headers,
+    async with open_websocket_url(ws_url(running, f"/ws/admin/galleries/{gid}"), extra_headers=headers,
                                   message_queue_size=1):
         svc.wake_workers()
         with trio.fail_after(30):
@@ -271,7 +275,7 @@ async def test_a_change_made_by_another_process_arrives_quickly(real_server: Any
     async with httpx.AsyncClient(base_url=running.url) as http:
         assert (await http.get("/healthz")).status_code == 200
     headers = [("Authorization", f"Bearer {token}")]
-    async with open_websocket_url(ws_url(running, f"/ws/galleries/{gid}"), extra_headers=headers) as ws:
+    async with open_websocket_url(ws_url(running, f"/ws/admin/galleries/{gid}"), extra_headers=headers) as ws:
         assert json.loads(await ws.get_message())["type"] == "snapshot"
         result = await trio.run_process(
             [sys.executable, "-c", SECOND_PROCESS, str(svc.settings.database_path), str(photo_id)],
@@ -312,7 +316,7 @@ async def test_a_guest_feed_ends_when_the_gallery_is_unpublished(live: Services,
     monkeypatch.setattr(GuestAccess, "RECHECK_SECONDS", 0.0)  # check on every message instead of every 5 s
     gallery = await admin.create_gallery(name="Open")
     await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
-    async with guest.websocket(f"/ws/galleries/{gallery['id']}") as ws:
+    async with guest.websocket(f"/ws/g/{gallery['slug']}") as ws:
         assert (await receive_json(ws))["type"] == "snapshot"
         await client.post(f"/api/admin/galleries/{gallery['id']}/unpublish", headers=admin.headers())
         stage_photo(live, gallery["id"], jpeg(70))  # any change wakes the feed, which asks again
@@ -325,9 +329,104 @@ async def test_guest_gallery_deltas_carry_no_file_names(live: Services, client: 
                                                          admin: AuthActions) -> None:
     gallery = await admin.create_gallery(name="Names")
     await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
-    async with guest.websocket(f"/ws/galleries/{gallery['id']}") as ws:
+    async with guest.websocket(f"/ws/g/{gallery['slug']}") as ws:
         assert (await receive_json(ws))["type"] == "snapshot"
         stage_photo(live, gallery["id"], jpeg(71), name="Other guest's IMG_0001.jpg")
         await run_pool_until_idle(live, count=1)
         delta = await receive_json(ws)
     assert delta["status"] == "complete" and delta["filename"] is None and delta["thumb_url"]
+
+
+# --- feeds addressed the way their pages are (issue 11) ----------------------------------------------------
+
+async def test_the_guest_feed_is_reached_by_slug_and_answers_as_the_page_does(live: Services, client: Any,
+                                                                               guest: Any,
+                                                                               admin: AuthActions) -> None:
+    open_gallery = await admin.create_gallery(name="Open")
+    await client.post(f"/api/admin/galleries/{open_gallery['id']}/publish", headers=admin.headers())
+    locked = await admin.create_gallery(name="Locked", password="letmein")
+    await client.post(f"/api/admin/galleries/{locked['id']}/publish", headers=admin.headers())
+    draft = await admin.create_gallery(name="Draft")
+    old = await admin.create_gallery(name="Old")
+    await client.post(f"/api/admin/galleries/{old['id']}/publish", headers=admin.headers())
+    await live.db.write(lambda conn: conn.execute("UPDATE galleries SET expires_at = 1000 WHERE id = ?",
+                                                  (old["id"],)))
+    for slug, page_status, feed_status in ((open_gallery["slug"], 200, 101), (locked["slug"], 401, 401),
+                                           (draft["slug"], 404, 404), (old["slug"], 410, 410),
+                                           ("no-such-gallery", 404, 404), (str(open_gallery["id"]), 404, 404)):
+        assert (await guest.get(f"/g/{slug}")).status_code == page_status
+        assert await websocket_status(guest, f"/ws/g/{slug}") == feed_status, slug
+    # The admin's cookie opens nothing more on the guest feed than on the guest page.
+    assert (await client.get(f"/g/{locked['slug']}")).status_code == 401
+    assert await websocket_status(client, f"/ws/g/{locked['slug']}") == 401
+    form = await (await guest.get(f"/g/{locked['slug']}")).get_data(as_text=True)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', form).group(1)
+    await guest.post(f"/g/{locked['slug']}/password", form={"password": "letmein", "csrf_token": csrf})
+    assert await websocket_status(guest, f"/ws/g/{locked['slug']}") == 101
+    # The page tells the script the feed by slug and no longer names the gallery's id.
+    page = await (await guest.get(f"/g/{locked['slug']}")).get_data(as_text=True)
+    assert f'data-ws-path="/ws/g/{locked["slug"]}"' in page and "data-gallery-id" not in page
+
+
+async def test_gallery_ids_open_no_feed_for_anyone_but_the_admin(live: Services, client: Any, guest: Any,
+                                                                 app: Any, admin: AuthActions) -> None:
+    """Issue 11's enumeration: walking ids 1..N with no cookie (and ``since=0``) yields no feed, so no slug."""
+    galleries = []
+    for name in ("One", "Two", "Three"):
+        gallery = await admin.create_gallery(name=name)
+        await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
+        galleries.append(gallery)
+    photo_id, _ = stage_photo(live, galleries[0]["id"], jpeg(72))
+    await run_pool_until_idle(live, count=1)
+    stranger = app.test_client()
+    for gid in range(1, len(galleries) + 3):
+        assert await websocket_status(stranger, f"/ws/admin/galleries/{gid}?since=0") == 403
+        assert await websocket_status(stranger, f"/ws/galleries/{gid}?since=0") == 404  # the old address is gone
+        assert await websocket_status(guest, f"/ws/admin/galleries/{gid}?since=0") == 403
+    assert await websocket_status(client, f"/ws/admin/galleries/{galleries[-1]['id'] + 5}") == 404
+    # The admin follows any gallery by id, with admin image URLs; the guest, by slug, with the slug's.
+    async with client.websocket(f"/ws/admin/galleries/{galleries[0]['id']}?since=0") as ws:
+        while (message := await receive_json(ws))["status"] != "complete":
+            pass
+    assert message["thumb_url"] == f"/api/admin/photos/{photo_id}/grid" and message["filename"]
+    async with stranger.websocket(f"/ws/g/{galleries[0]['slug']}?since=0") as ws:
+        message = await receive_json(ws)
+    assert message["thumb_url"] == f"/g/{galleries[0]['slug']}/photos/{photo_id}/grid"
+    assert message["filename"] is None
+
+
+async def test_the_admin_feed_follows_drafts_and_expired_galleries(live: Services, client: Any,
+                                                                    admin: AuthActions) -> None:
+    draft = await admin.create_gallery(name="Draft")
+    old = await admin.create_gallery(name="Old")
+    await live.db.write(lambda conn: conn.execute("UPDATE galleries SET expires_at = 1000 WHERE id = ?",
+                                                  (old["id"],)))
+    for gallery in (draft, old):
+        assert await websocket_status(client, f"/ws/admin/galleries/{gallery['id']}") == 101
+    page = await (await client.get(f"/admin/galleries/{draft['id']}")).get_data(as_text=True)
+    assert f'data-ws-path="/ws/admin/galleries/{draft["id"]}"' in page
+
+
+async def test_an_upload_feed_is_its_uploaders_and_the_admins_only(live: Services, client: Any, guest: Any,
+                                                                   app: Any, admin: AuthActions) -> None:
+    """The upload id is random, but it is not enough: a second browser with it, or a guest who may no longer
+    see the gallery, is refused; the admin follows any upload."""
+    gallery = await admin.create_gallery(name="Party", password="letmein")
+    await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
+    form = await (await guest.get(f"/g/{gallery['slug']}")).get_data(as_text=True)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', form).group(1)
+    await guest.post(f"/g/{gallery['slug']}/password", form={"password": "letmein", "csrf_token": csrf})
+    guest_row = await live.db.read(lambda conn: conn.execute("SELECT id FROM guest_sessions").fetchall()[0])
+    _, upload = stage_photo(live, gallery["id"], jpeg(73))
+    await live.db.write(lambda conn: conn.execute("UPDATE uploads SET guest_session_id = ?, uploaded_by = 'guest' "
+                                                  "WHERE id = ?", (guest_row["id"], upload)))
+    other_browser = app.test_client()
+    await other_browser.get(f"/g/{gallery['slug']}")  # a guest session of its own, without the password
+    assert await websocket_status(guest, f"/ws/uploads/{upload}") == 101
+    assert await websocket_status(client, f"/ws/uploads/{upload}") == 101
+    assert await websocket_status(other_browser, f"/ws/uploads/{upload}") == 403
+    assert await websocket_status(app.test_client(), f"/ws/uploads/{upload}") == 403
+    await client.patch(f"/api/admin/galleries/{gallery['id']}", json={"password": "changed-it"},
+                       headers=admin.headers())
+    assert await websocket_status(guest, f"/ws/uploads/{upload}") == 403  # the old password no longer counts
+    assert await websocket_status(client, f"/ws/uploads/{upload}") == 101

@@ -82,16 +82,6 @@ def create_app(svc: Services) -> QuartTrio:
     return app
 
 
-
-
-
-
-
-
-
-
-
-
 def _after_request(response: Response) -> Response:
     headers = response.headers
     headers.setdefault("X-Content-Type-Options", "nosniff")

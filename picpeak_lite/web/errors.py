@@ -12,7 +12,7 @@ import json
 import logging
 from typing import Any
 
-from quart import Response, render_template, request
+from quart import Response, has_websocket_context, render_template, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -37,7 +37,11 @@ def wants_json() -> bool:
 
 
 async def render_error(error: AppError) -> Response:
-    if wants_json():
+    if has_websocket_context():
+        # A refused WebSocket handshake (no such route, a bad id, no access): there is no ``request`` to read,
+        # and the client only shows the status, so a plain sentence.
+        response = Response(error.message, status=error.status, content_type="text/plain; charset=utf-8")
+    elif wants_json():
         response = Response(json_dumps(error.to_json()), status=error.status, content_type="application/json")
     else:
         if error.needs_guest_session:
@@ -60,7 +64,8 @@ async def _render_http_exception(error: HTTPException) -> Response:
 
 
 async def _render_unexpected(error: Exception) -> Response:
-    log.exception("unexpected error on %s %s", request.method, request.path, exc_info=error)
+    where = ("WebSocket", websocket.path) if has_websocket_context() else (request.method, request.path)
+    log.exception("unexpected error on %s %s", *where, exc_info=error)
     return await render_error(AppError("Something went wrong on our side. Please try again."))
 
 

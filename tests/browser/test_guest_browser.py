@@ -104,6 +104,28 @@ def test_password_gallery_lightbox_and_downloads(server: LiveServer, api: httpx.
     assert all(archive.read(name) == data for name, data in photos)
 
 
+def test_guest_page_follows_the_gallery_live_by_its_slug(server: LiveServer, api: httpx.Client,
+                                                         page: Page) -> None:
+    """The page's script opens ``/ws/g/<slug>`` (the guest's own capability) and shows what arrives."""
+    gallery = make_gallery(api, [("first.jpg", photo_bytes(40))], password="letmein")
+    page.goto(gallery["share_url"])
+    page.fill("input[name=password]", "letmein")
+    with page.expect_websocket() as opened:
+        page.click("button[type=submit]")
+    socket = opened.value
+    socket.wait_for_event("framereceived")  # the snapshot: the feed is live before anything changes
+    page.wait_for_selector("#grid .tile")
+    first_id = page.locator("#grid .tile").nth(0).get_attribute("data-id")
+    upload = api.post(f"/api/admin/galleries/{gallery['id']}/upload",
+                      files=[("photos", ("second.jpg", photo_bytes(41), "image/jpeg"))])
+    assert upload.status_code == 202, upload.text
+    page.wait_for_selector("#new-photos:not([hidden])", timeout=30000)
+    assert page.locator("#new-photos .notice-text").inner_text() == "1 new photo"
+    assert api.delete(f"/api/admin/photos/{first_id}").status_code == 204
+    page.wait_for_selector(f'#grid .tile[data-id="{first_id}"]', state="detached", timeout=30000)
+    assert socket.url.endswith(f"/ws/g/{gallery['slug']}"), socket.url
+
+
 def test_guest_upload_page_shows_progress_thumbnails_and_errors(server: LiveServer, api: httpx.Client,
                                                                 page: Page, tmp_path: Path) -> None:
     gallery = make_gallery(api, [], allow_guest_uploads=True)

@@ -1,12 +1,20 @@
-"""Live progress over WebSocket: ``/ws/uploads/<upload_id>`` and ``/ws/galleries/<id>``.
+"""Live progress over WebSocket: ``/ws/uploads/<upload_id>``, ``/ws/g/<slug>``, ``/ws/admin/galleries/<id>``.
+
+Each feed is addressed the way its page is, so it asks for no more than the page does: a guest's gallery feed by
+the gallery's slug (the capability the guest already holds; the numeric id is guessable and must never open
+anything), with exactly the page's rule (unknown or draft 404, expired 410, password 401 until entered); the
+admin's gallery feed by id, for the admin only; an upload feed by its random upload id, for the admin or the
+guest session that made it while that guest may still see the gallery.
 
 The protocol (JSON text frames) is documented in docs/live.md. In short: on connect a ``snapshot`` carrying
 the current sequence number, then ``photo`` deltas in sequence order, ``ping`` every 20 s, ``resync`` (followed
 by a fresh snapshot) when this client fell behind, and for uploads a ``done`` when every photo is terminal,
 followed by a normal close. ``?since=<seq>`` replays exactly what a reconnecting client missed.
 
-Authorisation and the Origin check happen before the handshake is accepted; a refused handshake gets 403.
-Guests see their own uploads, and of a gallery only photos becoming visible or being removed.
+Authorisation and the Origin check happen before the handshake is accepted; a refused handshake gets the HTTP
+status the matching page would give (403 for a foreign origin or a feed that is not this client's). Guests see
+their own uploads (what the upload's status route shows them), and of a gallery only photos becoming visible
+(without file names) or being removed: nothing the guest could not read from the gallery's own routes.
 """
 
 from __future__ import annotations
@@ -60,8 +68,8 @@ async def _viewer() -> Viewer | None:
     return Viewer(False, guest.id) if guest else None
 
 
-def _refuse(message: str = "Forbidden") -> Response:
-    return Response(message, status=403, content_type="text/plain; charset=utf-8")
+def _refuse(message: str = "Forbidden", status: int = 403) -> Response:
+    return Response(message, status=status, content_type="text/plain; charset=utf-8")
 
 
 def _origin_ok() -> bool:
@@ -231,21 +239,42 @@ def _delta(change: Change, image_url: Callable[[int, str], str]) -> dict[str, An
 
 # --- galleries ---------------------------------------------------------------------------------------------
 
-@blueprint.websocket("/ws/galleries/<int:gallery_id>")
-async def gallery_feed(gallery_id: int) -> Response | None:
+@blueprint.websocket("/ws/g/<slug>")
+async def guest_gallery_feed(slug: str) -> Response | None:
+    """The guest page's feed. Only the guest session counts, as on the page: an admin cookie opens nothing here
+    (the admin follows galleries by id below), so this feed never shows more than ``/g/<slug>`` does."""
     svc = services()
     if not _origin_ok():
         return _refuse("This page is from another site.")
-    # An open gallery is public: a visitor without a session may follow it too (as a guest).
-    viewer = await _viewer() or Viewer(False, None)
+    cookie = websocket.cookies.get(GUEST_COOKIE)
+    guest = await guest_from_cookie(cookie) if cookie else None
+    viewer = Viewer(False, guest.id if guest else None)
+    try:
+        gallery = await svc.db.read(access.guest_gallery, slug, viewer.guest_id, svc.clock())
+    except AppError as error:
+        # The page's answer, by status: 404 unknown or draft, 410 expired, 401 password not entered yet.
+        return _refuse(error.message, error.status)
+    return await _serve_gallery(gallery, viewer)
+
+
+@blueprint.websocket("/ws/admin/galleries/<int:gallery_id>")
+async def admin_gallery_feed(gallery_id: int) -> Response | None:
+    """Every change of one gallery, for the admin only (session cookie or API token)."""
+    svc = services()
+    if not _origin_ok():
+        return _refuse("This page is from another site.")
+    viewer = await _viewer()
+    if viewer is None or not viewer.is_admin:
+        return _refuse("Log in first.")
     gallery = await svc.db.read(gallery_q.get, gallery_id)
     if gallery is None:
-        return _refuse("There is no such gallery.")
-    if not viewer.is_admin:
-        try:
-            await svc.db.read(access.guest_gallery, gallery["slug"], viewer.guest_id, svc.clock())
-        except AppError:
-            return _refuse("You cannot see this gallery.")
+        return _refuse("There is no such gallery.", 404)
+    return await _serve_gallery(gallery, viewer)
+
+
+async def _serve_gallery(gallery: dict[str, Any], viewer: Viewer) -> Response | None:
+    svc = services()
+    gallery_id = gallery["id"]
     await websocket.accept()
     image_url = _image_url(viewer, gallery["slug"])
     with svc.broker.subscribe(lambda change: change.gallery_id == gallery_id) as subscription:
@@ -253,6 +282,7 @@ async def gallery_feed(gallery_id: int) -> Response | None:
             nursery.start_soon(_read_client_messages, nursery.cancel_scope)
             allowed = GuestAccess(viewer, gallery["slug"])
             await _stream_gallery(gallery_id, viewer, subscription, image_url, _since(), allowed)
+            nursery.cancel_scope.cancel()
     return None
 
 
