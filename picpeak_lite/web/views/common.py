@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from quart import request, url_for
 
 from picpeak_lite.domain import access
+from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import current_guest, services
@@ -72,19 +75,31 @@ def guest_image_url(slug: str, photo_id: int, kind: str) -> str:
     return url_for("photos.guest_image", slug=slug, photo_id=photo_id, kind=kind)
 
 
-def upload_status(upload: dict[str, Any], counts: dict[str, Any], photos: list[dict[str, Any]],
-                  image_url: Any) -> dict[str, Any]:
+ImageUrl = Callable[[int, str], str]
+
+
+@dataclass(frozen=True)
+class UploadSnapshot:
+    """An upload group with its counts and photos, read in one transaction (for its status route and feed)."""
+
+    upload: Row
+    counts: Row
+    photos: list[Row]
+
+
+def upload_status(snapshot: UploadSnapshot, image_url: ImageUrl) -> dict[str, Any]:
     """The status shape shared by the admin and guest endpoints (and the WebSocket snapshot)."""
+    upload, counts = snapshot.upload, snapshot.counts
     return {
         "upload_id": upload["id"],
         "gallery_id": upload["gallery_id"],
         **{k: counts[k] for k in ("total", "pending", "processing", "complete", "failed")},
         "done": upload["completed_at"] is not None,
-        "photos": [photo_status(p, image_url) for p in photos],
+        "photos": [photo_status(p, image_url) for p in snapshot.photos],
     }
 
 
-def photo_status(photo: dict[str, Any], image_url: Any) -> dict[str, Any]:
+def photo_status(photo: Row, image_url: ImageUrl) -> dict[str, Any]:
     complete = photo["status"] == "complete"
     return {
         "id": photo["id"],
@@ -98,18 +113,18 @@ def photo_status(photo: dict[str, Any], image_url: Any) -> dict[str, Any]:
     }
 
 
-async def read_upload(upload_id: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
+async def read_upload(upload_id: str) -> UploadSnapshot | None:
     """The upload group, its counts and photos; None for an unknown or malformed id."""
     if not UPLOAD_ID.match(upload_id):
         return None
     return await services().db.read(load_upload, upload_id)
 
 
-def load_upload(conn: Any, upload_id: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
+def load_upload(conn: Connection, upload_id: str) -> UploadSnapshot | None:
     upload = photo_q.get_upload(conn, upload_id)
     if upload is None:
         return None
-    return upload, photo_q.upload_counts(conn, upload_id), photo_q.upload_photos(conn, upload_id)
+    return UploadSnapshot(upload, photo_q.upload_counts(conn, upload_id), photo_q.upload_photos(conn, upload_id))
 
 
 def read_filters(args: Any) -> dict[str, Any]:

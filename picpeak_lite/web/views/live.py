@@ -30,6 +30,7 @@ from quart import Blueprint, Response, websocket
 from picpeak_lite.domain import access
 from picpeak_lite.errors import AppError
 from picpeak_lite.events.broker import Change, Subscription
+from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import changes as change_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
@@ -41,7 +42,7 @@ from picpeak_lite.web.auth import (
     origin_allowed,
     services,
 )
-from picpeak_lite.web.views.common import load_upload, read_upload, upload_status
+from picpeak_lite.web.views.common import UploadSnapshot, load_upload, read_upload, upload_status
 
 blueprint = Blueprint("live", __name__)
 
@@ -131,9 +132,9 @@ async def upload_feed(upload_id: str) -> Response | None:
     if viewer is None:
         return _refuse("Log in first.")
     found = await read_upload(upload_id)
-    if not viewer.is_admin and (found is None or found[0]["guest_session_id"] != viewer.guest_id):
+    if not viewer.is_admin and (found is None or found.upload["guest_session_id"] != viewer.guest_id):
         return _refuse("This is not your upload.")
-    gallery = await svc.db.read(gallery_q.get, found[0]["gallery_id"]) if found is not None else None
+    gallery = await svc.db.read(gallery_q.get, found.upload["gallery_id"]) if found is not None else None
     if not viewer.is_admin:
         # The uploader follows it only while they may still see the gallery (expired, unpublished or a changed
         # password end that), as the HTTP status route decides through the same function.
@@ -160,18 +161,20 @@ async def _stream_upload(upload_id: str, subscription: Subscription, image_url: 
                          since: int | None, allowed: GuestAccess) -> None:
     db = services().db
 
-    def snapshot(conn: Any) -> tuple[Any, int, int]:
+    def snapshot(conn: Connection) -> tuple[UploadSnapshot | None, int, int]:
         return load_upload(conn, upload_id), change_q.latest_seq(conn), change_q.oldest_seq(conn)
 
     found, seq, oldest = await db.read(snapshot)
-    statuses = {p["id"]: p["status"] for p in found[2]}
+    if found is None:  # deleted with its gallery since the handshake
+        return
+    statuses = {p["id"]: p["status"] for p in found.photos}
     if since is not None and since >= oldest - 1 and since <= seq:
         # Resume: exactly the changes the client missed, then live.
         for row in await db.read(change_q.for_upload_after, upload_id, since):
             if row["seq"] <= seq:
                 await _send(_delta(Change.from_row(row), image_url))
     else:
-        await _send({"type": "snapshot", "seq": seq, **upload_status(*found, image_url)})
+        await _send({"type": "snapshot", "seq": seq, **upload_status(found, image_url)})
     while not _all_terminal(statuses):
         change = await _next_change(subscription)
         if not await allowed.still_allowed():
@@ -179,11 +182,13 @@ async def _stream_upload(upload_id: str, subscription: Subscription, image_url: 
         if change is None:
             await _send({"type": "ping"})
             continue
-        if change == "resync":
+        if isinstance(change, Resync):
             found, seq, _ = await db.read(snapshot)
-            statuses = {p["id"]: p["status"] for p in found[2]}
+            if found is None:
+                return
+            statuses = {p["id"]: p["status"] for p in found.photos}
             await _send({"type": "resync"})
-            await _send({"type": "snapshot", "seq": seq, **upload_status(*found, image_url)})
+            await _send({"type": "snapshot", "seq": seq, **upload_status(found, image_url)})
             continue
         if change.seq <= seq:
             continue
@@ -194,7 +199,7 @@ async def _stream_upload(upload_id: str, subscription: Subscription, image_url: 
             statuses[change.photo_id] = change.status
         await _send(_delta(change, image_url))
     final = await db.read(load_upload, upload_id)
-    status = upload_status(*final, image_url) if final else {"upload_id": upload_id, "total": 0}
+    status = upload_status(final, image_url) if final else {"upload_id": upload_id, "total": 0}
     await _send({"type": "done", "seq": seq, **{k: v for k, v in status.items() if k != "photos"}})
     await websocket.close(1000, "done")
 
@@ -203,14 +208,21 @@ def _all_terminal(statuses: dict[int, str]) -> bool:
     return all(s in photo_q.TERMINAL for s in statuses.values())
 
 
-async def _next_change(subscription: Subscription) -> Change | str | None:
-    """The next change, ``"resync"`` after an overflow, or None when it is time for a ping."""
+class Resync:
+    """What :func:`_next_change` returns when this client fell behind: it is sent a fresh snapshot."""
+
+
+RESYNC = Resync()
+
+
+async def _next_change(subscription: Subscription) -> Change | Resync | None:
+    """The next change, :data:`RESYNC` after an overflow, or None when it is time for a ping."""
     if subscription.overflowed:
         subscription.drain()
-        return "resync"
+        return RESYNC
     with trio.move_on_after(PING_SECONDS):
         change = await subscription.receive.receive()
-        return "resync" if subscription.overflowed else change
+        return RESYNC if subscription.overflowed else change
     return None
 
 
@@ -307,7 +319,7 @@ async def _stream_gallery(gallery_id: int, viewer: Viewer, subscription: Subscri
             return
         if change is None:
             await _send({"type": "ping"})
-        elif change == "resync":
+        elif isinstance(change, Resync):
             seq = await db.read(change_q.latest_seq)
             await _send({"type": "resync"})
             await _send({"type": "snapshot", "seq": seq})

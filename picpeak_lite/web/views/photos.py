@@ -48,7 +48,7 @@ async def admin_upload_status(upload_id: str) -> dict[str, Any]:
     found = await read_upload(upload_id)
     if found is None:
         raise NotFound("There is no upload with this id.")
-    return upload_status(*found, admin_image_url)
+    return upload_status(found, admin_image_url)
 
 
 @blueprint.get("/api/g/<slug>/uploads/<upload_id>")
@@ -57,10 +57,10 @@ async def guest_upload_status(slug: str, upload_id: str) -> dict[str, Any]:
     guest = await current_guest(create=False)
     found = await read_upload(upload_id)
     # Only the uploads this browser made, in this gallery; anything else is indistinguishable from unknown.
-    if (found is None or guest is None or found[0]["guest_session_id"] != guest.id
-            or found[0]["gallery_id"] != gallery["id"]):
+    if (found is None or guest is None or found.upload["guest_session_id"] != guest.id
+            or found.upload["gallery_id"] != gallery["id"]):
         raise NotFound("There is no upload with this id.")
-    return upload_status(*found, lambda pid, kind: guest_image_url(slug, pid, kind))
+    return upload_status(found, lambda pid, kind: guest_image_url(slug, pid, kind))
 
 
 @blueprint.post("/api/admin/photos/<int:photo_id>/retry")
