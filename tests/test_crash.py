@@ -46,6 +46,10 @@ from .harness import (
     write_config,
 )
 
+# A system suite (kill -9 and SIGTERM against real server processes):
+# left out by -m "not system", run by plain pytest and CI.
+pytestmark = pytest.mark.system
+
 REQUESTS_PER_CYCLE = 8
 FILES_PER_REQUEST = 5
 PHASES = ("upload", "processing", "webhook")

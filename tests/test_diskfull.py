@@ -33,6 +33,10 @@ from .harness import (
     write_config,
 )
 
+# A system suite (a real server process on a small tmpfs):
+# left out by -m "not system", run by plain pytest and CI.
+pytestmark = pytest.mark.system
+
 DISK_MB = 16
 FILES_PER_REQUEST = 2
 BIG_REQUEST_MB = 24  # more than loopback's socket buffers take in

@@ -45,6 +45,10 @@ from .harness import (
     write_config,
 )
 
+# A system suite (many guests against a real server process):
+# left out by -m "not system", run by plain pytest and CI.
+pytestmark = pytest.mark.system
+
 GALLERY_PASSWORD = "open sesame 42"
 CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
 # Pixel sizes whose JPEG (quality 90, photo-like noise) is about 1 MB and about 3 MB.
