@@ -110,7 +110,7 @@ async def websocket_status(client: Any, path: str, headers: dict[str, str] | Non
     """101 when the handshake is accepted and a first message arrives; the refusal's HTTP status otherwise
     (Quart's test client raises it inside an exception group)."""
     try:
-        with trio.fail_after(10):
+        with trio.fail_after(60):  # a hung-test stop only
             async with client.websocket(path, headers=headers or {}) as ws:
                 await ws.receive()
         return 101

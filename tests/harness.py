@@ -80,7 +80,7 @@ class ServerProcess:
         self.output: collections.deque[str] = collections.deque(maxlen=4000)
         self.starts = 0
 
-    def start(self, timeout: float = 30) -> str:
+    def start(self, timeout: float = 120) -> str:
         """Start and return the URL once the server says it is serving (recovery has run by then)."""
         assert self.proc is None, "already running"
         self.proc = subprocess.Popen(
@@ -119,7 +119,7 @@ class ServerProcess:
         self.proc.wait(timeout=30)
         self.proc = None
 
-    def stop(self, timeout: float = 60) -> int:
+    def stop(self, timeout: float = 120) -> int:
         """SIGTERM and wait: returns the exit status."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)

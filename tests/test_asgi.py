@@ -12,7 +12,8 @@ from PIL import Image
 from picpeak_lite.web.asgi import STREAM_BUFFER_BYTES, BoundedBody
 
 
-async def test_reader_waits_until_the_app_takes_what_is_buffered() -> None:
+async def test_reader_waits_until_the_app_takes_what_is_buffered(autojump_clock: Any) -> None:
+    """(On trio's virtual clock: 'still waiting after 50 ms' and 'never blocks' do not depend on the load.)"""
     body = BoundedBody(None, 16 * 1024 * 1024)
     body.append(b"x" * STREAM_BUFFER_BYTES)
     with trio.move_on_after(0.05) as waited:
@@ -24,7 +25,8 @@ async def test_reader_waits_until_the_app_takes_what_is_buffered() -> None:
         assert len(await body.__anext__()) == STREAM_BUFFER_BYTES  # the app reads; the reader goes on
 
 
-async def test_streaming_lifts_the_whole_body_limit_and_a_whole_read_lifts_the_backpressure() -> None:
+async def test_streaming_lifts_the_whole_body_limit_and_a_whole_read_lifts_the_backpressure(
+        autojump_clock: Any) -> None:
     refused = BoundedBody(50 * 1024 * 1024, 16 * 1024 * 1024)  # Content-Length over the whole-body limit
     refused.stream()
     refused.append(b"y" * 10)

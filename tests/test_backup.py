@@ -62,7 +62,7 @@ async def test_backup_copies_everything_with_a_manifest_and_restores(tmp_path: P
     settings = make_settings(tmp_path, data_dir=str(restored))
     async with trio.open_nursery() as nursery:
         running = await nursery.start(server.run, settings)
-        with trio.fail_after(30):
+        with trio.fail_after(120):  # a hung-test stop only
             while query(restored, "SELECT count(*) AS n FROM photos WHERE status != 'complete'")[0]["n"]:
                 await trio.sleep(0.05)
         running.stop()

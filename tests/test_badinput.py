@@ -29,11 +29,16 @@ from picpeak_lite.media import exif, images
 from . import corpus, imagefactory
 from .harness import figures
 
+# A system suite (hostile files through the image layer and a real server process):
+# left out by -m "not system", run by plain pytest and CI.
+pytestmark = pytest.mark.system
+
 BOUNDARY = "----picpeak-badinput-91c2"
 ADMIN_PASSWORD = "badinput admin password"
 BIDI_AND_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\x00-\x1f\x7f]")
-REQUEST_SECONDS = 60.0  # one upload answer; the 102 MP file takes about a second over loopback
-SETTLE_SECONDS = 120.0  # every photo of one run terminal
+# Hangs, not slowness (a busy 2-core box is many times slower than a quiet one):
+REQUEST_SECONDS = 300.0  # one upload answer; the 102 MP file takes about a second over loopback
+SETTLE_SECONDS = 600.0  # every photo of one run terminal
 CASES = corpus.build()
 
 
@@ -98,7 +103,7 @@ async def start_server(tmp_path: Path) -> Server:
             stdout=subprocess.PIPE, stderr=err, env=env,
         )
     assert proc.stdout is not None
-    with trio.fail_after(30):
+    with trio.fail_after(120):
         while True:
             line = (await trio.to_thread.run_sync(proc.stdout.readline)).decode()
             assert line, f"the server exited: {log.read_text()}"

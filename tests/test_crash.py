@@ -46,6 +46,10 @@ from .harness import (
     write_config,
 )
 
+# A system suite (kill -9 and SIGTERM against real server processes):
+# left out by -m "not system", run by plain pytest and CI.
+pytestmark = pytest.mark.system
+
 REQUESTS_PER_CYCLE = 8
 FILES_PER_REQUEST = 5
 PHASES = ("upload", "processing", "webhook")
@@ -119,7 +123,7 @@ async def crash_cycle(server: ServerProcess, receiver: WebhookReceiver, token: s
 async def settle(server: ServerProcess, data_dir: Path) -> None:
     """Run the server until no photo is pending or processing (expired leases come back after lease_seconds)."""
     await trio.to_thread.run_sync(server.start)
-    with trio.fail_after(90):
+    with trio.fail_after(300):  # a hung-test stop only: on a busy 2-core box recovery is slow, not wrong
         while query(data_dir, "SELECT count(*) AS n FROM photos WHERE status IN ('pending', 'processing')")[0]["n"]:
             await trio.sleep(0.2)
     assert await trio.to_thread.run_sync(server.stop) == 0, server.log_tail()

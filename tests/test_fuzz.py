@@ -28,7 +28,7 @@ from .harness import figures
 from .test_badinput import BOUNDARY, body_of, file_part
 from .test_upload import published
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 SECONDS = float(os.environ.get("PICPEAK_FUZZ_SECONDS", "120"))
 SPEC = images.RenderSpec(max_pixels=20_000_000)  # mutated headers may ask for anything up to this
 SEEDS = [c.data for c in corpus.build() if c.data and len(c.data) < 100_000] + [

@@ -294,7 +294,7 @@ async def run_pool_until_views_fresh(svc: Services) -> None:
     pool = WorkerPool(svc, svc.storage, count=2, poll_seconds=0.05)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
-        with trio.fail_after(30):
+        with trio.fail_after(120):  # a hung-test stop only
             while await svc.db.read(lambda c: c.execute("SELECT count(*) AS n FROM photos WHERE views_stale > 0 "
                                                         "OR status IN ('pending', 'processing')").fetchall()[0]["n"]):
                 await trio.sleep(0.05)
@@ -361,9 +361,11 @@ async def test_the_stale_views_query_seeks_its_index(conn: Any) -> None:
     assert [row["detail"] for row in plan] == ["SCAN photos USING INDEX photos_views_stale"]  # stale rows only
 
 
-async def test_lease_is_renewed_while_working(tmp_path: Path) -> None:
-    """A photo that takes longer than its lease is not stolen from a live worker."""
+async def test_lease_is_renewed_while_working(tmp_path: Path, autojump_clock: Any) -> None:
+    """A photo that takes longer than its lease is not stolen from a live worker. (On trio's virtual clock,
+    which the rows' clock follows: the renewal is due at a third of the lease, whatever the machine's load.)"""
     with own_services(tmp_path, lease_seconds=5) as svc:
+        svc.clock = trio.current_time
         gid = await svc.db.write(create_gallery)
         photo_id, _ = stage_photo(svc, gid, jpeg(5))
         pool = WorkerPool(svc, svc.storage, count=1)
@@ -408,6 +410,50 @@ async def test_reconciler_removes_orphans_and_fails_missing_originals(services: 
 
 
 async def test_janitor_recovers_a_dead_workers_photo_within_one_lease(tmp_path: Path) -> None:
+    """A worker dies holding a claim: the janitor's ticks leave it alone while the lease runs, and the first tick
+    after it ran out makes it pending again, well within lease + 2 intervals. The clock is moved by hand, a
+    janitor interval per tick, so the bound is about our logic and not about the machine's load."""
+    with own_services(tmp_path, lease_seconds=5) as svc:
+        now = [1_700_000_000.0]
+        svc.clock = lambda: now[0]
+        gid = await svc.db.write(create_gallery)
+        photo_id, _ = stage_photo(svc, gid, b"w")
+        started = now[0]
+        await svc.db.write(photo_q.claim_next, "dead-worker", svc.clock(), 5)
+        janitor = Janitor(svc, svc.storage)
+        requeued: list[int] = []
+        for _ in range(100):
+            if (await svc.db.read(photo_q.get, photo_id))["status"] == "pending":
+                break
+            assert now[0] - started <= 5, "requeued while its lease was still running"
+            now[0] += janitor.interval  # the janitor's next tick
+            requeued, _ = await janitor.requeue_expired()
+        assert requeued == [photo_id]
+        assert now[0] - started < 5 + 2 * janitor.interval
+
+
+async def test_the_running_janitor_requeues_a_dead_workers_photo(tmp_path: Path, autojump_clock: Any) -> None:
+    """The same through the janitor's own loop, on trio's virtual clock (the rows' clock follows it)."""
+    with own_services(tmp_path, lease_seconds=5) as svc:
+        svc.clock = trio.current_time
+        gid = await svc.db.write(create_gallery)
+        photo_id, _ = stage_photo(svc, gid, b"w")
+        await svc.db.write(photo_q.claim_next, "dead-worker", svc.clock(), 5)
+        janitor = Janitor(svc, svc.storage)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(janitor.run)
+            # At least 20 virtual seconds of polls, four leases. (Not trio.fail_after: while every task waits on
+            # a database thread, the autojump clock skips straight to the nearest deadline.)
+            for _ in range(400):
+                if (await svc.db.read(photo_q.get, photo_id))["status"] == "pending":
+                    break
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        assert (await svc.db.read(photo_q.get, photo_id))["status"] == "pending"
+
+
+@pytest.mark.slow
+async def test_janitor_recovers_a_dead_workers_photo_within_one_lease_in_real_time(tmp_path: Path) -> None:
     """A worker dies holding a claim: about one lease later the photo is pending again (real time, 5 s lease)."""
     with own_services(tmp_path, lease_seconds=5) as svc:
         gid = await svc.db.write(create_gallery)

@@ -408,7 +408,7 @@ async def test_real_server_413_closes_and_the_next_request_is_answered(tmp_path:
             f"POST /api/admin/galleries/1/upload HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
             f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {10 ** 10}\r\n\r\n"
             .encode())
-        with trio.fail_after(5):
+        with trio.fail_after(60):
             head, body = await read_response(stream)
         await stream.aclose()
         assert head.startswith(b"HTTP/1.1 413") and b"\r\nconnection: close" in head.lower()
@@ -431,10 +431,10 @@ async def test_real_server_client_gone_mid_upload_leaves_no_temp_file(tmp_path: 
             .encode() + body[: len(body) // 2])
         tmp = settings.data_path / "tmp"
         # The server is receiving: a temp file exists (or a.jpg is already stored).
-        with trio.fail_after(5):
+        with trio.fail_after(60):
             await wait_for(lambda: bool(temp_files(settings) or originals(settings)))
         await stream.aclose()
-        with trio.fail_after(5):
+        with trio.fail_after(60):
             await wait_for(lambda: not (temp_files(settings) or originals(settings)))
         assert list(tmp.iterdir()) == [] and originals(settings) == []
         async with httpx.AsyncClient(base_url=running.url) as http:

@@ -25,6 +25,21 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 ADMIN_PASSWORD = "browser test password"
+# How long a test waits for the server's own work (processing, a live change, a delivery) before it calls it
+# hung: far above a quiet machine's seconds, because CI runs on a busy 2-core box and these are not speed tests.
+PATIENCE_S = 120
+PATIENCE_MS = PATIENCE_S * 1000
+# Playwright's default for each action (30 s), doubled for the same reason.
+ACTION_TIMEOUT_MS = 60_000
+BROWSER_DIR = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every browser test is a system test (a real server process and a real Chromium): ``-m "not system"``
+    leaves them out of a developer's quick run; plain ``pytest`` (and CI) still runs them."""
+    for item in items:
+        if BROWSER_DIR in Path(item.path).parents:
+            item.add_marker(pytest.mark.system)
 
 
 @dataclass
@@ -56,7 +71,7 @@ def start_server(data_dir: Path, *extra: str, env: dict[str, str] | None = None)
 def stop_server(server: LiveServer) -> None:
     server.process.send_signal(signal.SIGTERM)
     try:
-        server.process.communicate(timeout=30)
+        server.process.communicate(timeout=PATIENCE_S)
     except subprocess.TimeoutExpired:
         server.process.kill()
         raise
@@ -104,6 +119,7 @@ class Page:
 
 def new_page(browser: Any, request: Any, **context_args: Any) -> Iterator[Page]:
     context = browser.new_context(accept_downloads=True, **context_args)
+    context.set_default_timeout(ACTION_TIMEOUT_MS)
     page = Page(context.new_page(), request.node.name)
     yield page
     context.close()
@@ -131,7 +147,8 @@ def api_client(server: LiveServer) -> Iterator[Any]:
         [sys.executable, "-m", "picpeak_lite", "admin", "token", "create", "--name", "browser",
          "--data-dir", str(server.data_dir)], capture_output=True, text=True, check=True)
     token = re.search(r"ppk_\S+", out.stdout + out.stderr).group(0)  # type: ignore[union-attr]
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"},
+                      timeout=PATIENCE_S) as client:
         yield client
 
 

@@ -21,10 +21,10 @@ from picpeak_lite.store import db
 from picpeak_lite.web import qr
 
 from .. import imagefactory
-from .conftest import LiveServer, Page, admin_login, new_page, start_server, stop_server
+from .conftest import PATIENCE_MS, PATIENCE_S, LiveServer, Page, admin_login, new_page, start_server, stop_server
 
 GALLERY_PASSWORD = "table-7"
-DONE_TIMEOUT_MS = 60_000
+DONE_TIMEOUT_MS = PATIENCE_MS
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
@@ -166,7 +166,7 @@ def test_photographer_workflow(server: LiveServer, page: Page, browser: Any, req
         failed_rows.first.locator("button.retry-one").click()
     assert retried.value.status == 200
     photo_id = int(retried.value.url.rsplit("/", 2)[1])
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
     while failed_count(server, photo_id) < 2:  # the server processed it again and it failed again
         assert time.monotonic() < deadline, "the retried photo was not processed again"
         time.sleep(0.05)
@@ -179,7 +179,7 @@ def test_photographer_workflow(server: LiveServer, page: Page, browser: Any, req
     assert page.locator("#grid img.thumb").count() == 30
     assert page.locator("#grid .ph-failed").count() == 2
     page.wait_for_function("() => [...document.querySelectorAll('#grid img.thumb')]"
-                           ".every(i => i.complete && i.naturalWidth > 0)", timeout=10_000)
+                           ".every(i => i.complete && i.naturalWidth > 0)", timeout=PATIENCE_MS)
     page.screenshot("gallery")
 
     # The guest sees the photo; the admin deletes it; the guest no longer sees it.
@@ -206,7 +206,8 @@ def test_photographer_workflow(server: LiveServer, page: Page, browser: Any, req
     # The delivery log shows deliveries to the receiver, and a test delivery goes out on request.
     page.goto(server.url + "/admin/settings/")
     page.click("button.send-test")
-    for _ in range(40):
+    deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
+    while time.monotonic() < deadline:
         log = page.locator("#delivery-log")
         if log.count() and "webhook.test" in log.inner_text() and \
                 page.locator("tr.delivery-delivered", has_text="webhook.test").count():

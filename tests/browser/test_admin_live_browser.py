@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from .. import imagefactory
-from .conftest import LiveServer, Page, admin_login, api_client, start_server, stop_server
+from .conftest import PATIENCE_MS, PATIENCE_S, LiveServer, Page, admin_login, api_client, start_server, stop_server
 
 
 @pytest.fixture
@@ -30,23 +31,28 @@ def test_live_grid_shows_hide_and_show_of_a_complete_photo(server: LiveServer, a
     gallery = api.post("/api/admin/galleries", json={"name": "Live"}).json()
     photo = imagefactory.save(imagefactory.photo(600, 400, seed=7), "jpeg")
     upload = api.post(f"/api/admin/galleries/{gallery['id']}/upload", files=[("photos", ("a.jpg", photo))]).json()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
     while not api.get(f"/api/admin/uploads/{upload['upload_id']}").json()["done"]:
         assert time.monotonic() < deadline, "the photo was not processed in time"
         time.sleep(0.2)
     [photo_id] = upload["photo_ids"]
 
     admin_login(page, server)
+    frames: list[Any] = []  # what the page's live connection received
+    page.on("websocket", lambda socket: socket.on("framereceived", lambda frame: frames.append(frame)))
     page.goto(f"{server.url}/admin/galleries/{gallery['id']}")
     tile = f'#grid li[data-id="{photo_id}"]'
     page.wait_for_selector(f'{tile}[data-status="complete"]:not(.is-hidden)')
-    page.wait_for_timeout(500)  # the live connection is open
+    deadline = time.monotonic() + PATIENCE_S
+    while not frames:  # the live connection is open: its snapshot arrived (a fixed wait would be a speed bound)
+        assert time.monotonic() < deadline, "the live connection did not open"
+        page.wait_for_timeout(50)
 
     bulk = f"/api/admin/galleries/{gallery['id']}/photos/bulk"
     assert api.post(bulk, json={"action": "hide", "ids": [photo_id]}).json()["changed"] == 1
-    page.wait_for_selector(f"{tile}.is-hidden", timeout=5000)
+    page.wait_for_selector(f"{tile}.is-hidden", timeout=PATIENCE_MS)
     assert page.locator(f"{tile} .meta .badge", has_text="Hidden").count() == 1
     assert api.post(bulk, json={"action": "show", "ids": [photo_id]}).json()["changed"] == 1
-    page.wait_for_selector(f"{tile}:not(.is-hidden)", timeout=5000)
+    page.wait_for_selector(f"{tile}:not(.is-hidden)", timeout=PATIENCE_MS)
     assert page.locator(f"{tile} .meta .badge", has_text="Hidden").count() == 0
     assert page.locator(f"{tile} img.thumb").count() == 1

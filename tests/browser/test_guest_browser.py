@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from .. import imagefactory
-from .conftest import LiveServer, Page, api_client, start_server, stop_server
+from .conftest import PATIENCE_MS, PATIENCE_S, LiveServer, Page, api_client, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def make_gallery(api: httpx.Client, photos: list[tuple[str, bytes]], **fields: A
         upload = api.post(f"/api/admin/galleries/{gallery['id']}/upload",
                           files=[("photos", (name, data, "image/jpeg")) for name, data in photos])
         assert upload.status_code == 202, upload.text
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
         while not api.get(f"/api/admin/uploads/{upload.json()['upload_id']}").json()["done"]:
             assert time.monotonic() < deadline, "the photos were not processed in time"
             time.sleep(0.2)
@@ -145,7 +145,7 @@ def test_guest_upload_page_shows_progress_thumbnails_and_errors(server: LiveServ
     assert rows.count() == 4
     page.wait_for_function(
         "() => document.querySelectorAll('#files .file.is-done .file-thumb img').length === 3"
-        " && document.querySelectorAll('#files .file.is-error').length === 1", timeout=30_000)
+        " && document.querySelectorAll('#files .file.is-error').length === 1", timeout=PATIENCE_MS)
     page.wait_for_function("() => [...document.querySelectorAll('#files .file-thumb img')].every(i => i.complete)")
     error_row = page.locator("#files .file.is-error")
     assert error_row.locator(".file-name").inner_text() == "notes.txt"
@@ -175,7 +175,7 @@ def test_guest_upload_page_stops_following_a_gallery_that_went_away(server: Live
     page.route(re.compile(r".*/api/g/[^/]+/uploads/[0-9a-f]{32}$"), gone)
     page.goto(gallery["share_url"] + "/upload")
     page.set_input_files("#file-input", [str(path)])
-    page.wait_for_selector("#upload-stopped", timeout=20_000)
+    page.wait_for_selector("#upload-stopped", timeout=PATIENCE_MS)
     assert "There is no upload with this id." in page.inner_text("#upload-stopped")
     row = page.locator("#files .file")
     assert "is-error" in row.get_attribute("class")
@@ -205,7 +205,7 @@ def test_guest_upload_page_waits_out_a_429_by_itself(server: LiveServer, api: ht
     page.goto(gallery["share_url"] + "/upload")
     page.set_input_files("#file-input", [str(path)])
     page.wait_for_function("() => /slow down/i.test(document.querySelector('#files .file-status').textContent)")
-    page.wait_for_selector("#files .file.is-done .file-thumb img", timeout=30_000)
+    page.wait_for_selector("#files .file.is-done .file-thumb img", timeout=PATIENCE_MS)
     assert answered == [429, 0]
 
 
