@@ -74,14 +74,10 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
     svc.storage.create_dirs()
     memory.keep_big_buffers_in_their_own_mappings()
     await nursery.start(svc.trimmer.run)
-    sender = WebhookSender(svc.db, svc.settings, clock=svc.clock)
-    await nursery.start(sender.run)
-    svc.wake_webhooks = sender.wake
-    await nursery.start(Janitor(svc, svc.storage).run)
+    await nursery.start(WebhookSender(svc.db, svc.settings, bell=svc.webhooks_bell, clock=svc.clock).run)
+    await nursery.start(Janitor(svc).run)
     if workers:
-        pool = WorkerPool(svc, svc.storage)
-        await nursery.start(pool.run)
-        svc.wake_workers = pool.wake
+        await nursery.start(WorkerPool(svc).run)
 
 
 async def run_workers(settings: Settings, *, task_status: trio.TaskStatus[Services] = trio.TASK_STATUS_IGNORED

@@ -1,4 +1,11 @@
-"""The long-lived objects a request or task needs, passed explicitly rather than found in globals."""
+"""The core that every request and task is given: settings, database, storage, clocks, broker, and the bells
+that wake the background tasks.
+
+It is complete when it is made: the storage is built once here, and the bells exist before the app and the
+tasks, so code that commits new work can ring them whether or not a worker pool or webhook sender runs in this
+process (``picpeak-lite worker`` runs them in another; the change feed then wakes the workers). What only the
+web app needs (throttles, rate limits, the download limiters) is made with the app: ``web/limits.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +17,11 @@ import trio
 
 from picpeak_lite import security
 from picpeak_lite.config import Settings
+from picpeak_lite.events.bell import Bell
 from picpeak_lite.events.broker import Broker
 from picpeak_lite.pipeline.memory import MemoryTrimmer
 from picpeak_lite.store.db import Database
 from picpeak_lite.store.storage import Storage
-from picpeak_lite.web.ratelimit import GuestUploadLimits, RateLimit
-from picpeak_lite.web.throttle import Throttle
 
 
 @dataclass
@@ -28,34 +34,16 @@ class Services:
     monotonic: Callable[[], float] = time.monotonic
     # argon2 uses 64 MiB and ~50 ms of CPU per check: bound how many run at once.
     hash_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
-    # A watermarked download decodes the full-size original (up to max_pixels): one at a time, then cached on disk.
-    watermark_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(1))
-    # Disk reads for zips: bounded, so that a few zips cannot starve page views (watermarking has its own).
-    download_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(4))
-    # Set by server.run once the worker pool and the webhook sender run; no-ops until then (and in tests that
-    # do not start them). Both are sync, non-blocking, and safe to call after a commit.
-    wake_workers: Callable[[], None] = lambda: None
-    wake_webhooks: Callable[[], None] = lambda: None
+    # Rung after a commit that makes work for the worker pool, or for the webhook sender. Sync, non-blocking.
+    workers_bell: Bell = field(default_factory=Bell)
+    webhooks_bell: Bell = field(default_factory=Bell)
     broker: Broker = field(default_factory=Broker)
     # Started by server.run; code that has just let go of a lot (an upload, a processed photo) calls freed().
     trimmer: MemoryTrimmer = field(default_factory=MemoryTrimmer)
-    login_throttle: Throttle = field(init=False)
-    gallery_throttle: Throttle = field(init=False)
-    # Guest state changes (hearts, names), per guest session: 60 changes at once, then 2 a second.
-    guest_rate_limit: RateLimit = field(init=False)
-    # Guest upload budgets per session and per IP (ratelimit.GUEST_*), read when Services is made.
-    guest_upload_limits: GuestUploadLimits = field(init=False)
+    storage: Storage = field(init=False)
 
     def __post_init__(self) -> None:
-        s = self.settings
-        self.login_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
-        self.gallery_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
-        self.guest_rate_limit = RateLimit(60, 2, clock=self.monotonic)
-        self.guest_upload_limits = GuestUploadLimits(self.monotonic)
-
-    @property
-    def storage(self) -> Storage:
-        return Storage(self.settings.data_path)
+        self.storage = Storage(self.settings.data_path)
 
     async def hash_password(self, password: str) -> str:
         return await trio.to_thread.run_sync(security.hash_password, password, limiter=self.hash_limiter)

@@ -135,7 +135,7 @@ async def reconcile_now(config: Path, data_dir: Path) -> dict[str, int]:
     database = Database(settings.database_path)
     try:
         svc = Services(settings=settings, db=database)
-        return await Janitor(svc, svc.storage, orphan_grace=0).reconcile()
+        return await Janitor(svc, orphan_grace=0).reconcile()
     finally:
         database.close()
 

@@ -193,7 +193,7 @@ async def test_real_server_resume_after_a_dropped_connection_loses_nothing(real_
     # Processing is on in the server: stage photos, watch a little, drop, resume with since.
     for i in range(6):
         _, upload = stage_photo(svc, gid, jpeg(10 + i), upload_id=upload)
-    svc.wake_workers()
+    svc.workers_bell.ring()
     seen: list[dict[str, Any]] = []
     async with open_websocket_url(ws_url(running, f"/ws/uploads/{upload}"), extra_headers=headers) as ws:
         snapshot = json.loads(await ws.get_message())
@@ -252,7 +252,7 @@ async def test_a_consumer_that_never_reads_does_not_delay_processing(real_server
     headers = [("Authorization", f"Bearer {token}")]
     async with open_websocket_url(ws_url(running, f"/ws/admin/galleries/{gid}"), extra_headers=headers,
                                   message_queue_size=1):
-        svc.wake_workers()
+        svc.workers_bell.ring()
         with trio.fail_after(120):
             while (await svc.db.read(photo_q.upload_counts, upload))["complete"] < 12:
                 await trio.sleep(0.05)
@@ -309,8 +309,7 @@ async def test_a_change_made_by_another_process_arrives_quickly(real_server: Any
 async def test_worker_pool_and_feed_share_one_services(tmp_path: Path) -> None:
     """The feed wakes workers for pending rows inserted by another process (an import)."""
     with own_services(tmp_path) as svc:
-        pool = WorkerPool(svc, svc.storage, count=1, poll_seconds=3600)  # only a wake can start it
-        svc.wake_workers = pool.wake
+        pool = WorkerPool(svc, count=1, poll_seconds=3600)  # only a ring can start it
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
             await nursery.start(ChangeFeed(svc, svc.broker, poll_seconds=0.02).run)

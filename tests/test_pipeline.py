@@ -198,7 +198,7 @@ async def test_status_is_checked_by_the_database(conn: Any, services: Services, 
 # --- the worker pool ---------------------------------------------------------------------------------------
 
 async def run_pool_until_idle(svc: Services, count: int = 2) -> None:
-    pool = WorkerPool(svc, svc.storage, count=count, poll_seconds=0.05)
+    pool = WorkerPool(svc, count=count, poll_seconds=0.05)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         while True:
@@ -249,7 +249,7 @@ async def test_webhook_outbox_written_once_per_event(tmp_path: Path) -> None:
 
 async def test_worker_hands_photo_back_on_shutdown(services: Services, conn: Any, gallery_id: int) -> None:
     big, _ = stage_photo(services, gallery_id, jpeg(4, (3000, 2000)))
-    pool = WorkerPool(services, services.storage, count=1, poll_seconds=0.05)
+    pool = WorkerPool(services, count=1, poll_seconds=0.05)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         while status_of(conn, big)["status"] != "processing":
@@ -264,7 +264,7 @@ async def test_photo_deleted_while_processing_is_discarded_quietly(services: Ser
                                                                    caplog: Any) -> None:
     doomed, _ = stage_photo(services, gallery_id, jpeg(7))
     later, _ = stage_photo(services, gallery_id, jpeg(8))  # claimed second (by id)
-    pool = WorkerPool(services, services.storage, count=1, poll_seconds=0.05)
+    pool = WorkerPool(services, count=1, poll_seconds=0.05)
     async with trio.open_nursery() as nursery:
         async with pool.image_limiter:  # the worker claims, finds the original, then waits here to decode it
             await nursery.start(pool.run)
@@ -291,7 +291,7 @@ async def test_photo_ids_are_never_given_twice(services: Services, client: Any, 
 
 
 async def run_pool_until_views_fresh(svc: Services) -> None:
-    pool = WorkerPool(svc, svc.storage, count=2, poll_seconds=0.05)
+    pool = WorkerPool(svc, count=2, poll_seconds=0.05)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         with trio.fail_after(120):  # a hung-test stop only
@@ -343,7 +343,7 @@ async def test_an_older_render_never_replaces_a_newer_one(services: Services, cl
     view = services.storage.derived_path(status_of(conn, photo)["storage_key"], "view")
     assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"watermark": True, "name": "First"},
                                headers=admin.headers())).status_code == 200
-    slow = WorkerPool(services, services.storage, count=1)
+    slow = WorkerPool(services, count=1)
     # The limiter is let go before the nursery waits: the slow render, from "First", then tries to save.
     async with trio.open_nursery() as nursery, slow.image_limiter:
         nursery.start_soon(slow.refresh_stale_views, 0)
@@ -368,7 +368,7 @@ async def test_lease_is_renewed_while_working(tmp_path: Path, autojump_clock: An
         svc.clock = trio.current_time
         gid = await svc.db.write(create_gallery)
         photo_id, _ = stage_photo(svc, gid, jpeg(5))
-        pool = WorkerPool(svc, svc.storage, count=1)
+        pool = WorkerPool(svc, count=1)
         token = secrets.token_hex(8)
         row = await svc.db.write(claims.claim_next, token, svc.clock(), 5)
         claim = _Claim(photo_id, token)
@@ -402,7 +402,7 @@ async def test_reconciler_removes_orphans_and_fails_missing_originals(services: 
     stale_temp.write_bytes(b"cut off")
     os.utime(stale_temp, (time.time() - 7200,) * 2)
 
-    counts = await Janitor(services, storage).reconcile()
+    counts = await Janitor(services).reconcile()
     assert counts == {"temp_swept": 1, "orphans_removed": 1, "missing_failed": 1}
     assert not orphan.exists() and fresh.exists()  # within the grace period: left alone
     assert status_of(conn, lost)["error"] == "The original file is missing from storage."
@@ -419,8 +419,8 @@ async def test_janitor_recovers_a_dead_workers_photo_within_one_lease(tmp_path: 
         gid = await svc.db.write(create_gallery)
         photo_id, _ = stage_photo(svc, gid, b"w")
         started = now[0]
-        await svc.db.write(photo_q.claim_next, "dead-worker", svc.clock(), 5)
-        janitor = Janitor(svc, svc.storage)
+        await svc.db.write(claims.claim_next, "dead-worker", svc.clock(), 5)
+        janitor = Janitor(svc)
         requeued: list[int] = []
         for _ in range(100):
             if (await svc.db.read(photo_q.get, photo_id))["status"] == "pending":
@@ -438,8 +438,8 @@ async def test_the_running_janitor_requeues_a_dead_workers_photo(tmp_path: Path,
         svc.clock = trio.current_time
         gid = await svc.db.write(create_gallery)
         photo_id, _ = stage_photo(svc, gid, b"w")
-        await svc.db.write(photo_q.claim_next, "dead-worker", svc.clock(), 5)
-        janitor = Janitor(svc, svc.storage)
+        await svc.db.write(claims.claim_next, "dead-worker", svc.clock(), 5)
+        janitor = Janitor(svc)
         async with trio.open_nursery() as nursery:
             await nursery.start(janitor.run)
             # At least 20 virtual seconds of polls, four leases. (Not trio.fail_after: while every task waits on
@@ -460,7 +460,7 @@ async def test_janitor_recovers_a_dead_workers_photo_within_one_lease_in_real_ti
         photo_id, _ = stage_photo(svc, gid, b"w")
         started = trio.current_time()
         await svc.db.write(claims.claim_next, "dead-worker", svc.clock(), 5)
-        janitor = Janitor(svc, svc.storage)
+        janitor = Janitor(svc)
         async with trio.open_nursery() as nursery:
             await nursery.start(janitor.run)
             with trio.fail_after(5 + 2 * janitor.interval):
@@ -555,7 +555,7 @@ async def test_a_slow_uploads_files_are_never_lost_to_the_reconciler(services: S
         stored = services.storage.original_path(entry.key)
         old = time.time() - 3600
         os.utime(stored, (old, old))  # the rest of the body took an hour to arrive
-        counts = await Janitor(services, services.storage).reconcile()
+        counts = await Janitor(services).reconcile()
         assert counts["orphans_removed"] == 1 and not stored.exists()
         second = intake.start_file("second.jpg")
         await second.write(jpeg(61))

@@ -443,7 +443,7 @@ async def test_real_server_client_gone_mid_upload_leaves_no_temp_file(tmp_path: 
 
 
 class _Clock:
-    """A monotonic clock the test moves by hand (the upload budgets are read through ``services.monotonic``)."""
+    """A monotonic clock the test moves by hand, for the app's guest upload budgets (``WebLimits``)."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -462,8 +462,8 @@ async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin:
                                                                 monkeypatch: Any) -> None:
     monkeypatch.setattr(ratelimit, "GUEST_UPLOADS_PER_SESSION", (3, 0.01))
     monkeypatch.setattr(ratelimit, "GUEST_UPLOADS_PER_IP", (4, 0.01))
-    clock = services.monotonic = _Clock()
-    services.guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # the budgets are read when it is made
+    clock = _Clock()
+    app.extensions["picpeak_limits"].guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # read when made
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
     for i in range(3):
@@ -485,11 +485,11 @@ async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin:
     assert (await admin_upload(admin, gallery["id"], [("6.jpg", jpeg(6))])).status_code == 202
 
 
-async def test_guest_uploads_have_a_byte_budget(admin: AuthActions, guest: Any, services: Any,
+async def test_guest_uploads_have_a_byte_budget(app: Any, admin: AuthActions, guest: Any, services: Any,
                                                 monkeypatch: Any) -> None:
     monkeypatch.setattr(ratelimit, "GUEST_BYTES_PER_SESSION", (10_000, 100.0))
-    clock = services.monotonic = _Clock()
-    services.guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # the budgets are read when it is made
+    clock = _Clock()
+    app.extensions["picpeak_limits"].guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # read when made
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
     big = imagefactory.save(imagefactory.photo(200, 150, seed=1), "png")  # noisy pixels: tens of KB

@@ -165,12 +165,12 @@ async def test_delivered_at_once_on_wake_with_valid_signature_and_headers(
     database: db.Database, receiver: Receiver, nursery: trio.Nursery
 ) -> None:
     settings = settings_for(receiver.url)
-    # A long poll: only wake() can explain a delivery within the deadline below.
+    # A long poll: only a ring can explain a delivery within the deadline below.
     sender = WebhookSender(database, settings, poll_seconds=3600)
     await nursery.start(sender.run)
     await enqueue(database, settings, now=1_700_000_000.0)
-    sender.wake()
-    sender.wake()  # wakes that pile up never block
+    sender.bell.ring()
+    sender.bell.ring()  # rings that pile up never block
     with trio.fail_after(120):  # far below the 3600 s poll, far above any load's delay
         await receiver.wait_for_requests(1)
         await wait_for_status(database, "delivered")
@@ -231,7 +231,7 @@ async def test_500_then_200_retries_same_id_after_one_minute(
     sender = WebhookSender(database, settings, clock=trio.current_time, poll_seconds=7)
     await nursery.start(sender.run)
     await enqueue(database, settings, now=trio.current_time())
-    sender.wake()
+    sender.bell.ring()
     await receiver.wait_for_requests(2)
     await wait_for_status(database, "delivered")
 

@@ -90,7 +90,7 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
         return row
 
     row = await svc.db.write(change)
-    svc.wake_workers()
+    svc.workers_bell.ring()
     return row
 
 

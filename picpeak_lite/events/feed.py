@@ -15,6 +15,7 @@ import logging
 
 import trio
 
+from picpeak_lite.events.bell import Bell
 from picpeak_lite.events.broker import Broker, Change
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import changes as change_q
@@ -31,30 +32,27 @@ class ChangeFeed:
         self.svc = svc
         self.broker = broker
         self.poll_seconds = poll_seconds
-        self._poked = trio.Event()
+        # Rung after every commit in this process: look for new changes now.
+        self._commits = Bell()
         self.last_seq = 0
-
-    def poke(self) -> None:
-        """Called after a commit in this process: look for new changes now. Sync, non-blocking."""
-        self._poked.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.last_seq = await self.svc.db.read(change_q.latest_seq)
         self.broker.last_seq = self.last_seq
-        self.svc.db.commit_listeners.append(self.poke)
+        self.svc.db.commit_listeners.append(self._commits.ring)
         try:
             task_status.started()
             last_prune = trio.current_time()
             while True:
-                with trio.move_on_after(self.poll_seconds):
-                    await self._poked.wait()
-                self._poked = trio.Event()
+                committed = self._commits.listen()
                 await self.publish_new()
                 if trio.current_time() - last_prune > PRUNE_EVERY_SECONDS:
                     await self.svc.db.write(change_q.prune, self.svc.clock() - RETENTION_SECONDS)
                     last_prune = trio.current_time()
+                with trio.move_on_after(self.poll_seconds):
+                    await committed.wait()
         finally:
-            self.svc.db.commit_listeners.remove(self.poke)
+            self.svc.db.commit_listeners.remove(self._commits.ring)
 
     async def publish_new(self) -> int:
         """Publish every change after the last one seen. Returns how many."""
@@ -72,4 +70,4 @@ class ChangeFeed:
             published += len(rows)
             if wake_workers:
                 # New work from another process (an import, a retry in the worker process): start at once.
-                self.svc.wake_workers()
+                self.svc.workers_bell.ring()

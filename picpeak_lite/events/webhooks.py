@@ -14,7 +14,6 @@ than a few KB of the answer is read.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import h11
 import trio
 
+from picpeak_lite.events.bell import Bell
 from picpeak_lite.store.queries import webhooks as queries
 
 if TYPE_CHECKING:
@@ -302,6 +302,7 @@ class WebhookSender:
         db: Database,
         settings: Settings,
         *,
+        bell: Bell | None = None,
         clock: Callable[[], float] = time.time,
         poll_seconds: float = POLL_SECONDS,
         concurrency: int = CONCURRENCY,
@@ -315,18 +316,15 @@ class WebhookSender:
         self._clock = clock
         self._poll_seconds = poll_seconds
         self._concurrency = concurrency
-        self._wake_send, self._wake_receive = trio.open_memory_channel[None](1)
-
-    def wake(self) -> None:
-        """Ask for a pass now. Never blocks; wakes that pile up count as one. Call it from trio code."""
-        with contextlib.suppress(trio.WouldBlock):
-            self._wake_send.send_nowait(None)
+        # Rung after a commit that enqueued deliveries (Services.webhooks_bell): make a pass now.
+        self.bell = bell or Bell()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Deliver forever. Nothing to recover first: rows claimed by a process that died come back by
         themselves when their claim runs out."""
         task_status.started()
         while True:
+            rung = self.bell.listen()
             claimed = await self.deliver_due()
             if claimed >= self._concurrency:
                 continue  # a backlog: there may be more due right now
@@ -335,7 +333,7 @@ class WebhookSender:
             if due is not None:
                 delay = min(delay, max(0.0, due - self._clock()))
             with trio.move_on_after(delay):
-                await self._wake_receive.receive()
+                await rung.wait()
 
     async def deliver_due(self) -> int:
         """One pass: claim what is due (up to ``concurrency`` rows), attempt them together, record each

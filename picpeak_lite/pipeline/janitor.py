@@ -34,10 +34,10 @@ IDLE_GUEST_SESSION_SECONDS = 86400.0
 
 
 class Janitor:
-    def __init__(self, svc: Services, storage: Storage, *, orphan_grace: float = ORPHAN_GRACE_SECONDS,
+    def __init__(self, svc: Services, *, orphan_grace: float = ORPHAN_GRACE_SECONDS,
                  reconcile_every: float = RECONCILE_EVERY_SECONDS) -> None:
         self.svc = svc
-        self.storage = storage
+        self.storage = svc.storage
         self.orphan_grace = orphan_grace
         self.reconcile_every = reconcile_every
         self.interval = max(1.0, svc.settings.lease_seconds / 4)
@@ -61,10 +61,10 @@ class Janitor:
         )
         if requeued:
             log.warning("requeued photos whose worker stopped answering: %s", requeued)
-            svc.wake_workers()
+            svc.workers_bell.ring()
         if failed:
             log.error("gave up on photos after %d attempts: %s", svc.settings.max_attempts, failed)
-            svc.wake_webhooks()
+            svc.webhooks_bell.ring()
         return requeued, failed
 
     async def reconcile(self) -> dict[str, int]:
@@ -84,7 +84,7 @@ class Janitor:
             if await svc.db.write(_fail_if_still_missing, self.storage, svc.settings.webhooks, photo_id, now):
                 failed += 1
         if failed:
-            svc.wake_webhooks()
+            svc.webhooks_bell.ring()
         pruned = await svc.db.write(guest_q.prune_idle_sessions, now - IDLE_GUEST_SESSION_SECONDS)
         counts = {"temp_swept": swept, "orphans_removed": orphans, "missing_failed": failed}
         if swept or orphans or failed or pruned:

@@ -28,7 +28,6 @@ from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
-from picpeak_lite.store.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +36,14 @@ DISK_FULL = "disk full"  # what _process returns when the thumbnails did not fit
 
 
 class WorkerPool:
-    def __init__(self, svc: Services, storage: Storage, *, count: int | None = None,
-                 poll_seconds: float = SAFETY_POLL_SECONDS) -> None:
+    def __init__(self, svc: Services, *, count: int | None = None, poll_seconds: float = SAFETY_POLL_SECONDS
+                 ) -> None:
         self.svc = svc
-        self.storage = storage
+        self.storage = svc.storage
         self.count = count or svc.settings.worker_count
         self.poll_seconds = poll_seconds
         # Image work is CPU-bound and Pillow releases the GIL: one thread per worker.
         self.image_limiter = trio.CapacityLimiter(self.count)
-        self._wakeup = trio.Event()
-
-    def wake(self) -> None:
-        """Tell idle workers there is new work. Sync and non-blocking; call it after the commit."""
-        self._wakeup.set()
-        self._wakeup = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -61,7 +54,7 @@ class WorkerPool:
     async def _work(self, index: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            wakeup = self._wakeup  # taken before claiming, so a wake() during the claim is not lost
+            wakeup = self.svc.workers_bell.listen()  # before claiming, so a ring during the claim is not lost
             try:
                 busy = await self.process_one() or await self.refresh_stale_views(index)
             except InsufficientStorage:
@@ -109,7 +102,7 @@ class WorkerPool:
         if result is None:
             log.warning("photo %s: deleted, or its claim expired, before the result was saved; discarded", row["id"])
         else:
-            svc.wake_webhooks()
+            svc.webhooks_bell.ring()
         return True
 
     async def refresh_stale_views(self, index: int) -> bool:

@@ -16,6 +16,7 @@ from picpeak_lite.services import Services
 from picpeak_lite.web import errors
 from picpeak_lite.web.asgi import BackpressureHTTPConnection, BoundedRequest
 from picpeak_lite.web.auth import ADMIN_COOKIE, GUEST_COOKIE, services
+from picpeak_lite.web.limits import WebLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ def create_app(svc: Services) -> QuartTrio:
         static_url_path="/static",
     )
     app.extensions["picpeak"] = svc
+    app.extensions["picpeak_limits"] = WebLimits.for_settings(svc.settings, svc.monotonic)
     # Forms and JSON are read whole and limited to 16 MiB; upload bodies are streamed (BoundedBody.stream) and
     # counted by our own code. Quart's 60 s body timeout is wrong for a phone on a slow uplink sending 50 MB.
     app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024

@@ -20,6 +20,7 @@ from picpeak_lite.errors import Forbidden, Unauthorized
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import guests as guest_q
+from picpeak_lite.web.limits import WebLimits
 
 ADMIN_COOKIE = "pp_admin"
 GUEST_COOKIE = "pp_guest"
@@ -31,6 +32,11 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 def services() -> Services:
     return current_app.extensions["picpeak"]
+
+
+def limits() -> WebLimits:
+    """The app's throttles, rate limits and download limiters (``web/limits.py``)."""
+    return current_app.extensions["picpeak_limits"]
 
 
 @dataclass(frozen=True)

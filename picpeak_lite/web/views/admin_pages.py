@@ -21,7 +21,7 @@ from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.web import qr
-from picpeak_lite.web.auth import admin_page, check_origin, current_admin, services
+from picpeak_lite.web.auth import admin_page, check_origin, current_admin, limits, services
 from picpeak_lite.web.views.common import admin_image_url, client_ip, load_grid, read_filters, share_url
 
 EXPIRY_WARNING_DAYS = 7
@@ -44,13 +44,13 @@ async def login_submit() -> Any:
     form = await request.form
     next_url = _safe_next(form.get("next"))
     ip = client_ip()
-    async with svc.login_throttle.guard("admin", ip):
+    async with limits().login_throttle.guard("admin", ip):
         user = await svc.db.read(admin_q.get_user_by_name, form.get("username", "").strip())
         ok = await svc.verify_password(user["password_hash"] if user else None, form.get("password", ""))
         if not ok or user is None:
-            svc.login_throttle.failed("admin", ip)
+            limits().login_throttle.failed("admin", ip)
         else:
-            svc.login_throttle.succeeded("admin", ip)
+            limits().login_throttle.succeeded("admin", ip)
     if not ok or user is None:
         html = await render_template(
             "admin/login.html", next=next_url, error="Wrong user name or password.",

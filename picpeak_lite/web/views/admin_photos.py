@@ -107,7 +107,7 @@ async def retry_form(photo_id: int) -> Any:
         raise NotFound("There is no such photo.")
     if not await svc.db.write(photo_q.retry, photo_id):
         raise Conflict("Only a failed photo can be retried.")
-    svc.wake_workers()
+    svc.workers_bell.ring()
     return redirect(url_for("admin.gallery", gallery_id=photo["gallery_id"]) + "#photos")
 
 
@@ -154,5 +154,5 @@ async def delete_photos(gallery_id: int, ids: list[int]) -> int:
 
     keys = await svc.db.write(delete)
     await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
-    svc.wake_webhooks()
+    svc.webhooks_bell.ring()
     return len(keys)

@@ -96,7 +96,7 @@ async def save_watermark() -> Any:
         admin_settings.mark_changed_watermarks(conn, svc.settings, before)  # their view images are made again
 
     await svc.db.write(save)
-    svc.wake_workers()
+    svc.workers_bell.ring()
     return redirect(url_for("admin_settings.page", saved="watermark") + "#watermark")
 
 
@@ -194,7 +194,7 @@ async def test_webhook(endpoint_id: int) -> Any:
 
     if await svc.db.write(enqueue) is None:
         raise NotFound("There is no such webhook.")
-    svc.wake_webhooks()
+    svc.webhooks_bell.ring()
     return redirect(url_for("admin_settings.page", saved="test") + "#deliveries")
 
 

@@ -6,7 +6,7 @@ in single downloads and in zips alike; the others get the original bytes. Zips a
 (``zipstream``).
 
 A watermarked copy decodes the whole original (up to ``max_pixels``, hundreds of MB of pixels), so it is made
-once per photo and watermark, one at a time (``Services.watermark_limiter``), and kept on disk next to the
+once per photo and watermark, one at a time (``WebLimits.watermark_limiter``), and kept on disk next to the
 derivatives (``Storage.watermarked_path``); every later download of it, single or zipped, streams that file. The
 tag in its name is a hash of the watermark's parameters, so a changed watermark makes new copies (and
 ``Storage.write_watermarked`` removes the old ones).
@@ -33,7 +33,7 @@ from picpeak_lite.store.queries import listing
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import WATERMARK_TAG_CHARS
 from picpeak_lite.web import zipstream
-from picpeak_lite.web.auth import current_guest, services
+from picpeak_lite.web.auth import current_guest, limits, services
 from picpeak_lite.web.files import attachment_header, send_original, send_path
 from picpeak_lite.web.views.common import load_gallery
 
@@ -57,15 +57,17 @@ def watermark_tag(watermark: images.Watermark) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:WATERMARK_TAG_CHARS]
 
 
-async def watermarked_copy(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Path | bytes:
-    """The cached watermarked copy of a photo, made first if need be. Raises FileNotFoundError without an original.
+async def watermarked_copy(svc: Services, key: str, watermark: images.Watermark, tag: str,
+                           limiter: trio.CapacityLimiter) -> Path | bytes:
+    """The cached watermarked copy of a photo, made first if need be (at most ``limiter`` at once: the app's
+    ``WebLimits.watermark_limiter``). Raises FileNotFoundError without an original.
 
     Returns the bytes instead of a path only when the disk is too full to keep the copy.
     """
     cached = svc.storage.watermarked_path(key, tag)
     if cached.exists():
         return cached
-    return await trio.to_thread.run_sync(_make_watermarked, svc, key, watermark, tag, limiter=svc.watermark_limiter)
+    return await trio.to_thread.run_sync(_make_watermarked, svc, key, watermark, tag, limiter=limiter)
 
 
 def _make_watermarked(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Path | bytes:
@@ -98,7 +100,8 @@ async def photo(slug: str, photo_id: int) -> Response:
         response = await send_original(row)
     else:
         try:
-            made = await watermarked_copy(svc, row["storage_key"], watermark, watermark_tag(watermark))
+            made = await watermarked_copy(svc, row["storage_key"], watermark, watermark_tag(watermark),
+                                          limits().watermark_limiter)
         except FileNotFoundError:
             raise NotFound(photo_q.ORIGINAL_MISSING) from None
         if isinstance(made, Path):
@@ -138,9 +141,10 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
     watermark = await watermark_for(gallery)
     names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
                                   force_extension=".jpg" if watermark else None)
-    entries = _zip_entries(svc, rows, names, watermark)
+    entries = _zip_entries(svc, rows, names, watermark, limits().watermark_limiter)
     filename = _zip_name(gallery["name"], favourites_only)
-    response = Response(zipstream.stream_zip(entries, limiter=svc.download_limiter), mimetype="application/zip")
+    response = Response(zipstream.stream_zip(entries, limiter=limits().download_limiter),
+                        mimetype="application/zip")
     response.headers["Content-Disposition"] = (
         f"attachment; filename=\"{_ascii(filename)}\"; filename*=UTF-8''{quote(filename, safe='')}")
     response.headers["Content-Security-Policy"] = SANDBOX_CSP
@@ -150,8 +154,8 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
     return response
 
 
-def _zip_entries(svc: Services, rows: list[dict[str, Any]], names: list[str],
-                 watermark: images.Watermark | None) -> Iterator[zipstream.Entry]:
+def _zip_entries(svc: Services, rows: list[dict[str, Any]], names: list[str], watermark: images.Watermark | None,
+                 limiter: trio.CapacityLimiter) -> Iterator[zipstream.Entry]:
     """Made as the zip reaches each photo: a watermarked copy that is cached by then is streamed from disk."""
     storage = svc.storage
     tag = watermark_tag(watermark) if watermark is not None else ""
@@ -164,14 +168,15 @@ def _zip_entries(svc: Services, rows: list[dict[str, Any]], names: list[str],
             yield zipstream.Entry(name=name, path=storage.watermarked_path(key, tag), date_time=date_time)
         else:
             yield zipstream.Entry(name=name, path=storage.original_path(key), date_time=date_time,
-                                  render=_cached_renderer(svc, key, watermark, tag))
+                                  render=_cached_renderer(svc, key, watermark, tag, limiter))
 
 
-def _cached_renderer(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Any:
+def _cached_renderer(svc: Services, key: str, watermark: images.Watermark, tag: str,
+                     limiter: trio.CapacityLimiter) -> Any:
     """Runs in the zip's worker thread: has the event loop make the copy the way a single download does (same
     limiter, same cache), then reads it."""
     def render() -> bytes:
-        made = trio.from_thread.run(watermarked_copy, svc, key, watermark, tag)
+        made = trio.from_thread.run(watermarked_copy, svc, key, watermark, tag, limiter)
         return made.read_bytes() if isinstance(made, Path) else made
 
     return render

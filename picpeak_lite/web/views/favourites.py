@@ -18,7 +18,7 @@ from picpeak_lite.errors import BadRequest
 from picpeak_lite.pipeline.intake import clean_guest_name
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
-from picpeak_lite.web.auth import check_guest_state_change, current_guest, services
+from picpeak_lite.web.auth import check_guest_state_change, current_guest, limits, services
 from picpeak_lite.web.views.common import load_gallery
 
 blueprint = Blueprint("favourites", __name__)
@@ -29,7 +29,7 @@ async def _guest_change(slug: str) -> tuple[dict[str, Any], Any]:
     guest = await current_guest(create=False)
     await check_guest_state_change(guest)
     assert guest is not None
-    services().guest_rate_limit.take(guest.id)
+    limits().guest_rate_limit.take(guest.id)
     return gallery, guest
 
 

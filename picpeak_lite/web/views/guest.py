@@ -16,7 +16,7 @@ from picpeak_lite.errors import BadRequest, Forbidden
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import listing
-from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, services
+from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, limits, services
 from picpeak_lite.web.views.common import base_url, client_ip, load_gallery
 
 blueprint = Blueprint("guest", __name__)
@@ -162,12 +162,12 @@ async def password_submit(slug: str) -> Any:
     ip = client_ip()
     target = f"gallery:{row['id']}"
     form = await request.form
-    async with svc.gallery_throttle.guard(target, ip):
+    async with limits().gallery_throttle.guard(target, ip):
         ok = await svc.verify_password(row["password_hash"], form.get("password", ""))
         if ok:
-            svc.gallery_throttle.succeeded(target, ip)
+            limits().gallery_throttle.succeeded(target, ip)
         else:
-            svc.gallery_throttle.failed(target, ip)
+            limits().gallery_throttle.failed(target, ip)
     if not ok:
         raise access.PasswordRequired(row, wrong_password=True)
     await svc.db.write(guest_q.grant_access, guest.id, row["id"], row["password_version"], svc.clock())

@@ -78,7 +78,7 @@ async def retry(photo_id: int) -> dict[str, Any]:
         raise NotFound("There is no such photo.")
     if not result:
         raise Conflict("Only a failed photo can be retried.")
-    svc.wake_workers()
+    svc.workers_bell.ring()
     return {"id": photo_id, "status": "pending"}
 
 
@@ -97,7 +97,7 @@ async def delete_photo(photo_id: int) -> None:
     if row is None:
         raise NotFound("There is no such photo.")
     await trio.to_thread.run_sync(svc.storage.remove_photo_files, row["storage_key"])
-    svc.wake_webhooks()
+    svc.webhooks_bell.ring()
 
 
 @blueprint.get("/api/admin/photos/<int:photo_id>/<any(grid, view, original):kind>")

@@ -58,7 +58,7 @@ from picpeak_lite.pipeline.intake import FileSink, Intake, Limits, clean_guest_n
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
-from picpeak_lite.web.auth import admin_api, check_origin, current_admin, current_guest, services
+from picpeak_lite.web.auth import admin_api, check_origin, current_admin, current_guest, limits, services
 from picpeak_lite.web.views.common import client_ip
 
 blueprint = Blueprint("upload", __name__)
@@ -127,13 +127,13 @@ async def guest_upload(slug: str) -> Any:
     sent = request.headers.get("X-CSRF-Token")
     if sent is not None and not security.tokens_equal(sent, guest.csrf_token):
         raise Forbidden(CSRF_MESSAGE)
-    limits, ip = svc.guest_upload_limits, client_ip()
-    limits.take(guest.id, ip)
+    budgets, ip = limits().guest_upload_limits, client_ip()
+    budgets.take(guest.id, ip)
     authorize = functools.partial(_guest_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
     return await _upload(
         authorize, Limits.guest(svc.settings), uploaded_by="guest", guest_session_id=guest.id,
         default_name=guest.name, form_csrf=None if sent is not None else guest.csrf_token,
-        on_accepted=lambda size: limits.charge_bytes(guest.id, ip, size),
+        on_accepted=lambda size: budgets.charge_bytes(guest.id, ip, size),
     )
 
 
@@ -188,7 +188,7 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
             await _drop_rest(request.body, limits.max_request_bytes)
         raise
     if intake.upload_id is not None:
-        svc.wake_workers()
+        svc.workers_bell.ring()
     if on_accepted is not None:
         on_accepted(sum(e.size for e in intake.accepted()))
     if not intake.accepted():
