@@ -19,6 +19,7 @@ from picpeak_lite.events.bell import Bell
 from picpeak_lite.events.broker import Broker, Change
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import changes as change_q
+from picpeak_lite.store.queries.photos import PhotoStatus
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class ChangeFeed:
                 change = Change.from_row(row)
                 self.broker.publish(change)
                 self.last_seq = change.seq
-                wake_workers |= change.status == "pending"
+                wake_workers |= change.status == PhotoStatus.PENDING
             published += len(rows)
             if wake_workers:
                 # New work from another process (an import, a retry in the worker process): start at once.

@@ -34,6 +34,7 @@ from picpeak_lite.errors import ConfigError
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import DERIVATIVES, Storage, file_sha256, fsync_dir, fsync_file, remove_quietly
 
 Progress = Callable[[int, int, str], None]
@@ -160,7 +161,7 @@ def _copy_files(storage: Storage, dest: Path, rows: list[dict[str, Any]], previo
         if entry["sha256"] != row["sha256"]:
             summary.sha_mismatch.append(row["id"])
         files.append({**entry, "kind": "original", "key": key, "photo_id": row["id"]})
-        if row["status"] != "complete":
+        if row["status"] != PhotoStatus.COMPLETE:
             continue
         for kind in DERIVATIVES:
             derived = _copy_one(storage.derived_path(key, kind), dest, storage.root, previous, summary)

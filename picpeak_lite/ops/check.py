@@ -32,6 +32,7 @@ from picpeak_lite.pipeline import transitions
 from picpeak_lite.pipeline.janitor import remove_orphans
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import DERIVATIVES, Storage, file_sha256
 
 Progress = Callable[[int, int, str], None]
@@ -93,7 +94,7 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
                 progress(done, len(rows), row["display_name"])
             path = storage.original_path(row["storage_key"])
             if not path.exists():
-                if row["status"] == "failed":
+                if row["status"] == PhotoStatus.FAILED:
                     report.failed_missing += 1
                 else:
                     suspects["missing"].append(row["id"])
@@ -101,7 +102,7 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
             report.originals_checked += 1
             if file_sha256(path) != row["sha256"]:
                 suspects["sha"].append(row["id"])
-            if row["status"] == "complete" and not all(
+            if row["status"] == PhotoStatus.COMPLETE and not all(
                     storage.derived_path(row["storage_key"], kind).exists() for kind in DERIVATIVES):
                 suspects["derived"].append(row["id"])
         # Files are listed after the rows were read: a file whose row commits after that is young.
@@ -124,13 +125,13 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
             live_keys = {r["storage_key"] for r in current.values()}
         for photo_id in suspects["missing"]:
             found = current.get(photo_id)
-            if found is not None and found["status"] != "failed" and not storage.original_path(
+            if found is not None and found["status"] != PhotoStatus.FAILED and not storage.original_path(
                     found["storage_key"]).exists():
                 report.missing_original.append(photo_id)
         report.sha_mismatch = [i for i in suspects["sha"] if i in current]
         for photo_id in suspects["derived"]:
             found = current.get(photo_id)
-            if found is not None and found["status"] == "complete" and not all(
+            if found is not None and found["status"] == PhotoStatus.COMPLETE and not all(
                     storage.derived_path(found["storage_key"], kind).exists() for kind in DERIVATIVES):
                 report.missing_derivatives.append(photo_id)
         report.orphans = sorted(p for key, paths in orphan_keys.items() if key not in live_keys for p in paths)

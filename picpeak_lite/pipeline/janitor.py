@@ -23,6 +23,7 @@ from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -100,8 +101,8 @@ class Janitor:
         return candidates
 
     def _rows_missing_original(self, rows: list[dict[str, Any]]) -> list[int]:
-        return [r["id"] for r in rows
-                if r["status"] != "failed" and not os.path.exists(self.storage.original_path(r["storage_key"]))]
+        return [r["id"] for r in rows if r["status"] != PhotoStatus.FAILED
+                and not os.path.exists(self.storage.original_path(r["storage_key"]))]
 
 
 def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[str]:

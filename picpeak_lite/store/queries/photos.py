@@ -6,11 +6,24 @@ The claim (how a worker takes a pending photo, and the token-guarded writes that
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from picpeak_lite.store.db import Connection, Row
+
+
+class PhotoStatus(StrEnum):
+    """A photo's ``status`` column: ``pending -> processing -> complete | failed``. The values are the stored
+    strings (and those of the status JSON), so a row's plain ``str`` compares equal to its member."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
 
 MAX_ERROR_LENGTH = 1000
 ORIGINAL_MISSING = "The original file is missing from storage."  # the reason a photo without its file fails
-TERMINAL = ("complete", "failed")
+TERMINAL = (PhotoStatus.COMPLETE, PhotoStatus.FAILED)
 
 # The SQL condition for a photo a guest may see; used by every query that lists photos for guests. Here rather
 # than in ``access`` (which re-exports it) so that ``access`` can call these functions without an import cycle.

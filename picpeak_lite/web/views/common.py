@@ -15,6 +15,7 @@ from picpeak_lite.domain import access
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.web.auth import current_guest, services
 
 
@@ -100,7 +101,7 @@ def upload_status(snapshot: UploadSnapshot, image_url: ImageUrl) -> dict[str, An
 
 
 def photo_status(photo: Row, image_url: ImageUrl) -> dict[str, Any]:
-    complete = photo["status"] == "complete"
+    complete = photo["status"] == PhotoStatus.COMPLETE
     return {
         "id": photo["id"],
         "filename": photo["display_name"],

@@ -34,6 +34,7 @@ from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import changes as change_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.web.auth import (
     ADMIN_COOKIE,
     GUEST_COOKIE,
@@ -233,14 +234,14 @@ def _image_url(viewer: Viewer, slug: str) -> Callable[[int, str], str]:
 
 
 def _delta(change: Change, image_url: Callable[[int, str], str]) -> dict[str, Any]:
-    complete = change.status == "complete"
+    complete = change.status == PhotoStatus.COMPLETE
     return {
         "type": "photo",
         "seq": change.seq,
         "id": change.photo_id,
         "status": change.status,
         "hidden": change.hidden,
-        "error": change.error if change.status == "failed" else None,
+        "error": change.error if change.status == PhotoStatus.FAILED else None,
         "filename": change.filename,
         "width": change.width,
         "height": change.height,
@@ -334,7 +335,7 @@ def _gallery_delta(change: Change, viewer: Viewer, image_url: Callable[[int, str
     """Admins see every change; guests only photos becoming visible or going away."""
     if viewer.is_admin:
         return _delta(change, image_url)
-    if change.status == "complete" and not change.hidden:
+    if change.status == PhotoStatus.COMPLETE and not change.hidden:
         # Not the file name: it may be another guest's, and the guest listing does not show names either.
         return {**_delta(change, image_url), "filename": None}
     if change.status == "deleted" or change.hidden:

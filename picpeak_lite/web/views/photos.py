@@ -16,6 +16,7 @@ from picpeak_lite.domain import access
 from picpeak_lite.errors import Conflict, NotFound, NotReady, Unprocessable
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.web.auth import admin_api, current_guest, services
 from picpeak_lite.web.files import send_original, send_path
 from picpeak_lite.web.views.common import admin_image_url, guest_image_url, load_gallery, read_upload, upload_status
@@ -79,7 +80,7 @@ async def retry(photo_id: int) -> dict[str, Any]:
     if not result:
         raise Conflict("Only a failed photo can be retried.")
     svc.workers_bell.ring()
-    return {"id": photo_id, "status": "pending"}
+    return {"id": photo_id, "status": PhotoStatus.PENDING}
 
 
 @blueprint.delete("/api/admin/photos/<int:photo_id>")
@@ -119,9 +120,9 @@ async def guest_image(slug: str, photo_id: int, kind: str) -> Response:
 
 
 async def send_derivative(photo: dict[str, Any], kind: str) -> Response:
-    if photo["status"] in ("pending", "processing"):
+    if photo["status"] in (PhotoStatus.PENDING, PhotoStatus.PROCESSING):
         raise NotReady("This photo is still being processed.", retry_after=5)
-    if photo["status"] == "failed":
+    if photo["status"] == PhotoStatus.FAILED:
         raise Unprocessable(photo["error"] or "This photo could not be processed.")
     path = services().storage.derived_path(photo["storage_key"], kind)
     if not path.exists():
