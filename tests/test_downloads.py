@@ -22,7 +22,8 @@ from picpeak_lite.web import zipstream
 
 from . import imagefactory
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
-from .test_guest_pages import add_photo, guest_csrf, published
+from .factories import add_photo, gallery_row, published
+from .test_guest_pages import guest_csrf
 
 
 async def test_single_download_is_the_original_with_safe_headers(guest: Any, admin: AuthActions,
@@ -137,9 +138,7 @@ async def test_zip_streams_from_the_real_server(tmp_path: Any) -> None:
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
     svc = Services(settings=settings, db=Database(settings.database_path))
     try:
-        gallery_id = await svc.db.write(lambda conn: conn.execute(
-            "INSERT INTO galleries (slug, share_token, name, is_draft, created_at, updated_at) "
-            "VALUES ('big-zip', ?, 'Big', 0, 0, 0) RETURNING id", ("b" * 32,)).fetchall()[0]["id"])
+        gallery_id = await svc.db.write(lambda conn: gallery_row(conn, "Big", slug="big-zip", share_token="b" * 32))
         blobs = [imagefactory.save(imagefactory.photo(900, 700, seed=i), "jpeg", quality=98) for i in range(8)]
         for i, blob in enumerate(blobs):
             add_photo(svc, gallery_id, name=f"IMG_{i}.jpg", data=blob, taken_at=f"2024-06-20T10:0{i}:00")

@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from PIL import Image
 
 from picpeak_lite import security, server
 from picpeak_lite.media import images
@@ -27,6 +26,7 @@ from picpeak_lite.web import ratelimit
 
 from . import imagefactory
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
+from .factories import gallery_row, jpeg, png, published, tiny_png, webp
 
 BOUNDARY = "----picpeak-test-7f3a"
 GUEST_FILE_MB = 1
@@ -36,24 +36,6 @@ GUEST_FILE_MB = 1
 def settings(tmp_path: Path) -> Any:
     # Small guest limits so that "too large" and "too many" cost a megabyte or two, not fifty.
     return make_settings(tmp_path, guest_max_file_mb=GUEST_FILE_MB, guest_max_files=4, admin_max_files=6)
-
-
-def jpeg(seed: int = 0, size: tuple[int, int] = (64, 48)) -> bytes:
-    return imagefactory.save(imagefactory.photo(*size, seed=seed), "jpeg")
-
-
-def png(size: tuple[int, int] = (40, 30), seed: int = 1) -> bytes:
-    return imagefactory.save(imagefactory.photo(*size, seed=seed), "png")
-
-
-def webp() -> bytes:
-    return imagefactory.save(imagefactory.photo(50, 50, seed=2), "webp")
-
-
-def tiny_png() -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (8, 8), "red").save(out, "PNG")
-    return out.getvalue()
 
 
 def multipart(files: list[tuple[str, bytes]], fields: list[tuple[str, str]] = (), *,  # type: ignore[assignment]
@@ -78,12 +60,6 @@ async def admin_upload(admin: AuthActions, gallery_id: int, files: list[tuple[st
     body, headers = multipart(files, **kw)
     return await admin.client.post(f"/api/admin/galleries/{gallery_id}/upload", data=body,
                                    headers={**headers, **admin.headers()})
-
-
-async def published(admin: AuthActions, **fields: Any) -> dict[str, Any]:
-    gallery = await admin.create_gallery(**fields)
-    response = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
-    return await response.get_json()
 
 
 async def start_guest_session(services: Any, client: Any) -> str:
@@ -376,8 +352,7 @@ async def _serve(settings: Any, nursery: trio.Nursery) -> tuple[Any, str]:
     conn = db.connect(settings.database_path)
     with db.transaction(conn):
         value = bootstrap.create_api_token(conn, "test", time.time())
-        conn.execute("INSERT INTO galleries (slug, share_token, name, is_draft, created_at, updated_at) "
-                     "VALUES ('g', 'share', 'G', 0, 0, 0)")
+        gallery_row(conn, "G", slug="g", share_token="share")
     conn.close()
     running = await nursery.start(server.run, settings)
     return running, value
