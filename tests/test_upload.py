@@ -3,10 +3,12 @@ for what only a socket can show (Connection: close, the next request, a client t
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import io
+import os
 import re
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +21,18 @@ from picpeak_lite.media import images
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline import intake
 from picpeak_lite.pipeline.intake import clean_filename, clean_guest_name
+from picpeak_lite.services import Services
 from picpeak_lite.store import db
+from picpeak_lite.store.db import Database
 from picpeak_lite.store.queries import guests as guest_q
-from picpeak_lite.store.storage import Storage
+from picpeak_lite.store.storage import RESERVE_MAX_BYTES, RESERVE_SHARE, Storage
 from picpeak_lite.web import ratelimit
+from picpeak_lite.web.app import create_app
 
 from . import imagefactory
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
 from .factories import gallery_row, jpeg, png, published, tiny_png, webp
+from .harness import tmpfs
 
 BOUNDARY = "----picpeak-test-7f3a"
 GUEST_FILE_MB = 1
@@ -309,20 +315,61 @@ async def test_an_upload_asks_for_a_memory_trim(admin: AuthActions, services: An
     assert response.status_code == 202 and services.trimmer.due  # see memory.py
 
 
-async def test_disk_full_is_507_and_leaves_nothing(admin: AuthActions, services: Any, settings: Any,
-                                                  monkeypatch: Any) -> None:
-    gallery = await admin.create_gallery()
-    services.storage.create_dirs()
+@contextlib.asynccontextmanager
+async def admin_on(tmp_path: Path, data_dir: Path) -> AsyncIterator[tuple[AuthActions, Services]]:
+    """The real app over a data directory of the test's choosing (here: on a small tmpfs), admin logged in."""
+    settings = make_settings(tmp_path, data_dir=str(data_dir))
+    bootstrap.prepare(settings)
+    bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
+    database = Database(settings.database_path)
+    svc = Services(settings=settings, db=database)
+    try:
+        admin = AuthActions(create_app(svc).test_client())
+        assert (await admin.login()).status_code == 302
+        yield admin, svc
+    finally:
+        database.close()
 
-    class FullDisk(io.FileIO):
-        def write(self, data: Any) -> int:
-            super().write(bytes(data[:10]))  # a partial temp file exists when the disk fills up
-            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(intake, "_create", lambda storage, path: FullDisk(path, "xb"))
-    response = await admin_upload(admin, gallery["id"], [("a.jpg", jpeg())])
-    assert response.status_code == 507 and "disk is full" in (await response.get_json())["error"]
-    assert temp_files(settings) == [] and originals(settings) == []
+def free_bytes(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+async def test_disk_full_mid_file_is_507_and_leaves_nothing(tmp_path: Path) -> None:
+    """The disk fills while a file is being written: the first batches fit, a later one does not. The answer is
+    507 and the partial temp file is gone. (A real 8 MB tmpfs, filled up to 1 MB above the reserve.)"""
+    with tmpfs(tmp_path / "disk", 8, why="the in-process disk-full test") as disk:
+        async with admin_on(tmp_path, disk / "data") as (admin, svc):
+            gallery = await admin.create_gallery()
+            svc.storage.create_dirs()
+            stat = os.statvfs(disk)
+            reserve = min(RESERVE_MAX_BYTES, int(stat.f_blocks * stat.f_frsize * RESERVE_SHARE))
+            with open(disk / "filler", "wb") as filler:
+                filler.write(bytes(free_bytes(disk) - reserve - (1 << 20)))
+            big = jpeg() + bytes(3 << 20)  # several write batches: the first ones fit, then the disk is full
+            assert intake.WRITE_BATCH * 2 < free_bytes(disk) - reserve < len(big)
+            response = await admin_upload(admin, gallery["id"], [("a.jpg", big)])
+            assert response.status_code == 507 and "disk is full" in (await response.get_json())["error"]
+            assert temp_files(svc.settings) == [] and originals(svc.settings) == []
+
+
+async def test_no_room_for_a_new_file_is_507_and_leaves_nothing(tmp_path: Path) -> None:
+    """The kernel itself says ENOSPC (no inode left for the temp file, though bytes are free): 507 too."""
+    with tmpfs(tmp_path / "disk", 8, inodes=64, why="the in-process disk-full test") as disk:
+        async with admin_on(tmp_path, disk / "data") as (admin, svc):
+            gallery = await admin.create_gallery()
+            svc.storage.create_dirs()
+            (disk / "fill").mkdir()
+            for n in range(10_000):
+                try:
+                    (disk / "fill" / str(n)).touch()
+                except OSError as error:
+                    assert error.errno == errno.ENOSPC
+                    break
+            response = await admin_upload(admin, gallery["id"], [("a.jpg", jpeg())])
+            assert response.status_code == 507 and "disk is full" in (await response.get_json())["error"]
+            assert temp_files(svc.settings) == [] and originals(svc.settings) == []
 
 
 # The real server --------------------------------------------------------------------------------------------
