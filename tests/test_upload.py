@@ -474,18 +474,24 @@ class _Clock:
         return self.now
 
 
+def _small_budgets(clock: _Clock, **budgets: tuple[float, float]) -> ratelimit.GuestUploadLimits:
+    """The app's guest upload budgets with some of its buckets made small: (burst, refill per second) by the
+    bucket's name. The buckets are the limits object's public parts; no module constant is patched."""
+    limits = ratelimit.GuestUploadLimits(clock)
+    for name, (burst, per_second) in budgets.items():
+        setattr(limits, name, ratelimit.RateLimit(burst, per_second, clock=clock, message=ratelimit.UPLOAD_SLOW_DOWN))
+    return limits
+
+
 async def _guest_upload(guest: Any, slug: str, csrf: str, files: list[tuple[str, bytes]]) -> Any:
     body, headers = multipart(files)
     return await guest.post(f"/api/g/{slug}/upload", data=body, headers={**headers, "X-CSRF-Token": csrf})
 
 
 async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin: AuthActions, guest: Any,
-                                                                services: Any, settings: Any,
-                                                                monkeypatch: Any) -> None:
-    monkeypatch.setattr(ratelimit, "GUEST_UPLOADS_PER_SESSION", (3, 0.01))
-    monkeypatch.setattr(ratelimit, "GUEST_UPLOADS_PER_IP", (4, 0.01))
+                                                                services: Any, settings: Any) -> None:
     clock = services.monotonic = _Clock()
-    services.guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # the budgets are read when it is made
+    services.guest_upload_limits = _small_budgets(clock, per_session=(3, 0.01), per_ip=(4, 0.01))
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
     for i in range(3):
@@ -507,11 +513,9 @@ async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin:
     assert (await admin_upload(admin, gallery["id"], [("6.jpg", jpeg(6))])).status_code == 202
 
 
-async def test_guest_uploads_have_a_byte_budget(admin: AuthActions, guest: Any, services: Any,
-                                                monkeypatch: Any) -> None:
-    monkeypatch.setattr(ratelimit, "GUEST_BYTES_PER_SESSION", (10_000, 100.0))
+async def test_guest_uploads_have_a_byte_budget(admin: AuthActions, guest: Any, services: Any) -> None:
     clock = services.monotonic = _Clock()
-    services.guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # the budgets are read when it is made
+    services.guest_upload_limits = _small_budgets(clock, bytes_per_session=(10_000, 100.0))
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
     big = imagefactory.save(imagefactory.photo(200, 150, seed=1), "png")  # noisy pixels: tens of KB
