@@ -5,6 +5,7 @@
 * :class:`WebhookReceiver`: an HTTP server on 127.0.0.1 (in a thread) that checks signatures and counts
   deliveries per event, so that a test can see an event delivered under two ids.
 * :func:`multipart` builds an upload body; :func:`unique_jpeg` makes distinct photos cheaply.
+* :func:`tmpfs` mounts a small real file system (root only), for tests that need a disk that really fills.
 * :func:`figures` prints a suite's one line of figures where CI shows it, and appends it to
   ``test-artifacts/figures.txt``.
 
@@ -14,6 +15,7 @@ Nothing here talks to anything but 127.0.0.1.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import hmac
 import json
@@ -26,11 +28,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from picpeak_lite.store import db
 
@@ -252,6 +256,26 @@ def file_sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+# --- a disk that really fills ----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def tmpfs(mount: Path, size_mb: int, *, inodes: int | None = None, why: str = "") -> Iterator[Path]:
+    """A ``size_mb`` tmpfs (and at most ``inodes`` files, if given) mounted at ``mount``: a real full disk,
+    with the kernel's own ENOSPC, instead of a patched write. Needs root; the test is skipped otherwise."""
+    if os.geteuid() != 0:
+        pytest.skip(f"{why or 'this test'} mounts a {size_mb} MB tmpfs and needs root; run it as root to include it")
+    mount.mkdir(parents=True, exist_ok=True)
+    options = f"size={size_mb}m" + (f",nr_inodes={inodes}" if inodes is not None else "")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=False)
 
 
 # --- the data directory, read as the operator's tools would ------------------------------------------------

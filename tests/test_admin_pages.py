@@ -15,13 +15,10 @@ from picpeak_lite.store import db
 from picpeak_lite.store.queries import webhooks as webhook_q
 from picpeak_lite.web import qr
 
-from . import imagefactory
 from .conftest import AuthActions, sql
-from .test_pipeline import run_pool_until_idle, stage_photo
+from .factories import jpeg, run_pool_until_idle, stage_photo
 
-
-def jpeg(seed: int, size: tuple[int, int] = (320, 240)) -> bytes:
-    return imagefactory.save(imagefactory.photo(*size, seed=seed), "jpeg")
+SIZE = (320, 240)  # the admin pages' photos: big enough for a real thumb
 
 
 @pytest.fixture
@@ -31,14 +28,14 @@ async def filled(admin: AuthActions, services: Any) -> dict[str, Any]:
     gallery = await admin.create_gallery(name="Anna & Ben", allow_guest_uploads=True)
     gid = gallery["id"]
     await admin.client.post(f"/api/admin/galleries/{gid}/publish", headers=admin.headers())
-    good1, upload = stage_photo(services, gid, jpeg(1), name="first.jpg")
-    good2, _ = stage_photo(services, gid, jpeg(2), name="second.jpg", upload_id=upload)
-    broken, _ = stage_photo(services, gid, jpeg(3)[:2000], name="broken.jpg", upload_id=upload)
-    guest_photo, _ = stage_photo(services, gid, jpeg(4), name="guest.jpg")
+    good1, upload = stage_photo(services, gid, jpeg(1, SIZE), name="first.jpg")
+    good2, _ = stage_photo(services, gid, jpeg(2, SIZE), name="second.jpg", upload_id=upload)
+    broken, _ = stage_photo(services, gid, jpeg(3, SIZE)[:2000], name="broken.jpg", upload_id=upload)
+    guest_photo, _ = stage_photo(services, gid, jpeg(4, SIZE), name="guest.jpg")
     other = await admin.create_gallery(name="Other")
-    foreign, _ = stage_photo(services, other["id"], jpeg(5), name="foreign.jpg")
+    foreign, _ = stage_photo(services, other["id"], jpeg(5, SIZE), name="foreign.jpg")
     await run_pool_until_idle(services)
-    waiting, _ = stage_photo(services, gid, jpeg(6), name="waiting.jpg")
+    waiting, _ = stage_photo(services, gid, jpeg(6, SIZE), name="waiting.jpg")
     now = time.time()
     sql(services, "UPDATE photos SET uploaded_by = 'guest', guest_name = 'Carla' WHERE id = ?", guest_photo)
     sql(services, "INSERT INTO guest_sessions (token_hash, csrf_token, guest_name, created_at, last_seen_at) "

@@ -22,7 +22,7 @@ from picpeak_lite.store.queries import webhooks as webhook_q
 
 from . import imagefactory
 from .conftest import AuthActions, make_settings, sql
-from .test_pipeline import run_pool_until_idle, stage_photo
+from .factories import gallery_row, run_pool_until_idle, stage_photo
 from .test_webhooks import Receiver
 
 
@@ -230,9 +230,8 @@ async def test_worker_watermarks_with_the_saved_settings(services: Any) -> None:
         with db.transaction(conn):
             ids = []
             for watermark in (0, 1):
-                conn.execute("INSERT INTO galleries (slug, share_token, name, watermark, created_at, updated_at) "
-                             "VALUES (?, ?, 'G', ?, 0, 0)", (f"g{watermark}", f"{watermark:032d}", watermark))
-                ids.append(conn.last_insert_rowid())
+                ids.append(gallery_row(conn, "G", slug=f"g{watermark}", share_token=f"{watermark:032d}",
+                                       watermark=watermark, draft=True))
             admin_settings.save(conn, {"watermark_text": "PROOF", "watermark_position": "top-left",
                                      "watermark_opacity": 1.0, "watermark_size": 0.6})
     finally:

@@ -20,8 +20,8 @@ from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import photos as photo_q
 
 from .conftest import make_settings
+from .factories import create_gallery, photo_jpeg, run_pool_until_idle, stage_photo
 from .harness import cli, file_sha256, query
-from .test_pipeline import create_gallery, jpeg, run_pool_until_idle, stage_photo
 
 
 async def filled_data_dir(tmp_path: Path, photos: int = 3) -> tuple[Services, list[int]]:
@@ -29,7 +29,7 @@ async def filled_data_dir(tmp_path: Path, photos: int = 3) -> tuple[Services, li
     bootstrap.prepare(settings)
     svc = Services(settings=settings, db=db.Database(settings.database_path))
     gid = await svc.db.write(create_gallery)
-    ids = [stage_photo(svc, gid, jpeg(i), name=f"p{i}.jpg")[0] for i in range(photos)]
+    ids = [stage_photo(svc, gid, photo_jpeg(i), name=f"p{i}.jpg")[0] for i in range(photos)]
     await run_pool_until_idle(svc, count=1)
     return svc, ids
 
@@ -38,7 +38,7 @@ async def test_backup_copies_everything_with_a_manifest_and_restores(tmp_path: P
     svc, ids = await filled_data_dir(tmp_path)
     data = svc.settings.data_path
     # One photo is mid-processing when the backup is taken: the copy hands it back to pending.
-    late = stage_photo(svc, 1, jpeg(9), name="late.jpg")[0]
+    late = stage_photo(svc, 1, photo_jpeg(9), name="late.jpg")[0]
     await svc.db.write(claims.claim_next, "t" * 32, 0.0, 3600.0)
     target = tmp_path / "backup"
     done = cli("backup", str(target), "--data-dir", str(data))

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from picpeak_lite.store.storage import new_key
 
+from .factories import run_pool_until_idle
 from .harness import cli, query
 from .test_backup import filled_data_dir
-from .test_pipeline import run_pool_until_idle
 
 
 def counts(stdout: str) -> dict[str, str]:

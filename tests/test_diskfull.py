@@ -8,8 +8,6 @@ uploads are accepted again by the same process; the admin dashboard shows the lo
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from .harness import (
     query,
     sha256,
     temp_files,
+    tmpfs,
     unique_jpeg,
     write_config,
 )
@@ -44,18 +43,8 @@ BIG_REQUEST_MB = 24  # more than loopback's socket buffers take in
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("the disk-full suite mounts a 16 MB tmpfs and needs root; run it as root to include it")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", DISK_MB, why="the disk-full suite") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount)], check=False)
 
 
 def rows_without_original(data_dir: Path) -> list[int]:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import io
-import threading
-import time
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +13,6 @@ from PIL import Image
 
 from picpeak_lite import server
 from picpeak_lite.domain import admin_settings
-from picpeak_lite.media import images
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
@@ -22,7 +20,8 @@ from picpeak_lite.web import zipstream
 
 from . import imagefactory
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
-from .test_guest_pages import add_photo, guest_csrf, published
+from .factories import add_photo, gallery_row, published
+from .test_guest_pages import guest_csrf
 
 
 async def test_single_download_is_the_original_with_safe_headers(guest: Any, admin: AuthActions,
@@ -137,9 +136,7 @@ async def test_zip_streams_from_the_real_server(tmp_path: Any) -> None:
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
     svc = Services(settings=settings, db=Database(settings.database_path))
     try:
-        gallery_id = await svc.db.write(lambda conn: conn.execute(
-            "INSERT INTO galleries (slug, share_token, name, is_draft, created_at, updated_at) "
-            "VALUES ('big-zip', ?, 'Big', 0, 0, 0) RETURNING id", ("b" * 32,)).fetchall()[0]["id"])
+        gallery_id = await svc.db.write(lambda conn: gallery_row(conn, "Big", slug="big-zip", share_token="b" * 32))
         blobs = [imagefactory.save(imagefactory.photo(900, 700, seed=i), "jpeg", quality=98) for i in range(8)]
         for i, blob in enumerate(blobs):
             add_photo(svc, gallery_id, name=f"IMG_{i}.jpg", data=blob, taken_at=f"2024-06-20T10:0{i}:00")
@@ -165,41 +162,31 @@ async def _storage_keys(services: Services) -> list[str]:
     return [r["storage_key"] for r in rows]
 
 
-def _count_watermarking(monkeypatch: Any) -> dict[str, int]:
-    """Counts full decodes for watermarking, and the most that ran at once."""
-    real = images.apply_watermark
-    stats = {"calls": 0, "running": 0, "most": 0}
-    lock = threading.Lock()
-
-    def counted(*args: Any, **kwargs: Any) -> bytes:
-        with lock:
-            stats["calls"] += 1
-            stats["running"] += 1
-            stats["most"] = max(stats["most"], stats["running"])
-        try:
-            time.sleep(0.05)  # long enough for concurrent requests to overlap
-            return real(*args, **kwargs)
-        finally:
-            with lock:
-                stats["running"] -= 1
-
-    monkeypatch.setattr(images, "apply_watermark", counted)
-    return stats
+def _watermarked(services: Services, keys: list[str]) -> dict[str, tuple[Path, int]]:
+    """Each key's cached watermarked copy and its inode. A copy is written to a temp file and renamed over the
+    old one, so the inode changes exactly when the original was decoded and watermarked again: the tests count
+    the real work by what it leaves on disk, not by patching the function that does it."""
+    found = {}
+    for key in keys:
+        for path in services.storage.root.glob(f"derived/{key[:2]}/{key}.wm-*.jpg"):
+            assert key not in found, f"two watermarked copies of {key}"
+            found[key] = (path, path.stat().st_ino)
+    return found
 
 
 async def test_watermarked_download_is_made_once_and_cached_on_disk(guest: Any, admin: AuthActions,
-                                                                    services: Services, monkeypatch: Any) -> None:
-    stats = _count_watermarking(monkeypatch)
+                                                                    services: Services) -> None:
     gallery = await published(admin, name="Marked", watermark=True)
     photo = add_photo(services, gallery["id"], data=imagefactory.save(imagefactory.photo(300, 200), "jpeg"))
     url = f"/g/{gallery['slug']}/photos/{photo}/download"
     first = await guest.get(url)
+    [key] = await _storage_keys(services)
+    made = _watermarked(services, [key])
     second = await guest.get(url)
     assert first.status_code == second.status_code == 200
     assert await first.get_data() == await second.get_data()
-    assert stats["calls"] == 1, "the second download decoded the original again"
-    [key] = await _storage_keys(services)
-    [cached] = services.storage.root.glob(f"derived/{key[:2]}/{key}.wm-*.jpg")
+    assert _watermarked(services, [key]) == made, "the second download decoded the original again"
+    [(cached, _)] = made.values()
     assert cached.read_bytes() == await second.get_data()
     # The reconciler sees the cached copy as one of the key's files, and deleting the photo removes it.
     assert (key, cached) in [(k, p) for k, p, _ in services.storage.iter_derived()]
@@ -208,51 +195,61 @@ async def test_watermarked_download_is_made_once_and_cached_on_disk(guest: Any, 
 
 
 async def test_a_changed_watermark_makes_a_new_copy_and_drops_the_old(guest: Any, admin: AuthActions,
-                                                                      services: Services, monkeypatch: Any) -> None:
-    stats = _count_watermarking(monkeypatch)
+                                                                      services: Services) -> None:
     gallery = await published(admin, name="Marked", watermark=True)
     photo = add_photo(services, gallery["id"], data=imagefactory.save(imagefactory.photo(300, 200), "jpeg"))
     url = f"/g/{gallery['slug']}/photos/{photo}/download"
     before = await (await guest.get(url)).get_data()
+    [key] = await _storage_keys(services)
+    [(old, _)] = _watermarked(services, [key]).values()
     await services.db.write(admin_settings.save, {"watermark_text": "Studio Nord", "watermark_position": "center"})
     after = await (await guest.get(url)).get_data()
-    assert stats["calls"] == 2 and before != after
-    [key] = await _storage_keys(services)
-    [cached] = services.storage.root.glob(f"derived/{key[:2]}/{key}.wm-*.jpg")
+    [(cached, _)] = _watermarked(services, [key]).values()
+    assert cached != old and not old.exists() and before != after  # made a second time, for the new watermark
     assert cached.read_bytes() == after
 
 
-async def test_watermarking_runs_one_at_a_time(guest: Any, admin: AuthActions, services: Services,
-                                               monkeypatch: Any) -> None:
-    stats = _count_watermarking(monkeypatch)
+async def test_watermarking_runs_one_at_a_time(app: Any, guest: Any, admin: AuthActions, services: Services) -> None:
+    """Watermarking takes the one token of the app's ``WebLimits.watermark_limiter``: the test holds it, and all four
+    downloads are seen queued for it; released, each photo is watermarked once."""
     gallery = await published(admin, name="Marked", watermark=True)
     ids = [add_photo(services, gallery["id"], data=imagefactory.save(imagefactory.photo(200, 150, seed=i), "jpeg"))
            for i in range(4)]
     statuses = []
+    limiter = app.extensions["picpeak_limits"].watermark_limiter
+    assert limiter.total_tokens == 1
 
     async def download(photo_id: int) -> None:
         statuses.append((await guest.get(f"/g/{gallery['slug']}/photos/{photo_id}/download")).status_code)
 
     async with trio.open_nursery() as nursery:
+        await limiter.acquire()
         for photo_id in ids:
             nursery.start_soon(download, photo_id)
-    assert statuses == [200] * 4
-    assert stats["calls"] == 4 and stats["most"] == 1
+        while limiter.statistics().tasks_waiting + len(statuses) < 4:  # queued, or (wrongly) done without it
+            await trio.sleep(0.01)
+        queued = limiter.statistics().tasks_waiting
+        limiter.release()
+    assert queued == 4 and statuses == [200] * 4
+    assert len(_watermarked(services, await _storage_keys(services))) == 4
 
 
-async def test_watermarked_zip_uses_and_fills_the_same_cache(guest: Any, admin: AuthActions, services: Services,
-                                                            monkeypatch: Any) -> None:
-    stats = _count_watermarking(monkeypatch)
+async def test_watermarked_zip_uses_and_fills_the_same_cache(guest: Any, admin: AuthActions,
+                                                            services: Services) -> None:
     gallery = await published(admin, name="Marked", watermark=True)
     ids = [add_photo(services, gallery["id"], name=f"p{i}.png", fmt="png", taken_at=f"2024-06-20T10:0{i}:00",
                      data=imagefactory.save(imagefactory.photo(200, 150, seed=i), "png")) for i in range(3)]
+    keys = await _storage_keys(services)
     single = await (await guest.get(f"/g/{gallery['slug']}/photos/{ids[0]}/download")).get_data()
-    assert stats["calls"] == 1
+    made_once = _watermarked(services, keys)
+    assert list(made_once) == [keys[0]]
     first = zipfile.ZipFile(io.BytesIO(await (await guest.get(f"/g/{gallery['slug']}/download")).get_data()))
     assert first.namelist() == ["p0.jpg", "p1.jpg", "p2.jpg"]
     assert first.read("p0.jpg") == single
-    assert stats["calls"] == 3, "the zip decoded a photo whose watermarked copy was cached"
+    made = _watermarked(services, keys)
+    assert len(made) == 3 and made[keys[0]] == made_once[keys[0]], \
+        "the zip decoded a photo whose watermarked copy was cached"
     second = zipfile.ZipFile(io.BytesIO(await (await guest.get(f"/g/{gallery['slug']}/download")).get_data()))
-    assert stats["calls"] == 3
+    assert _watermarked(services, keys) == made
     assert [second.read(n) for n in second.namelist()] == [first.read(n) for n in first.namelist()]
     assert Image.open(io.BytesIO(second.read("p2.jpg"))).size == (200, 150)

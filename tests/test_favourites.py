@@ -9,7 +9,8 @@ from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.web.ratelimit import RateLimit
 
 from .conftest import AuthActions
-from .test_guest_pages import add_photo, enter_password, guest_csrf, published
+from .factories import add_photo, published
+from .test_guest_pages import enter_password, guest_csrf
 
 
 async def test_add_and_remove_a_heart(guest: Any, admin: AuthActions, services: Services) -> None:

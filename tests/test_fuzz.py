@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from picpeak_lite.media import exif, images
 
 from . import corpus
+from .factories import published
 from .harness import figures
 from .test_badinput import BOUNDARY, body_of, file_part
-from .test_upload import published
 
 pytestmark = [pytest.mark.slow, pytest.mark.system]
 SECONDS = float(os.environ.get("PICPEAK_FUZZ_SECONDS", "120"))

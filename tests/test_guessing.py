@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from .conftest import ADMIN_PASSWORD, AuthActions
+from .factories import published
 from .harness import figures
 
 # A system suite (a thousand guesses per target, through the real password hashing):
@@ -50,12 +51,6 @@ class HashCounter:
     async def _counting(self, password_hash: str | None, password: str) -> bool:
         self.calls += 1
         return await self._original(password_hash, password)
-
-
-async def published(admin: AuthActions, **fields: Any) -> dict[str, Any]:
-    gallery = await admin.create_gallery(**fields)
-    response = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
-    return await response.get_json()
 
 
 async def guest_csrf(client: Any, slug: str, **kw: Any) -> str:

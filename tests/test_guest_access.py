@@ -8,18 +8,13 @@ from typing import Any
 import trio
 
 from .conftest import AuthActions
+from .factories import expired, published
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
-async def _published(admin: AuthActions, **fields: Any) -> dict[str, Any]:
-    gallery = await admin.create_gallery(**fields)
-    response = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
-    return await response.get_json()
-
-
 async def test_open_gallery(guest: Any, admin: AuthActions) -> None:
-    gallery = await _published(admin, name="Open House", welcome_message="Welcome, everyone!")
+    gallery = await published(admin, name="Open House", welcome_message="Welcome, everyone!")
     response = await guest.get(f"/g/{gallery['slug']}")
     assert response.status_code == 200
     html = await response.get_data(as_text=True)
@@ -33,15 +28,14 @@ async def test_draft_and_unknown_are_404(guest: Any, admin: AuthActions) -> None
 
 
 async def test_expired_is_410_with_a_friendly_page(guest: Any, admin: AuthActions, services: Any) -> None:
-    gallery = await _published(admin, name="Old party")
-    await services.db.write(lambda conn: conn.execute("UPDATE galleries SET expires_at = 1000"))
+    gallery = await expired(admin, services, name="Old party")
     response = await guest.get(f"/g/{gallery['slug']}")
     assert response.status_code == 410
     assert "expired" in await response.get_data(as_text=True)
 
 
 async def test_password_gallery(guest: Any, admin: AuthActions) -> None:
-    gallery = await _published(admin, name="Private", password="letmein")
+    gallery = await published(admin, name="Private", password="letmein")
     form_page = await guest.get(f"/g/{gallery['slug']}")
     assert form_page.status_code == 401
     html = await form_page.get_data(as_text=True)
@@ -66,8 +60,8 @@ async def test_password_gallery(guest: Any, admin: AuthActions) -> None:
 
 async def test_gallery_password_throttled_per_gallery_and_ip(guest: Any, admin: AuthActions,
                                                              autojump_clock: Any) -> None:
-    gallery = await _published(admin, name="Private", password="letmein")
-    other = await _published(admin, name="Other", password="letmein")
+    gallery = await published(admin, name="Private", password="letmein")
+    other = await published(admin, name="Other", password="letmein")
     csrf = CSRF.search(await (await guest.get(f"/g/{gallery['slug']}")).get_data(as_text=True)).group(1)
     url = f"/g/{gallery['slug']}/password"
     statuses = [(await guest.post(url, form={"password": f"x{i}", "csrf_token": csrf})).status_code

@@ -3,71 +3,21 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
-import secrets
-import time
 from typing import Any
 
 import pytest
 
 from picpeak_lite.services import Services
-from picpeak_lite.store import db
 from picpeak_lite.store.queries import listing
-from picpeak_lite.store.storage import new_key
 
-from . import imagefactory
 from .conftest import AuthActions
+from .factories import add_photo, jpeg, published
+from .factories import expired as expired_gallery
 
 CSRF_META = re.compile(r'<meta name="csrf-token" content="([^"]+)"')
 CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
 TILE_ID = re.compile(r'<li class="tile[^"]*" data-id="([1-9]\d*)"')
-
-
-def jpeg(seed: int = 0, size: tuple[int, int] = (64, 48)) -> bytes:
-    return imagefactory.save(imagefactory.photo(*size, seed=seed), "jpeg")
-
-
-def add_photo(svc: Services, gallery_id: int, *, name: str = "p.jpg", status: str = "complete", hidden: int = 0,
-              taken_at: str | None = None, data: bytes | None = None, fmt: str = "jpeg",
-              created_at: float | None = None) -> int:
-    """A photo row in any state, with its original and (tiny) derivative files: no pipeline needed."""
-    data = data if data is not None else jpeg(secrets.randbelow(10**9))
-    storage = svc.storage
-    storage.create_dirs()
-    key = new_key()
-    temp = storage.new_temp_path()
-    temp.write_bytes(data)
-    storage.commit_original(temp, key)
-    if status == "complete":
-        for kind in ("grid", "view"):
-            storage.write_derivative(key, kind, data)
-    conn = db.connect(svc.settings.database_path)
-    try:
-        with db.transaction(conn):
-            upload_id = secrets.token_hex(16)
-            now = created_at if created_at is not None else time.time()
-            conn.execute("INSERT INTO uploads (id, gallery_id, uploaded_by, created_at) VALUES (?, ?, 'admin', ?)",
-                         (upload_id, gallery_id, now))
-            conn.execute(
-                "INSERT INTO photos (gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
-                "uploaded_by, status, claim_token, lease_until, hidden, width, height, taken_at, camera_make, "
-                "camera_model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'admin', ?, ?, ?, ?, 64, 48, ?, 'Canon', "
-                "'Canon EOS R5', ?)",
-                (gallery_id, upload_id, key, hashlib.sha256(data + secrets.token_bytes(8)).hexdigest(), name,
-                 len(data), fmt, status, "t" if status == "processing" else None,
-                 now + 60 if status == "processing" else None, hidden, taken_at, now),
-            )
-            return conn.last_insert_rowid()
-    finally:
-        conn.close()
-
-
-async def published(admin: AuthActions, **fields: Any) -> dict[str, Any]:
-    gallery = await admin.create_gallery(**fields)
-    response = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
-    assert response.status_code == 200
-    return await response.get_json()
 
 
 async def enter_password(guest: Any, slug: str, password: str) -> None:
@@ -146,10 +96,8 @@ async def test_drafts_expired_and_password_galleries_list_nothing(guest: Any, ad
     page = await guest.get(f"/g/{private['slug']}")
     assert "og:" not in await page.get_data(as_text=True)  # no preview of a protected gallery, even inside
 
-    old = await published(admin, name="Old")
+    old = await expired_gallery(admin, services, name="Old")
     add_photo(services, old["id"])
-    await services.db.write(lambda conn: conn.execute("UPDATE galleries SET expires_at = 1000 WHERE id = ?",
-                                                      (old["id"],)))
     expired = await guest.get(f"/g/{old['slug']}")
     assert expired.status_code == 410
     html = await expired.get_data(as_text=True)

@@ -15,7 +15,7 @@ from picpeak_lite.store.storage import Storage
 
 from . import imagefactory
 from .conftest import make_settings
-from .test_upload import tiny_png
+from .factories import gallery_row, tiny_png
 
 
 @pytest.fixture
@@ -24,8 +24,8 @@ def settings(tmp_path: Path) -> Any:
     bootstrap.prepare(settings)
     conn = db.connect(settings.database_path)
     with db.transaction(conn):
-        conn.execute("INSERT INTO galleries (slug, share_token, name, created_at, updated_at, photo_cap) "
-                     "VALUES ('wedding', 'share1', 'Wedding', 0, 0, NULL), ('small', 'share2', 'Small', 0, 0, 2)")
+        gallery_row(conn, "Wedding", slug="wedding", share_token="share1", draft=True)
+        gallery_row(conn, "Small", slug="small", share_token="share2", photo_cap=2, draft=True)
     conn.close()
     return settings
 

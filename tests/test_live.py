@@ -26,8 +26,9 @@ from picpeak_lite.store import db
 from picpeak_lite.store.queries import photos as photo_q
 
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings, own_services, websocket_status
+from .factories import create_gallery, run_pool_until_idle, stage_photo
+from .factories import photo_jpeg as jpeg
 from .harness import figures
-from .test_pipeline import create_gallery, jpeg, run_pool_until_idle, stage_photo
 
 
 def change(seq: int, status: str = "pending", upload: str = "u" * 32, gallery: int = 1) -> Change:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import subprocess
@@ -28,40 +27,7 @@ from picpeak_lite.store.storage import new_key
 
 from . import imagefactory
 from .conftest import AuthActions, own_services
-
-
-def create_gallery(conn: Any, name: str = "G", watermark: int = 0) -> int:
-    conn.execute(
-        "INSERT INTO galleries (slug, share_token, name, is_draft, watermark, created_at, updated_at) "
-        "VALUES (?, ?, ?, 0, ?, 0, 0)",
-        (f"g-{secrets.token_hex(4)}", secrets.token_hex(16), name, watermark),
-    )
-    return conn.last_insert_rowid()
-
-
-def stage_photo(svc: Services, gallery_id: int, data: bytes, *, name: str = "p.jpg", upload_id: str | None = None,
-                fmt: str = "jpeg") -> tuple[int, str]:
-    """Store bytes and insert a pending row with the same primitives the upload path uses."""
-    storage = svc.storage
-    storage.create_dirs()
-    temp = storage.new_temp_path()
-    temp.write_bytes(data)
-    key = new_key()
-    storage.commit_original(temp, key)
-    upload_id = upload_id or secrets.token_hex(16)
-    conn = db.connect(svc.settings.database_path)
-    try:
-        with db.transaction(conn):
-            if photo_q.get_upload(conn, upload_id) is None:
-                photo_q.create_upload(conn, upload_id, gallery_id, "admin", None, None, time.time())
-            photo_id = photo_q.insert_photo(
-                conn, gallery_id=gallery_id, upload_id=upload_id, storage_key=key,
-                sha256=hashlib.sha256(data).hexdigest(), display_name=name, size=len(data), format=fmt,
-                uploaded_by="admin", guest_name=None, width=1, height=1, now=time.time(),
-            )
-    finally:
-        conn.close()
-    return photo_id, upload_id
+from .factories import create_gallery, photo_jpeg, run_pool_until_idle, stage_photo
 
 
 @pytest.fixture
@@ -75,10 +41,6 @@ def conn(services: Services) -> Any:
 def gallery_id(conn: Any) -> int:
     with db.transaction(conn):
         return create_gallery(conn)
-
-
-def jpeg(seed: int = 0, size: tuple[int, int] = (640, 480), **kwargs: Any) -> bytes:
-    return imagefactory.save(imagefactory.photo(*size, seed=seed), "jpeg", **kwargs)
 
 
 def status_of(conn: Any, photo_id: int) -> dict[str, Any]:
@@ -197,24 +159,12 @@ async def test_status_is_checked_by_the_database(conn: Any, services: Services, 
 
 # --- the worker pool ---------------------------------------------------------------------------------------
 
-async def run_pool_until_idle(svc: Services, count: int = 2) -> None:
-    pool = WorkerPool(svc, count=count, poll_seconds=0.05)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(pool.run)
-        while True:
-            counts = await svc.db.read(photo_q.queue_counts)
-            if counts["pending"] == 0 and counts["processing"] == 0:
-                break
-            await trio.sleep(0.05)
-        nursery.cancel_scope.cancel()
-
-
 async def test_pool_processes_good_and_bad_photos(services: Services, conn: Any, gallery_id: int) -> None:
     exif = imagefactory.make_exif(orientation=6, make="Canon", model="EOS R5", date_original="2024:06:20 14:03:00")
-    good, upload = stage_photo(services, gallery_id, jpeg(1, (800, 600), exif=exif))
+    good, upload = stage_photo(services, gallery_id, photo_jpeg(1, (800, 600), exif=exif))
     png, _ = stage_photo(services, gallery_id, imagefactory.save(imagefactory.photo(300, 200), "png"),
                          upload_id=upload, fmt="png")
-    truncated, _ = stage_photo(services, gallery_id, jpeg(2)[:3000], upload_id=upload)
+    truncated, _ = stage_photo(services, gallery_id, photo_jpeg(2)[:3000], upload_id=upload)
     await run_pool_until_idle(services)
 
     row = status_of(conn, good)
@@ -235,7 +185,7 @@ async def test_webhook_outbox_written_once_per_event(tmp_path: Path) -> None:
     webhook = {"url": "https://hooks.example.com/x", "secret": "0123456789abcdef"}
     with own_services(tmp_path, webhooks=[webhook]) as svc:
         gid = await svc.db.write(create_gallery)
-        _, upload = stage_photo(svc, gid, jpeg(3))
+        _, upload = stage_photo(svc, gid, photo_jpeg(3))
         bad, _ = stage_photo(svc, gid, b"\xff\xd8\xff garbage", upload_id=upload)
         await run_pool_until_idle(svc)
         # Reprocess the failed one (it fails again): no second delivery id appears.
@@ -248,7 +198,7 @@ async def test_webhook_outbox_written_once_per_event(tmp_path: Path) -> None:
 
 
 async def test_worker_hands_photo_back_on_shutdown(services: Services, conn: Any, gallery_id: int) -> None:
-    big, _ = stage_photo(services, gallery_id, jpeg(4, (3000, 2000)))
+    big, _ = stage_photo(services, gallery_id, photo_jpeg(4, (3000, 2000)))
     pool = WorkerPool(services, count=1, poll_seconds=0.05)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
@@ -262,8 +212,8 @@ async def test_worker_hands_photo_back_on_shutdown(services: Services, conn: Any
 async def test_photo_deleted_while_processing_is_discarded_quietly(services: Services, client: Any,
                                                                    admin: AuthActions, conn: Any, gallery_id: int,
                                                                    caplog: Any) -> None:
-    doomed, _ = stage_photo(services, gallery_id, jpeg(7))
-    later, _ = stage_photo(services, gallery_id, jpeg(8))  # claimed second (by id)
+    doomed, _ = stage_photo(services, gallery_id, photo_jpeg(7))
+    later, _ = stage_photo(services, gallery_id, photo_jpeg(8))  # claimed second (by id)
     pool = WorkerPool(services, count=1, poll_seconds=0.05)
     async with trio.open_nursery() as nursery:
         async with pool.image_limiter:  # the worker claims, finds the original, then waits here to decode it
@@ -283,10 +233,10 @@ async def test_photo_ids_are_never_given_twice(services: Services, client: Any, 
                                                gallery_id: int) -> None:
     """SQLite alone would give the next photo the id of the last one deleted: browsers would show the deleted
     photo's cached images under the new photo's URL for a week."""
-    stage_photo(services, gallery_id, jpeg(9))
-    last, _ = stage_photo(services, gallery_id, jpeg(10))
+    stage_photo(services, gallery_id, photo_jpeg(9))
+    last, _ = stage_photo(services, gallery_id, photo_jpeg(10))
     assert (await client.delete(f"/api/admin/photos/{last}", headers=admin.headers())).status_code == 204
-    again, _ = stage_photo(services, gallery_id, jpeg(11))
+    again, _ = stage_photo(services, gallery_id, photo_jpeg(11))
     assert again == last + 1
 
 
@@ -305,7 +255,7 @@ async def test_view_images_follow_a_watermark_turned_on_later(services: Services
                                                              conn: Any, gallery_id: int) -> None:
     photo, _ = stage_photo(services, gallery_id, imagefactory.save(imagefactory.flat(800, 600), "jpeg"))
     other_gallery = await services.db.write(create_gallery, "Other")
-    untouched, _ = stage_photo(services, other_gallery, jpeg(13))
+    untouched, _ = stage_photo(services, other_gallery, photo_jpeg(13))
     await run_pool_until_views_fresh(services)
     view = services.storage.derived_path(status_of(conn, photo)["storage_key"], "view")
     plain = view.read_bytes()
@@ -367,7 +317,7 @@ async def test_lease_is_renewed_while_working(tmp_path: Path, autojump_clock: An
     with own_services(tmp_path, lease_seconds=5) as svc:
         svc.clock = trio.current_time
         gid = await svc.db.write(create_gallery)
-        photo_id, _ = stage_photo(svc, gid, jpeg(5))
+        photo_id, _ = stage_photo(svc, gid, photo_jpeg(5))
         pool = WorkerPool(svc, count=1)
         token = secrets.token_hex(8)
         row = await svc.db.write(claims.claim_next, token, svc.clock(), 5)
@@ -474,7 +424,7 @@ async def test_janitor_recovers_a_dead_workers_photo_within_one_lease_in_real_ti
 
 async def test_status_retry_and_image_routes(services: Services, client: Any, admin: AuthActions, conn: Any,
                                              gallery_id: int) -> None:
-    good, upload = stage_photo(services, gallery_id, jpeg(6), name="Anna’s photo.jpg")
+    good, upload = stage_photo(services, gallery_id, photo_jpeg(6), name="Anna’s photo.jpg")
     bad, _ = stage_photo(services, gallery_id, b"\x89PNG\r\n\x1a\n broken", upload_id=upload, fmt="png")
     status = await (await client.get(f"/api/admin/uploads/{upload}")).get_json()
     assert (status["total"], status["pending"], status["complete"]) == (2, 2, 0)
@@ -516,9 +466,9 @@ async def test_guests_see_only_complete_photos(services: Services, client: Any, 
                                                conn: Any) -> None:
     gallery = await admin.create_gallery(name="Party")
     await client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
-    done, upload = stage_photo(services, gallery["id"], jpeg(7))
+    done, upload = stage_photo(services, gallery["id"], photo_jpeg(7))
     await run_pool_until_idle(services)
-    waiting, _ = stage_photo(services, gallery["id"], jpeg(8), upload_id=upload)
+    waiting, _ = stage_photo(services, gallery["id"], photo_jpeg(8), upload_id=upload)
     slug = gallery["slug"]
     assert (await guest.get(f"/g/{slug}/photos/{done}/grid")).status_code == 200
     assert (await guest.get(f"/g/{slug}/photos/{waiting}/grid")).status_code == 404
@@ -549,7 +499,7 @@ async def test_a_slow_uploads_files_are_never_lost_to_the_reconciler(services: S
     with Intake(db=services.db, storage=services.storage, settings=services.settings, gallery=gallery,
                 limits=Limits.admin(services.settings), clock=services.clock) as intake:
         first = intake.start_file("first.jpg")
-        await first.write(jpeg(60))
+        await first.write(photo_jpeg(60))
         entry = await intake.finish_file(first)
         assert entry is not None and entry.key is not None
         stored = services.storage.original_path(entry.key)
@@ -558,7 +508,7 @@ async def test_a_slow_uploads_files_are_never_lost_to_the_reconciler(services: S
         counts = await Janitor(services).reconcile()
         assert counts["orphans_removed"] == 1 and not stored.exists()
         second = intake.start_file("second.jpg")
-        await second.write(jpeg(61))
+        await second.write(photo_jpeg(61))
         await intake.finish_file(second)
         await intake.commit(lambda c: photo_q_gallery(c, gallery_id), uploaded_by="admin")
         answer = intake.answer()
@@ -576,7 +526,7 @@ def photo_q_gallery(conn: Any, gallery_id: int) -> dict[str, Any]:
 async def test_sending_a_failed_photo_again_retries_it(services: Services, client: Any, admin: AuthActions,
                                                       conn: Any) -> None:
     gallery = await admin.create_gallery(name="Retry by upload")
-    data = jpeg(62)
+    data = photo_jpeg(62)
     photo_id, _ = stage_photo(services, gallery["id"], data)
     with db.transaction(conn):
         conn.execute("UPDATE photos SET status = 'failed', error = 'disk full', attempts = 3 WHERE id = ?",

@@ -14,9 +14,9 @@ import pytest
 
 from . import imagefactory
 from .conftest import AuthActions
+from .factories import published, run_pool_until_idle
 from .harness import figures
-from .test_pipeline import run_pool_until_idle
-from .test_upload import published, start_guest_session
+from .test_upload import start_guest_session
 
 BOUNDARY = "----picpeak-serving-3b1d"
 GPS = (52.520008, 13.404954)

@@ -3,30 +3,36 @@ for what only a socket can show (Connection: close, the next request, a client t
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import io
+import os
 import re
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import trio
-from PIL import Image
 
 from picpeak_lite import security, server
 from picpeak_lite.media import images
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline import intake
 from picpeak_lite.pipeline.intake import clean_filename, clean_guest_name
+from picpeak_lite.services import Services
 from picpeak_lite.store import db
+from picpeak_lite.store.db import Database
 from picpeak_lite.store.queries import guests as guest_q
-from picpeak_lite.store.storage import Storage
+from picpeak_lite.store.storage import RESERVE_MAX_BYTES, RESERVE_SHARE, Storage
 from picpeak_lite.web import ratelimit
+from picpeak_lite.web.app import create_app
 
 from . import imagefactory
 from .conftest import ADMIN_PASSWORD, AuthActions, make_settings
+from .factories import gallery_row, jpeg, png, published, tiny_png, webp
+from .harness import tmpfs
 
 BOUNDARY = "----picpeak-test-7f3a"
 GUEST_FILE_MB = 1
@@ -36,24 +42,6 @@ GUEST_FILE_MB = 1
 def settings(tmp_path: Path) -> Any:
     # Small guest limits so that "too large" and "too many" cost a megabyte or two, not fifty.
     return make_settings(tmp_path, guest_max_file_mb=GUEST_FILE_MB, guest_max_files=4, admin_max_files=6)
-
-
-def jpeg(seed: int = 0, size: tuple[int, int] = (64, 48)) -> bytes:
-    return imagefactory.save(imagefactory.photo(*size, seed=seed), "jpeg")
-
-
-def png(size: tuple[int, int] = (40, 30), seed: int = 1) -> bytes:
-    return imagefactory.save(imagefactory.photo(*size, seed=seed), "png")
-
-
-def webp() -> bytes:
-    return imagefactory.save(imagefactory.photo(50, 50, seed=2), "webp")
-
-
-def tiny_png() -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (8, 8), "red").save(out, "PNG")
-    return out.getvalue()
 
 
 def multipart(files: list[tuple[str, bytes]], fields: list[tuple[str, str]] = (), *,  # type: ignore[assignment]
@@ -78,12 +66,6 @@ async def admin_upload(admin: AuthActions, gallery_id: int, files: list[tuple[st
     body, headers = multipart(files, **kw)
     return await admin.client.post(f"/api/admin/galleries/{gallery_id}/upload", data=body,
                                    headers={**headers, **admin.headers()})
-
-
-async def published(admin: AuthActions, **fields: Any) -> dict[str, Any]:
-    gallery = await admin.create_gallery(**fields)
-    response = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/publish", headers=admin.headers())
-    return await response.get_json()
 
 
 async def start_guest_session(services: Any, client: Any) -> str:
@@ -333,20 +315,61 @@ async def test_an_upload_asks_for_a_memory_trim(admin: AuthActions, services: An
     assert response.status_code == 202 and services.trimmer.due  # see memory.py
 
 
-async def test_disk_full_is_507_and_leaves_nothing(admin: AuthActions, services: Any, settings: Any,
-                                                  monkeypatch: Any) -> None:
-    gallery = await admin.create_gallery()
-    services.storage.create_dirs()
+@contextlib.asynccontextmanager
+async def admin_on(tmp_path: Path, data_dir: Path) -> AsyncIterator[tuple[AuthActions, Services]]:
+    """The real app over a data directory of the test's choosing (here: on a small tmpfs), admin logged in."""
+    settings = make_settings(tmp_path, data_dir=str(data_dir))
+    bootstrap.prepare(settings)
+    bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
+    database = Database(settings.database_path)
+    svc = Services(settings=settings, db=database)
+    try:
+        admin = AuthActions(create_app(svc).test_client())
+        assert (await admin.login()).status_code == 302
+        yield admin, svc
+    finally:
+        database.close()
 
-    class FullDisk(io.FileIO):
-        def write(self, data: Any) -> int:
-            super().write(bytes(data[:10]))  # a partial temp file exists when the disk fills up
-            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(intake, "_create", lambda storage, path: FullDisk(path, "xb"))
-    response = await admin_upload(admin, gallery["id"], [("a.jpg", jpeg())])
-    assert response.status_code == 507 and "disk is full" in (await response.get_json())["error"]
-    assert temp_files(settings) == [] and originals(settings) == []
+def free_bytes(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+async def test_disk_full_mid_file_is_507_and_leaves_nothing(tmp_path: Path) -> None:
+    """The disk fills while a file is being written: the first batches fit, a later one does not. The answer is
+    507 and the partial temp file is gone. (A real 8 MB tmpfs, filled up to 1 MB above the reserve.)"""
+    with tmpfs(tmp_path / "disk", 8, why="the in-process disk-full test") as disk:
+        async with admin_on(tmp_path, disk / "data") as (admin, svc):
+            gallery = await admin.create_gallery()
+            svc.storage.create_dirs()
+            stat = os.statvfs(disk)
+            reserve = min(RESERVE_MAX_BYTES, int(stat.f_blocks * stat.f_frsize * RESERVE_SHARE))
+            with open(disk / "filler", "wb") as filler:
+                filler.write(bytes(free_bytes(disk) - reserve - (1 << 20)))
+            big = jpeg() + bytes(3 << 20)  # several write batches: the first ones fit, then the disk is full
+            assert intake.WRITE_BATCH * 2 < free_bytes(disk) - reserve < len(big)
+            response = await admin_upload(admin, gallery["id"], [("a.jpg", big)])
+            assert response.status_code == 507 and "disk is full" in (await response.get_json())["error"]
+            assert temp_files(svc.settings) == [] and originals(svc.settings) == []
+
+
+async def test_no_room_for_a_new_file_is_507_and_leaves_nothing(tmp_path: Path) -> None:
+    """The kernel itself says ENOSPC (no inode left for the temp file, though bytes are free): 507 too."""
+    with tmpfs(tmp_path / "disk", 8, inodes=64, why="the in-process disk-full test") as disk:
+        async with admin_on(tmp_path, disk / "data") as (admin, svc):
+            gallery = await admin.create_gallery()
+            svc.storage.create_dirs()
+            (disk / "fill").mkdir()
+            for n in range(10_000):
+                try:
+                    (disk / "fill" / str(n)).touch()
+                except OSError as error:
+                    assert error.errno == errno.ENOSPC
+                    break
+            response = await admin_upload(admin, gallery["id"], [("a.jpg", jpeg())])
+            assert response.status_code == 507 and "disk is full" in (await response.get_json())["error"]
+            assert temp_files(svc.settings) == [] and originals(svc.settings) == []
 
 
 # The real server --------------------------------------------------------------------------------------------
@@ -376,8 +399,7 @@ async def _serve(settings: Any, nursery: trio.Nursery) -> tuple[Any, str]:
     conn = db.connect(settings.database_path)
     with db.transaction(conn):
         value = bootstrap.create_api_token(conn, "test", time.time())
-        conn.execute("INSERT INTO galleries (slug, share_token, name, is_draft, created_at, updated_at) "
-                     "VALUES ('g', 'share', 'G', 0, 0, 0)")
+        gallery_row(conn, "G", slug="g", share_token="share")
     conn.close()
     running = await nursery.start(server.run, settings)
     return running, value
@@ -452,18 +474,25 @@ class _Clock:
         return self.now
 
 
+def _small_budgets(clock: _Clock, **budgets: tuple[float, float]) -> ratelimit.GuestUploadLimits:
+    """The app's guest upload budgets with some of its buckets made small: (burst, refill per second) by the
+    bucket's name. The buckets are the limits object's public parts; no module constant is patched."""
+    limits = ratelimit.GuestUploadLimits(clock)
+    for name, (burst, per_second) in budgets.items():
+        setattr(limits, name, ratelimit.RateLimit(burst, per_second, clock=clock, message=ratelimit.UPLOAD_SLOW_DOWN))
+    return limits
+
+
 async def _guest_upload(guest: Any, slug: str, csrf: str, files: list[tuple[str, bytes]]) -> Any:
     body, headers = multipart(files)
     return await guest.post(f"/api/g/{slug}/upload", data=body, headers={**headers, "X-CSRF-Token": csrf})
 
 
 async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin: AuthActions, guest: Any,
-                                                                services: Any, settings: Any,
-                                                                monkeypatch: Any) -> None:
-    monkeypatch.setattr(ratelimit, "GUEST_UPLOADS_PER_SESSION", (3, 0.01))
-    monkeypatch.setattr(ratelimit, "GUEST_UPLOADS_PER_IP", (4, 0.01))
+                                                                services: Any, settings: Any) -> None:
     clock = _Clock()
-    app.extensions["picpeak_limits"].guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # read when made
+    app.extensions["picpeak_limits"].guest_upload_limits = _small_budgets(clock, per_session=(3, 0.01),
+                                                                          per_ip=(4, 0.01))
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
     for i in range(3):
@@ -485,11 +514,9 @@ async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin:
     assert (await admin_upload(admin, gallery["id"], [("6.jpg", jpeg(6))])).status_code == 202
 
 
-async def test_guest_uploads_have_a_byte_budget(app: Any, admin: AuthActions, guest: Any, services: Any,
-                                                monkeypatch: Any) -> None:
-    monkeypatch.setattr(ratelimit, "GUEST_BYTES_PER_SESSION", (10_000, 100.0))
+async def test_guest_uploads_have_a_byte_budget(app: Any, admin: AuthActions, guest: Any, services: Any) -> None:
     clock = _Clock()
-    app.extensions["picpeak_limits"].guest_upload_limits = ratelimit.GuestUploadLimits(clock)  # read when made
+    app.extensions["picpeak_limits"].guest_upload_limits = _small_budgets(clock, bytes_per_session=(10_000, 100.0))
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
     big = imagefactory.save(imagefactory.photo(200, 150, seed=1), "png")  # noisy pixels: tens of KB

@@ -26,8 +26,8 @@ from picpeak_lite.store.db import Database
 from picpeak_lite.store.queries import webhooks as webhook_q
 
 from .conftest import AuthActions, make_settings
+from .factories import create_gallery, photo_jpeg, run_pool_until_idle, stage_photo
 from .harness import figures
-from .test_pipeline import create_gallery, jpeg, run_pool_until_idle, stage_photo
 from .test_webhooks import SECRET, FakeResolver, Receiver, enqueue, settings_for
 
 # Names the fake resolver answers with a private address: "names resolving to them".
@@ -111,7 +111,7 @@ async def test_pipeline_webhook_at_a_refused_target_leaves_a_refused_row(tmp_pat
     svc = Services(settings=settings, db=database)
     try:
         gallery_id = await database.write(create_gallery)
-        photo_id, _ = stage_photo(svc, gallery_id, jpeg(3))
+        photo_id, _ = stage_photo(svc, gallery_id, photo_jpeg(3))
         await run_pool_until_idle(svc)
         sender = WebhookSender(database, settings)
         assert await sender.deliver_due() >= 1
