@@ -104,7 +104,8 @@
     nameForm.addEventListener("submit", function (event) {
       event.preventDefault();
       var status = nameForm.querySelector(".guest-name-status");
-      window.PicpeakHttp.json(nameForm.getAttribute("action"), {method: "POST", body: {name: nameForm.elements.name.value}})
+      var body = {name: nameForm.elements.name.value};
+      window.PicpeakHttp.json(nameForm.getAttribute("action"), {method: "POST", body: body})
         .then(function (r) { return r.ok ? r.data : Promise.reject(r); })
         .then(function () { status.textContent = "Saved."; })
         .catch(function () { status.textContent = "Could not save your name. Please try again."; });

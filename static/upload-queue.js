@@ -36,8 +36,10 @@
 
   // Why a whole request failed, for the files of it the answer did not name.
   const requestFailure = (status, data) => {
-    if (status === 0) return { state: "unsent", error: "The transfer was interrupted. Check your connection and retry." };
-    if (status === 401 || status === 403) {
+    if (status === 0) {
+      return { state: "unsent", error: "The transfer was interrupted. Check your connection and retry." };
+    }
+    if (status === 401) {
       return { state: "unsent", error: data.error || "Your session has ended; log in again, then retry." };
     }
     if (status >= 500) {
@@ -95,7 +97,8 @@
       return s;
     };
 
-    const canRetry = (item) => RETRYABLE.has(item.state) || (item.state === "failed" && Boolean(opts.retryUrl(item.photoId)));
+    const canRetry = (item) => RETRYABLE.has(item.state)
+      || (item.state === "failed" && Boolean(opts.retryUrl(item.photoId)));
 
     // --- sending ------------------------------------------------------------------------------------------
     const add = (files) => {
@@ -160,7 +163,9 @@
       const left = new Set(batch);
       return (filename, size) => {
         let found = null;
-        for (const item of left) if (item.name === filename && (size == null || item.size === size)) { found = item; break; }
+        for (const item of left) {
+          if (item.name === filename && (size == null || item.size === size)) { found = item; break; }
+        }
         if (!found && size != null) for (const item of left) if (item.size === size) { found = item; break; }
         if (!found) for (const item of left) { found = item; break; }
         if (found) left.delete(found);
@@ -197,7 +202,7 @@
 
     const refused = (batch, status, data) => {
       const match = matcher(batch);
-      if (status >= 400 && status < 500 && status !== 401 && status !== 403) refuseNamed(match, data.errors);
+      if (status >= 400 && status < 500 && status !== 401) refuseNamed(match, data.errors);
       const failure = requestFailure(status, data);
       for (const item of batch) if (item.state === "sending") touch(item, { ...failure, sent: 0 });
     };
@@ -216,8 +221,8 @@
       const item = byPhotoId.get(p.id);
       if (!item || !p.status || p.status === "deleted" || item.state === "lost") return;
       if (item.state === p.status && item.state !== "failed") return;
-      touch(item, { state: p.status, error: p.status === "failed" ? (p.error || "This photo could not be processed.") : null,
-                    photo: { ...(item.photo || {}), ...p } });
+      const error = p.status === "failed" ? (p.error || "This photo could not be processed.") : null;
+      touch(item, { state: p.status, error, photo: { ...(item.photo || {}), ...p } });
     };
 
     const watch = (uploadId) => {
@@ -229,7 +234,10 @@
         onSnapshot: (status) => (status.photos || []).forEach(applyPhoto),
         onPhoto: applyPhoto,
         onDone: (status) => { (status.photos || []).forEach(applyPhoto); setTimeout(stop, 0); },
-        onError: (reason) => { setTimeout(stop, 0); lose(uploadId, reason || "This upload can no longer be followed."); },
+        onError: (reason) => {
+          setTimeout(stop, 0);
+          lose(uploadId, reason || "This upload can no longer be followed.");
+        },
       });
       watches.set(uploadId, watcher);
     };
