@@ -1,9 +1,9 @@
 // Progressive enhancements for the admin pages: copy buttons, confirmations, the live photo grid, the
 // watermark preview. Every page works without this file (forms post and redirect); CSP allows no inline code.
+// Needs http.js (PicpeakHttp) and live.js (PicpeakLive) loaded before it.
 "use strict";
 
-(function () {
-  const csrf = () => (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
+(() => {
 
   // --- copy buttons -------------------------------------------------------------------------------------
   document.addEventListener("click", async (event) => {
@@ -73,25 +73,46 @@
       updateSelection();
     });
 
-    // Retry from the grid without reloading the page.
-    form.addEventListener("click", async (event) => {
-      const button = event.target.closest("button.retry[data-photo-id]");
+    // Retry from the grid without reloading the page. The button is a submit button with a formaction (the
+    // no-script path), so this listens for the form's submit and cancels it: one request, never the JS request
+    // and the form post both. The tile counts the retries made from this page and says what is happening.
+    form.addEventListener("submit", async (event) => {
+      const button = event.submitter && event.submitter.closest("button.retry[data-photo-id]");
       if (!button) return;
       event.preventDefault();
+      if (button.dataset.busy) return;
+      button.dataset.busy = "1";
       button.disabled = true;
+      const tile = button.closest("li[data-id]");
+      const retries = Number(tile.dataset.retries || 0) + 1;
+      tile.dataset.retries = String(retries);
+      button.textContent = "Retrying…";
+      setNote(tile, `Retry ${retries}: sending…`);
       const id = button.dataset.photoId;
-      const response = await fetch(`/api/admin/photos/${id}/retry`, {
-        method: "POST", credentials: "same-origin", headers: { "X-CSRF-Token": csrf(), Accept: "application/json" },
-      });
-      if (response.ok) {
-        applyPhoto({ id: Number(id), status: "pending" });
-        if (!window.PicpeakLive) startPolling();
+      const answer = await window.PicpeakHttp.json(`/api/admin/photos/${id}/retry`, { method: "POST" });
+      if (answer.ok) {
+        // Unless the live feed got there first (a bad file fails again within milliseconds): its word is newer.
+        if (button.isConnected && !pending.has(Number(id))) applyPhoto({ id: Number(id), status: "pending" });
       } else {
+        tile.dataset.retries = String(retries - 1);
+        delete button.dataset.busy;
         button.disabled = false;
-        const data = await response.json().catch(() => ({}));
-        window.alert(data.error || "The photo could not be retried.");
+        button.textContent = "Retry";
+        setNote(tile, answer.data.error || "The photo could not be retried.");
       }
     });
+
+    function setNote(tile, text) {
+      const box = tile.querySelector(".ph");
+      if (!box) return;
+      let note = box.querySelector(".retry-note");
+      if (!note) {
+        note = document.createElement("span");
+        note.className = "retry-note small"; note.setAttribute("role", "status");
+        box.appendChild(note);
+      }
+      note.textContent = text;
+    }
 
     // Live changes arrive one by one; the DOM is updated once per frame.
     const pending = new Map();
@@ -130,7 +151,7 @@
       tile.dataset.status = p.status;
       tile.className = `tile tile-${p.status}` + (hidden ? " is-hidden" : "");
       let body = tile.querySelector(".body, .thumb-link, .ph");
-      const next = tileBody(p);
+      const next = tileBody(p, Number(tile.dataset.retries || 0));
       if (body) body.replaceWith(next); else tile.insertBefore(next, tile.querySelector(".meta"));
     }
     function setHiddenBadge(tile, hidden) {
@@ -146,7 +167,7 @@
         badge.remove();
       }
     }
-    function tileBody(p) {
+    function tileBody(p, retries) {
       if (p.status === "complete") {
         const link = document.createElement("a");
         link.className = "thumb-link"; link.target = "_blank"; link.rel = "noopener";
@@ -166,44 +187,35 @@
         retry.type = "submit"; retry.className = "retry"; retry.dataset.photoId = String(p.id); retry.textContent = "Retry";
         retry.setAttribute("formaction", `/admin/photos/${p.id}/retry`);
         box.append(strong, reason, retry);
+        if (retries) {
+          const note = document.createElement("span");
+          note.className = "retry-note small";
+          note.textContent = `Failed again after ${retries} ${retries === 1 ? "retry" : "retries"}`;
+          box.append(note);
+        }
       } else {
         box.className = "ph ph-waiting"; box.setAttribute("role", "status");
-        box.textContent = p.status === "processing" ? "Processing…" : "Waiting…";
+        const state = p.status === "processing" ? "Processing…" : "Waiting…";
+        box.textContent = retries ? `Retry ${retries}: ${state.toLowerCase()}` : state;
       }
       return box;
     }
 
+    // After the live feed fell behind: one fresh look at the whole grid.
     async function resync() {
-      const url = section.dataset.photosUrl + window.location.search;
-      const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
-      if (!response.ok) return null;
-      const data = await response.json();
+      const answer = await window.PicpeakHttp.json(section.dataset.photosUrl + window.location.search);
+      if (!answer.ok) return;
+      const data = answer.data;
       const seen = new Set(data.photos.map((p) => p.id));
       grid.querySelectorAll("li[data-id]").forEach((tile) => {
         if (!seen.has(Number(tile.dataset.id))) applyPhoto({ id: Number(tile.dataset.id), status: "deleted" });
       });
       data.photos.forEach(applyPhoto);
-      return data.photos;
     }
 
-    let pollTimer = 0;
-    function startPolling() {
-      if (pollTimer) return;
-      const tick = async () => {
-        const list = await resync().catch(() => null);
-        const waiting = list && list.some((p) => p.status === "pending" || p.status === "processing");
-        pollTimer = waiting || list === null ? setTimeout(tick, 3000) : 0;
-      };
-      pollTimer = setTimeout(tick, 1500);
-    }
-
-    if (window.PicpeakLive && window.PicpeakLive.watchGallery) {
-      window.PicpeakLive.watchGallery({ wsPath: section.dataset.wsPath, onPhoto: applyPhoto, onResync: resync });
-    } else if (grid.querySelector(".ph-waiting")) {
-      startPolling();
-    }
-    // The uploader tells the grid about new photos when no live feed is there to do it.
-    document.addEventListener("picpeak:uploaded", () => { if (!window.PicpeakLive) startPolling(); });
+    // Changes made anywhere (this page's uploader, another tab, the API) arrive over the live feed; without
+    // it the grid is as fresh as the last reload (live.js decides on any fallback, nothing here polls).
+    window.PicpeakLive.watchGallery({ wsPath: section.dataset.wsPath, onPhoto: applyPhoto, onResync: resync });
     updateSelection();
   }
 

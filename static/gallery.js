@@ -5,8 +5,6 @@
 
   var grid = document.getElementById("grid");
   if (!grid) return;
-  var csrfMeta = document.querySelector('meta[name="csrf-token"]');
-  var csrf = csrfMeta ? csrfMeta.content : "";
   var more = document.getElementById("more");
   var loadMoreButton = document.getElementById("load-more");
   var tileTemplate = document.getElementById("tile-template");
@@ -45,8 +43,8 @@
     loading = true;
     if (loadMoreButton) loadMoreButton.disabled = true;
     var url = grid.dataset.api + (grid.dataset.api.indexOf("?") < 0 ? "?" : "&") + "after=" + encodeURIComponent(cursor);
-    fetch(url, {headers: {"Accept": "application/json"}, credentials: "same-origin"})
-      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+    window.PicpeakHttp.json(url)
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.data; })
       .then(function (page) {
         var fragment = document.createDocumentFragment();
         page.photos.forEach(function (p) {
@@ -72,12 +70,9 @@
 
   function setFavourite(id, on) {
     var tile = grid.querySelector('.tile[data-id="' + id + '"]');
-    return fetch(grid.dataset.favouriteUrl + id, {
-      method: on ? "PUT" : "DELETE", credentials: "same-origin",
-      headers: {"X-CSRF-Token": csrf, "Accept": "application/json"}
-    }).then(function (r) {
+    return window.PicpeakHttp.json(grid.dataset.favouriteUrl + id, {method: on ? "PUT" : "DELETE"}).then(function (r) {
       if (!r.ok) throw new Error("HTTP " + r.status);
-      return r.json();
+      return r.data;
     }).then(function (result) {
       if (tile) {
         tile.classList.toggle("is-favourite", result.favourite);
@@ -109,11 +104,9 @@
     nameForm.addEventListener("submit", function (event) {
       event.preventDefault();
       var status = nameForm.querySelector(".guest-name-status");
-      fetch(nameForm.getAttribute("action"), {
-        method: "POST", credentials: "same-origin",
-        headers: {"X-CSRF-Token": csrf, "Content-Type": "application/json", "Accept": "application/json"},
-        body: JSON.stringify({name: nameForm.elements.name.value})
-      }).then(function (r) { return r.ok ? r.json() : Promise.reject(r); })
+      var body = {name: nameForm.elements.name.value};
+      window.PicpeakHttp.json(nameForm.getAttribute("action"), {method: "POST", body: body})
+        .then(function (r) { return r.ok ? r.data : Promise.reject(r); })
         .then(function () { status.textContent = "Saved."; })
         .catch(function () { status.textContent = "Could not save your name. Please try again."; });
     });

@@ -4,7 +4,7 @@
 //   PicpeakLive.watchGallery({wsPath, onPhoto, onResync}) -> {close()}
 //
 // Reconnects with backoff and resumes with ?since=<seq>, so nothing is missed; falls back to polling the
-// status endpoint when WebSockets are unavailable (or keep failing). No build step, no dependencies.
+// status endpoint when WebSockets are unavailable (or keep failing). No build step; needs http.js before it.
 "use strict";
 
 (function () {
@@ -97,20 +97,16 @@
     let stopped = false;
     async function tick() {
       if (stopped) return;
-      try {
-        const response = await fetch(options.statusUrl, { credentials: "same-origin",
-                                                          headers: { Accept: "application/json" } });
-        if (response.ok) {
-          const status = await response.json();
-          options.onSnapshot && options.onSnapshot(status);
-          if (status.done) { options.onDone && options.onDone(status); return; }
-        } else if ([401, 403, 404, 410].includes(response.status)) {
-          // Gone for good (unknown upload, gallery unpublished or expired, session ended): stop, say so.
-          options.onError && options.onError(response.status === 404 ? "This upload is unknown."
-                                              : "This gallery is no longer available.");
-          return;
-        }
-      } catch (error) { /* offline for a moment: try again */ }
+      const answer = await window.PicpeakHttp.json(options.statusUrl);  // status 0 when offline: try again
+      if (answer.ok) {
+        options.onSnapshot && options.onSnapshot(answer.data);
+        if (answer.data.done) { options.onDone && options.onDone(answer.data); return; }
+      } else if ([401, 403, 404, 410].includes(answer.status)) {
+        // Gone for good (unknown upload, gallery unpublished or expired, session ended): stop, say why.
+        options.onError && options.onError(answer.data.error || (answer.status === 404 ? "This upload is unknown."
+                                                                  : "This gallery is no longer available."));
+        return;
+      }
       setTimeout(tick, POLL_MS);
     }
     tick();

@@ -150,6 +150,9 @@ def test_guest_upload_page_shows_progress_thumbnails_and_errors(server: LiveServ
     error_row = page.locator("#files .file.is-error")
     assert error_row.locator(".file-name").inner_text() == "notes.txt"
     assert "supported" in error_row.locator(".file-status").inner_text().lower()
+    # Refused by the server (a 415 for that request): said as such, and no Retry that could only fail again.
+    assert error_row.locator(".file-status").inner_text().startswith("Refused: ")
+    assert error_row.locator(".retry").is_hidden()
     assert page.locator("#summary").inner_text().startswith("3 of 4 done")
     page.screenshot("guest-upload")
 
@@ -245,3 +248,30 @@ def test_phone_favourites_and_favourites_zip(server: LiveServer, api: httpx.Clie
     by_name = dict(photos)
     assert len(archive.namelist()) == 2
     assert all(archive.read(name) == by_name[name] for name in archive.namelist())
+
+
+def test_phone_guest_upload_page(server: LiveServer, api: httpx.Client, phone: Page, tmp_path: Path) -> None:
+    """At 390 x 844: rows with thumbnails, a refused file said as such, nothing wider than the screen."""
+    gallery = make_gallery(api, [], allow_guest_uploads=True)
+    files = []
+    for i in range(2):
+        path = tmp_path / f"phone_{i}.jpg"
+        path.write_bytes(photo_bytes(400 + i, (800, 1200) if i else (1200, 800)))
+        files.append(str(path))
+    fake = tmp_path / "IMG_fake.jpg"
+    fake.write_text("a text file with a photo's name\n" * 10)
+    files.append(str(fake))
+    phone.goto(gallery["share_url"] + "/upload")
+    phone.fill("input[name=guest_name]", "Aunt Jo")
+    phone.set_input_files("#file-input", files)
+    phone.wait_for_function(
+        "() => document.querySelectorAll('#files .file.is-done .file-thumb img').length === 2"
+        " && document.querySelectorAll('#files .file[data-state=refused]').length === 1", timeout=30_000)
+    phone.wait_for_function("() => [...document.querySelectorAll('#files .file-thumb img')].every(i => i.complete)")
+    refused = phone.locator("#files .file[data-state=refused]")
+    assert refused.locator(".file-name").inner_text() == "IMG_fake.jpg"
+    assert refused.locator(".file-status").inner_text().startswith("Refused: ")
+    assert refused.locator(".retry").is_hidden()
+    assert phone.locator("#summary").inner_text() == "2 of 3 done · 1 failed"
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    phone.screenshot("guest-upload-phone")
