@@ -10,16 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup, escape
-from quart import Response, g, render_template, request
+from quart import Response, current_app, g, render_template, request, send_from_directory
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from picpeak_lite.errors import AppError, TooLarge
 from picpeak_lite.services import Services
+from picpeak_lite.web.accesslog import AccessLog
 from picpeak_lite.web.asgi import BackpressureHTTPConnection, BoundedRequest
 from picpeak_lite.web.auth import ADMIN_COOKIE, GUEST_COOKIE, services
+from picpeak_lite.web.resources import STATIC_DIR, TEMPLATES_DIR
 
-ROOT = Path(__file__).resolve().parents[2]
 log = logging.getLogger(__name__)
 
 CSP = (
@@ -36,12 +37,15 @@ class PicpeakApp(QuartTrio):
     asgi_http_class = BackpressureHTTPConnection
 
 
-def create_app(svc: Services) -> QuartTrio:
+def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir: Path = STATIC_DIR) -> QuartTrio:
+    """The app; the two folders are parameters so that a test can start it as a broken install would be."""
     app = PicpeakApp(
-        __name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static"),
+        __name__, template_folder=str(templates_dir), static_folder=str(static_dir),
         static_url_path="/static",
     )
     app.extensions["picpeak"] = svc
+    # One log line per request and WebSocket (Quart's documented place for ASGI middleware).
+    app.asgi_app = AccessLog(app.asgi_app, svc.settings.trusted_proxies)  # type: ignore[method-assign]
     # Forms and JSON are read whole and limited to 16 MiB; upload bodies are streamed (BoundedBody.stream) and
     # counted by our own code. Quart's 60 s body timeout is wrong for a phone on a slow uplink sending 50 MB.
     app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
@@ -77,6 +81,7 @@ def create_app(svc: Services) -> QuartTrio:
     app.register_blueprint(admin_photos.blueprint)
     app.register_blueprint(admin_settings.blueprint)
 
+    app.add_url_rule("/favicon.ico", "favicon", _favicon)
     app.register_error_handler(AppError, _render_app_error)
     app.register_error_handler(HTTPException, _render_http_exception)
     app.register_error_handler(Exception, _render_unexpected)
@@ -84,6 +89,13 @@ def create_app(svc: Services) -> QuartTrio:
     app.jinja_env.globals["csrf_field"] = _csrf_field
     app.jinja_env.filters["datetime"] = _format_timestamp
     return app
+
+
+async def _favicon() -> Response:
+    """Browsers ask for /favicon.ico before (or instead of) reading ``<link rel=icon>``: answer, not 404."""
+    response = await send_from_directory(str(current_app.static_folder), "favicon.ico", mimetype="image/x-icon")
+    response.headers["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 def wants_json() -> bool:
@@ -100,8 +112,16 @@ async def render_error(error: AppError) -> Response:
         )
     else:
         template = getattr(error, "template", "error.html")
-        html = await render_template(template, error=error)
-        response = Response(html, status=error.status, content_type="text/html; charset=utf-8")
+        try:
+            html = await render_template(template, error=error)
+        except Exception:
+            # The error page itself cannot render (templates missing from a broken install): say what happened
+            # in plain text rather than an empty 500, and log why. /healthz reports the same problem.
+            log.exception("cannot render %s for a %d answer", template, error.status)
+            response = Response(f"{error.message}\n(The server cannot render its pages; see its log.)\n",
+                                status=error.status, content_type="text/plain; charset=utf-8")
+        else:
+            response = Response(html, status=error.status, content_type="text/html; charset=utf-8")
     for name, value in error.headers().items():
         response.headers[name] = value
     return response
