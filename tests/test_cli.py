@@ -149,7 +149,7 @@ def test_import_command_adds_then_skips(tmp_path: Path) -> None:
     conn.close()
     first = run_cli("import", str(folder), "--gallery", "wedding-abcdefgh", "--data-dir", data)
     assert first.returncode == 1  # one file was not an image
-    assert "Added 3, skipped 0 already there, 1 errors, 1 other files ignored." in first.stdout
+    assert "Added 3, skipped 0 already there, 1 error, 1 other file ignored." in first.stdout
     assert "fake.jpg: " in first.stderr
     second = run_cli("import", str(folder), "--gallery", "wedding-abcdefgh", "--data-dir", data)
     assert "Added 0, skipped 3 already there" in second.stdout
@@ -160,9 +160,11 @@ def test_import_command_adds_then_skips(tmp_path: Path) -> None:
 def test_worker_command_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "picpeak_lite", "worker", "--data-dir", str(tmp_path / "d"), "--workers", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
     )
     assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert "config: no file" in first, first  # the log line saying which config is in force comes first
     line = proc.stdout.readline()
     assert "Processing photos in" in line, line
     assert stop(proc).strip().endswith("Stopped.")
