@@ -14,6 +14,7 @@ import html
 import io
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -69,6 +70,33 @@ def test_wheel_and_sdist_carry_templates_and_static() -> None:
         for name in repo_files(folder):
             assert f"picpeak_lite/{folder}/{name}" in names
             assert f"{folder}/{name}" in in_sdist  # at the top, as in the repository
+
+
+@pytest.mark.skipif(not DIST, reason="TEST_WHEEL_DIST is not set")
+def test_the_dockerfile_copies_everything_the_wheel_is_built_from(tmp_path: Path) -> None:
+    """Build a wheel from only what the Dockerfile COPYs (as its ``pip install .`` does) and compare it with the
+    wheel CI built from the whole checkout: the same files."""
+    from .test_deploy import dockerfile_copies
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for source, dest in dockerfile_copies():
+        if (ROOT / source).is_dir():
+            shutil.copytree(ROOT / source, src / dest, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / source, src / dest)
+    out = tmp_path / "out"
+    build = subprocess.run([f"{VENV}/bin/pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout + build.stderr
+
+    def files(wheel: Path) -> set[str]:
+        with zipfile.ZipFile(wheel) as archive:
+            return {name for name in archive.namelist() if ".dist-info/" not in name}
+
+    (from_docker,) = out.glob("picpeak_lite-*.whl")
+    (from_ci,) = Path(DIST).glob("picpeak_lite-*.whl")
+    assert files(from_docker) == files(from_ci)
 
 
 @pytest.fixture
