@@ -183,3 +183,11 @@ async def test_favicon_is_served_and_linked(client: Any) -> None:
     assert '<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">' in html
     svg = await client.get("/static/favicon.svg")
     assert svg.status_code == 200 and (await svg.get_data()).startswith(b"<svg")
+
+
+async def test_watermark_settings_say_that_existing_photos_are_rendered_again(admin: Any) -> None:
+    """Issue 12, point 13: saving watermark settings re-renders the galleries' photos (the README's rule), so the
+    page must not say it applies only to photos processed from now on."""
+    page = await (await admin.client.get("/admin/settings/")).get_data(as_text=True)
+    assert "from now on" not in page
+    assert "Saving re-renders those galleries’ photos in the background; they stay visible meanwhile." in page
