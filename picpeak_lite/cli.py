@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -15,17 +15,52 @@ import click
 import trio
 
 from picpeak_lite import security
-from picpeak_lite.config import FIELDS, Settings, load_settings
+from picpeak_lite.config import FIELDS, Settings, find_config_file, load_settings
 from picpeak_lite.errors import ConfigError
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import admin as admin_q
 
-CONFIG_HELP = "Path to a picpeak.toml (default: $PICPEAK_CONFIG, else built-in defaults)."
+CONFIG_HELP = "Path to a picpeak.toml (default: $PICPEAK_CONFIG, else ./picpeak.toml if there is one)."
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+log = logging.getLogger(__name__)
 
 
 def _settings(config: str | None, **overrides: Any) -> Settings:
-    return load_settings(config or os.environ.get("PICPEAK_CONFIG"), overrides=overrides)
+    return load_settings(find_config_file(config), overrides=overrides)
+
+
+def _start_logging(settings: Settings, config: str | None) -> None:
+    """Configure logging, then say in one line which config file is in force: with ./picpeak.toml read
+    implicitly, a user must be able to see whether their edits are the ones running."""
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    path = find_config_file(config)
+    if path is None:
+        log.info("config: no file (built-in defaults, PICPEAK_* environment variables and flags)")
+    else:
+        log.info("config: %s (then PICPEAK_* environment variables and flags)", path.resolve())
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 error``, ``2 errors``."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+class _Command(click.Command):
+    """Top-level help shows each command's whole short help, wrapped, never cut with "..."."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return super().get_short_help_str(limit=10_000)
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return super().get_short_help_str(limit=10_000)
+
+
+_Group.group_class = _Group
 
 
 @contextlib.contextmanager
@@ -40,12 +75,13 @@ def _database(config: str | None, data_dir: str | None) -> Iterator[tuple[Settin
         conn.close()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="picpeak-lite", prog_name="picpeak-lite", message="%(prog)s %(version)s")
 def cli() -> None:
     """Self-hosted photo sharing for event photographers."""
 
 
-@cli.command()
+@cli.command(short_help="Run the web server and its photo workers.")
 @click.option("--host", help=FIELDS["host"].metadata["help"] + " [default: 127.0.0.1]")
 @click.option("--port", type=int, help=FIELDS["port"].metadata["help"] + " [default: 8080]")
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
@@ -55,23 +91,30 @@ def serve(host: str | None, port: int | None, data_dir: str | None, config: str 
     from picpeak_lite import server
 
     settings = _settings(config, host=host, port=port, data_dir=data_dir)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    bootstrap.prepare(settings)
-    password = bootstrap.ensure_admin(settings)
+    # Bind before anything else: a port in use is then the one line printed, never one printed after (and
+    # scrolling away) the generated admin password.
+    listener = server.bind(settings)
+    _start_logging(settings, config)
+    try:
+        bootstrap.prepare(settings)
+        password = bootstrap.ensure_admin(settings)
+    except BaseException:
+        listener.close()
+        raise
     if password is not None:
         click.echo(f"Created the admin account '{settings.admin_username}' with the password: {password}")
         click.echo("This password is shown only once. Change it with `picpeak-lite admin set-password`.")
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            running = await nursery.start(server.run, settings)
+            running = await nursery.start(functools.partial(server.run, settings, listener=listener))
             click.echo(f"PicPeak is running at {running.url}/admin  (data in {settings.data_path.resolve()})")
 
     trio.run(main)
     click.echo("Stopped.")
 
 
-@cli.command()
+@cli.command(short_help="Extra photo workers next to a running server.")
 @click.option("--config", "config", help=CONFIG_HELP)
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
 @click.option("--workers", type=int, help=FIELDS["workers"].metadata["help"])
@@ -80,7 +123,7 @@ def worker(config: str | None, data_dir: str | None, workers: int | None) -> Non
     from picpeak_lite import server
 
     settings = _settings(config, data_dir=data_dir, workers=workers)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _start_logging(settings, config)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -91,7 +134,7 @@ def worker(config: str | None, data_dir: str | None, workers: int | None) -> Non
     click.echo("Stopped.")
 
 
-@cli.command("import")
+@cli.command("import", short_help="Add a folder of photos to a gallery.")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--gallery", "slug", required=True, help="The slug of the gallery to add the photos to.")
 @click.option("--config", "config", help=CONFIG_HELP)
@@ -120,7 +163,7 @@ def import_folder(folder: str, slug: str, config: str | None, data_dir: str | No
     for path, reason in summary.errors:
         click.echo(f"  {path.name}: {reason}", err=True)
     click.echo(f"Added {summary.added}, skipped {summary.duplicates} already there, "
-               f"{len(summary.errors)} errors, {summary.ignored} other files ignored.")
+               f"{_count(len(summary.errors), 'error')}, {_count(summary.ignored, 'other file')} ignored.")
     if summary.errors:
         sys.exit(1)
 
@@ -143,7 +186,7 @@ def _progress_bar(label: str) -> Any:
     return progress
 
 
-@cli.command()
+@cli.command(short_help="Back up the database and photos (safe while serving).")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--config", "config", help=CONFIG_HELP)
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
@@ -154,21 +197,23 @@ def backup(directory: str, config: str | None, data_dir: str | None) -> None:
 
     settings = _settings(config, data_dir=data_dir)
     summary = run_backup(settings, directory, _progress_bar("backup"))
-    click.echo(f"Backed up {summary.photos - summary.deleted_meanwhile} photos to {directory}: "
-               f"{summary.copied} files copied ({summary.bytes_copied / 1e6:.1f} MB), {summary.kept} unchanged, "
+    click.echo(f"Backed up {_count(summary.photos - summary.deleted_meanwhile, 'photo')} to {directory}: "
+               f"{_count(summary.copied, 'file')} copied ({summary.bytes_copied / 1e6:.1f} MB), "
+               f"{summary.kept} unchanged, "
                f"{summary.removed} removed.")
     if summary.missing_derivatives:
-        click.echo(f"  {summary.missing_derivatives} thumbnails were missing; after a restore, "
+        were = "was" if summary.missing_derivatives == 1 else "were"
+        click.echo(f"  {_count(summary.missing_derivatives, 'thumbnail')} {were} missing; after a restore, "
                    "`picpeak-lite check --repair` makes them again.", err=True)
     for photo_id in summary.missing_originals:
         click.echo(f"  photo {photo_id}: the original is missing from the data directory", err=True)
     for photo_id in summary.sha_mismatch:
         click.echo(f"  photo {photo_id}: the original differs from its recorded sha256", err=True)
     if summary.problems:
-        raise click.ClickException(f"{summary.problems} photos could not be backed up intact (listed above)")
+        raise click.ClickException(f"{_count(summary.problems, 'photo')} could not be backed up intact (listed above)")
 
 
-@cli.command()
+@cli.command(short_help="Verify every photo and the database; --repair fixes what it can.")
 @click.option("--repair", is_flag=True,
               help="Queue photos with missing thumbnails again, fail rows whose original is gone, "
                    "remove orphan files.")
@@ -197,12 +242,12 @@ def check(repair: bool, grace: float, config: str | None, data_dir: str | None) 
             click.echo("The running server (or the next start) makes the missing thumbnails.")
     left = report.unrepaired if repair else report.problems
     if left:
-        click.echo(f"{left} problems" + (" left (a changed original needs a restore from backup)" if repair else
+        click.echo(_count(left, "problem") + (" left (a changed original needs a restore from backup)" if repair else
                                           "; `--repair` fixes missing thumbnails and orphans"), err=True)
         sys.exit(1)
 
 
-@cli.group()
+@cli.group(short_help="Manage the admin account and API tokens.")
 def admin() -> None:
     """Manage the admin account and API tokens."""
 

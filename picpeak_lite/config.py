@@ -9,7 +9,9 @@ with this module.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -119,6 +121,22 @@ def load_settings(
     return settings
 
 
+CONFIG_FILE_NAME = "picpeak.toml"
+
+
+def find_config_file(explicit: str | None, environ: Mapping[str, str] | None = None,
+                     cwd: Path | None = None) -> Path | None:
+    """The config file in force: ``--config``, else ``$PICPEAK_CONFIG``, else ``./picpeak.toml`` when the
+    working directory has one (what a user who edits the documented file next to the data expects), else none.
+    A file named explicitly must exist (``load_settings`` says so); the working-directory one is optional."""
+    environ = os.environ if environ is None else environ
+    named = explicit or environ.get("PICPEAK_CONFIG")
+    if named:
+        return Path(named)
+    local = (cwd or Path.cwd()) / CONFIG_FILE_NAME
+    return local if local.is_file() else None
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
@@ -165,13 +183,26 @@ def _convert(key: str, value: Any) -> Any:
                 return False
             raise ValueError("expected true or false")
         if kind == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError("expected a whole number")
-            return int(value)
+            # int() of a bad string says "invalid literal for int() with base 10": not a sentence for people.
+            if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+                return int(value)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ValueError("expected a whole number")
         if kind == "float":
-            if isinstance(value, bool):
+            if isinstance(value, str):
+                try:
+                    number = float(value)
+                except ValueError:
+                    raise ValueError("expected a number") from None
+                if math.isfinite(number):
+                    return number
                 raise ValueError("expected a number")
-            return float(value)
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                return float(value)
+            raise ValueError("expected a number")
         if kind == "str":
             if not isinstance(value, str):
                 raise ValueError("expected a string")

@@ -1,7 +1,9 @@
 """``run(settings, *, task_status)``: the one place that wires up all concurrency.
 
-It opens the database, opens our own nursery for the long-lived tasks (memory trimmer, webhook sender, janitor,
-worker pool, change feed), starts each with ``nursery.start`` so that it is really ready, then serves HTTP with
+The listening socket is bound first (``bind``: the CLI does it before any first-start work, so a port in use is
+one line and not a traceback printed after the new admin password). ``run`` then opens the database, opens our
+own nursery for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed), starts
+each with ``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with
 ``hypercorn.trio.serve``. On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight
 requests get ``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their
 photos back) and the database is closed cleanly.
@@ -9,17 +11,20 @@ photos back) and the database is closed cleanly.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from picpeak_lite.config import Settings
+from picpeak_lite.errors import ConfigError
 from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.events.webhooks import WebhookSender
 from picpeak_lite.ops import bootstrap
@@ -45,13 +50,67 @@ class RunningServer:
         self._shutdown.set()
 
 
+@dataclass
+class Listener:
+    """Bound, listening sockets not yet served, held as file descriptors that ``_serve`` hands to hypercorn
+    (``fd://`` binds). Whoever holds a Listener that is not served calls ``close``."""
+
+    address: str
+    fds: list[int] = field(default_factory=list)
+
+    def take(self) -> list[int]:
+        fds, self.fds = self.fds, []
+        return fds
+
+    def close(self) -> None:
+        for fd in self.take():
+            os.close(fd)
+
+
+def bind(settings: Settings) -> Listener:
+    """Bind ``host:port`` now, with hypercorn's own socket options. A problem (the port in use, a privileged
+    port, an address this machine does not have) is a ConfigError of one line that says what to change."""
+    host, port = settings.host, settings.port
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    config = HypercornConfig()
+    config.bind = [address]
+    try:
+        sockets = config.create_sockets()
+    except OSError as error:
+        raise ConfigError(_bind_problem(address, error)) from None
+    listener = Listener(address=address)
+    for sock in sockets.insecure_sockets:
+        sock.listen(config.backlog)
+        listener.fds.append(sock.detach())
+    return listener
+
+
+def _bind_problem(address: str, error: OSError) -> str:
+    if error.errno == errno.EADDRINUSE:
+        return (f"cannot listen on {address}: the address is already in use (is picpeak-lite already running?); "
+                "choose another port with --port")
+    if error.errno == errno.EACCES:
+        return f"cannot listen on {address}: permission denied (ports below 1024 need privileges); use --port"
+    if error.errno == errno.EADDRNOTAVAIL or isinstance(error, socket.gaierror):
+        return f"cannot listen on {address}: this machine has no such address; check --host"
+    return f"cannot listen on {address}: {error.strerror or error}; check --host and --port"
+
+
 async def run(
     settings: Settings,
     *,
     services: Services | None = None,
+    listener: Listener | None = None,
     task_status: trio.TaskStatus[RunningServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    bootstrap.prepare(settings)
+    """Serve until stopped. ``listener`` is the socket bound by ``bind`` (the CLI binds before first-start work);
+    without one, ``run`` binds itself."""
+    listener = listener or bind(settings)
+    try:
+        bootstrap.prepare(settings)
+    except BaseException:
+        listener.close()
+        raise
     db = services.db if services is not None else Database(settings.database_path)
     svc = services or Services(settings=settings, db=db)
     shutdown = trio.Event()
@@ -62,9 +121,10 @@ async def run(
                 nursery.start_soon(_record_loop_lag, os.environ[LAG_LOG_ENV])
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled)
             await nursery.start(ChangeFeed(svc, svc.broker).run)
-            binds = await nursery.start(_serve, svc, shutdown, nursery.cancel_scope)
+            binds = await nursery.start(_serve, svc, listener, shutdown, nursery.cancel_scope)
             task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown))
     finally:
+        listener.close()
         db.close()
 
 
@@ -100,6 +160,7 @@ async def run_workers(settings: Settings, *, task_status: trio.TaskStatus[Servic
 
 async def _serve(
     svc: Services,
+    listener: Listener,
     shutdown: trio.Event,
     cancel_when_done: trio.CancelScope,
     *,
@@ -108,9 +169,11 @@ async def _serve(
     """Serve until ``shutdown`` is set and in-flight requests have drained, then stop the other tasks."""
     app = create_app(svc)
     config = HypercornConfig()
-    host = svc.settings.host
-    config.bind = [f"[{host}]:{svc.settings.port}" if ":" in host else f"{host}:{svc.settings.port}"]
+    # The sockets bound by ``bind``; from here hypercorn owns (and closes) them.
+    config.bind = [f"fd://{fd}" for fd in listener.take()]
     config.graceful_timeout = svc.settings.shutdown_grace_seconds
+    # The request log is ours (web/accesslog.py): it knows the client behind a trusted proxy, redacts query
+    # strings and counts the bytes of streamed bodies and the whole life of a WebSocket.
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     # Phones upload slowly; the read timeout only applies between bytes, keep it generous.

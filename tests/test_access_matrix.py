@@ -113,6 +113,7 @@ GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_gues
 # endpoint -> (category, {role: statuses} overrides for the main gallery)
 ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "static": ("public", {}),
+    "favicon": ("public", {}),
     "health.healthz": ("public", {}),
     "admin.login": ("login_page", {}),
     "admin.login_submit": ("login_submit", {}),

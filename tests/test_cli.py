@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -23,11 +24,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = N
 
 
 def start_serve(
-    data_dir: Path, *extra: str, env: dict[str, str] | None = None
+    data_dir: Path, *extra: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> tuple[subprocess.Popen[str], str, list[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(data_dir), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}, cwd=cwd,
     )
     assert proc.stdout is not None
     lines: list[str] = []
@@ -149,7 +150,7 @@ def test_import_command_adds_then_skips(tmp_path: Path) -> None:
     conn.close()
     first = run_cli("import", str(folder), "--gallery", "wedding-abcdefgh", "--data-dir", data)
     assert first.returncode == 1  # one file was not an image
-    assert "Added 3, skipped 0 already there, 1 errors, 1 other files ignored." in first.stdout
+    assert "Added 3, skipped 0 already there, 1 error, 1 other file ignored." in first.stdout
     assert "fake.jpg: " in first.stderr
     second = run_cli("import", str(folder), "--gallery", "wedding-abcdefgh", "--data-dir", data)
     assert "Added 0, skipped 3 already there" in second.stdout
@@ -160,9 +161,81 @@ def test_import_command_adds_then_skips(tmp_path: Path) -> None:
 def test_worker_command_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "picpeak_lite", "worker", "--data-dir", str(tmp_path / "d"), "--workers", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
     )
     assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert "config: no file" in first, first  # the log line saying which config is in force comes first
     line = proc.stdout.readline()
     assert "Processing photos in" in line, line
     assert stop(proc).strip().endswith("Stopped.")
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    result = run_cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"picpeak-lite {version('picpeak-lite')}"
+
+
+@pytest.mark.parametrize("columns", ["80", "50"])
+def test_top_level_help_shows_every_command_description_whole(columns: str) -> None:
+    result = run_cli("--help", env={"COLUMNS": columns})
+    assert result.returncode == 0
+    listing = result.stdout.split("Commands:")[1]
+    assert "..." not in listing, result.stdout
+    commands = re.findall(r"^  (\w[\w-]*)\s+(\S.*)$", listing, re.MULTILINE)
+    assert [name for name, _ in commands] == ["admin", "backup", "check", "import", "serve", "worker"]
+    admin = run_cli("admin", "--help", env={"COLUMNS": columns}).stdout.split("Commands:")[1]
+    assert "..." not in admin and "set-password" in admin
+
+
+def test_port_in_use_is_one_line_before_any_first_start_work(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "d"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"picpeak-lite: error: cannot listen on 127.0.0.1:{port}: the address is already in use "
+        "(is picpeak-lite already running?); choose another port with --port")
+    assert result.stdout == ""  # in particular no admin password, which would be lost above the error
+    assert not (tmp_path / "d").exists()
+
+
+def test_picpeak_toml_in_the_working_directory_is_read_and_named(tmp_path: Path) -> None:
+    (tmp_path / "picpeak.toml").write_text('port = "abc"\n')
+    result = run_cli("serve", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "picpeak-lite: error: setting 'port': expected a whole number (got 'abc')"
+    # --config wins over the working directory's file.
+    other = tmp_path / "other.toml"
+    other.write_text("")
+    proc, _, lines = start_serve(tmp_path / "d", "--config", str(other), cwd=tmp_path)
+    out = "".join(lines) + stop(proc)
+    assert f"config: {other} (then PICPEAK_* environment variables and flags)" in out
+    (tmp_path / "picpeak.toml").write_text('guest_max_files = 7\n')
+    proc, _, lines = start_serve(tmp_path / "d", cwd=tmp_path)
+    out = "".join(lines) + stop(proc)
+    assert f"config: {tmp_path / 'picpeak.toml'} (then" in out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc, _, lines = start_serve(tmp_path / "d", cwd=empty)
+    out = "".join(lines) + stop(proc)
+    assert "config: no file (built-in defaults, PICPEAK_* environment variables and flags)" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("PICPEAK_PORT", "abc", "setting 'port': expected a whole number (got 'abc')"),
+        ("PICPEAK_PORT", "80.5", "setting 'port': expected a whole number (got '80.5')"),
+        ("PICPEAK_LEASE_SECONDS", "soon", "setting 'lease_seconds': expected a number (got 'soon')"),
+    ],
+)
+def test_bad_numbers_in_the_environment_are_a_sentence(tmp_path: Path, name: str, value: str, message: str) -> None:
+    result = run_cli("serve", env={name: value}, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"picpeak-lite: error: {message}"

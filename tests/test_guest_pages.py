@@ -130,7 +130,7 @@ async def test_keyset_pages_have_no_duplicates_or_gaps(guest: Any, admin: AuthAc
     assert len(pages) == 7 and all(len(p) == 4 for p in pages[:-1])
     assert sorted(flat) == sorted(ids) and len(set(flat)) == len(flat)
     if sort == "uploaded":
-        assert flat == sorted(ids)
+        assert flat == sorted(ids, reverse=True)  # newest upload first
 
     def expected(conn: Any) -> list[int]:
         return [r["id"] for r in conn.execute(
@@ -143,19 +143,25 @@ async def test_keyset_pages_have_no_duplicates_or_gaps(guest: Any, admin: AuthAc
 async def test_pages_stay_stable_while_photos_come_and_go(guest: Any, admin: AuthActions,
                                                           services: Services) -> None:
     gallery = await published(admin, name="Live")
-    ids = [add_photo(services, gallery["id"], data=jpeg(i)) for i in range(6)]
+    ids = [add_photo(services, gallery["id"], data=jpeg(i)) for i in range(7)]
+    newest_first = ids[::-1]
     first = await (await guest.get(f"/api/g/{gallery['slug']}/photos",
                                    query_string={"sort": "uploaded", "limit": 3})).get_json()
-    assert [p["id"] for p in first["photos"]] == ids[:3]
-    # A photo before the cursor disappears and a new one arrives: the next page neither repeats nor skips.
-    await services.db.write(lambda conn: conn.execute("UPDATE photos SET hidden = 1 WHERE id = ?", (ids[0],)))
+    assert [p["id"] for p in first["photos"]] == newest_first[:3]
+    # A photo before the cursor disappears and a new one arrives (at the top, before the cursor too): the next
+    # page neither repeats nor skips.
+    await services.db.write(lambda conn: conn.execute("UPDATE photos SET hidden = 1 WHERE id = ?", (ids[-1],)))
     new = add_photo(services, gallery["id"], data=jpeg(99))
     second = await (await guest.get(f"/api/g/{gallery['slug']}/photos", query_string={
         "sort": "uploaded", "limit": 3, "after": first["next"]})).get_json()
-    assert [p["id"] for p in second["photos"]] == ids[3:6]
+    assert [p["id"] for p in second["photos"]] == newest_first[3:6]
     third = await (await guest.get(f"/api/g/{gallery['slug']}/photos", query_string={
         "sort": "uploaded", "limit": 3, "after": second["next"]})).get_json()
-    assert [p["id"] for p in third["photos"]] == [new] and third["next"] is None
+    assert [p["id"] for p in third["photos"]] == newest_first[6:] and third["next"] is None
+    # A fresh first page shows the new photo at the top.
+    fresh = await (await guest.get(f"/api/g/{gallery['slug']}/photos",
+                                   query_string={"sort": "uploaded", "limit": 3})).get_json()
+    assert [p["id"] for p in fresh["photos"]] == [new, *newest_first[1:3]]
 
 
 async def test_bad_cursor_and_sort_are_400(guest: Any, admin: AuthActions) -> None:
@@ -187,7 +193,7 @@ async def test_a_later_page_seeks_the_index_instead_of_sorting_or_scanning(servi
 
     detail = await services.db.read(plan)
     assert "TEMP B-TREE" not in detail, detail
-    expected = "photos_by_gallery (gallery_id=? AND status=? AND id>?)" if sort == "uploaded" else (
+    expected = "photos_by_gallery (gallery_id=? AND status=? AND id<?)" if sort == "uploaded" else (
         "photos_guest_taken (gallery_id=? AND <expr>>?)")
     assert expected in detail, detail
 

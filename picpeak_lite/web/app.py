@@ -9,16 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup, escape
-from quart import Response, g
+from quart import Response, current_app, g, send_from_directory
 from quart_trio import QuartTrio
 
 from picpeak_lite.services import Services
 from picpeak_lite.web import errors
+from picpeak_lite.web.accesslog import AccessLog
 from picpeak_lite.web.asgi import BackpressureHTTPConnection, BoundedRequest
 from picpeak_lite.web.auth import ADMIN_COOKIE, GUEST_COOKIE, services
 from picpeak_lite.web.limits import WebLimits
+from picpeak_lite.web.resources import STATIC_DIR, TEMPLATES_DIR
 
-ROOT = Path(__file__).resolve().parents[2]
 log = logging.getLogger(__name__)
 
 CSP = (
@@ -35,13 +36,16 @@ class PicpeakApp(QuartTrio):
     asgi_http_class = BackpressureHTTPConnection
 
 
-def create_app(svc: Services) -> QuartTrio:
+def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir: Path = STATIC_DIR) -> QuartTrio:
+    """The app; the two folders are parameters so that a test can start it as a broken install would be."""
     app = PicpeakApp(
-        __name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static"),
+        __name__, template_folder=str(templates_dir), static_folder=str(static_dir),
         static_url_path="/static",
     )
     app.extensions["picpeak"] = svc
     app.extensions["picpeak_limits"] = WebLimits.for_settings(svc.settings, svc.monotonic)
+    # One log line per request and WebSocket (Quart's documented place for ASGI middleware).
+    app.asgi_app = AccessLog(app.asgi_app, svc.settings.trusted_proxies)  # type: ignore[method-assign,assignment]
     # Forms and JSON are read whole and limited to 16 MiB; upload bodies are streamed (BoundedBody.stream) and
     # counted by our own code. Quart's 60 s body timeout is wrong for a phone on a slow uplink sending 50 MB.
     app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
@@ -77,11 +81,19 @@ def create_app(svc: Services) -> QuartTrio:
     app.register_blueprint(admin_photos.blueprint)
     app.register_blueprint(admin_settings.blueprint)
 
+    app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)
     app.after_request(_after_request)
     app.jinja_env.globals["csrf_field"] = _csrf_field
     app.jinja_env.filters["datetime"] = _format_timestamp
     return app
+
+
+async def _favicon() -> Response:
+    """Browsers ask for /favicon.ico before (or instead of) reading ``<link rel=icon>``: answer, not 404."""
+    response = await send_from_directory(str(current_app.static_folder), "favicon.ico", mimetype="image/x-icon")
+    response.headers["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 def _after_request(response: Response) -> Response:

@@ -46,8 +46,16 @@ async def render_error(error: AppError) -> Response:
     else:
         if error.needs_guest_session:
             await current_guest(create=True)
-        html = await render_template(error.page, **error.page_context())
-        response = Response(html, status=error.status, content_type="text/html; charset=utf-8")
+        try:
+            html = await render_template(error.page, **error.page_context())
+        except Exception:
+            # The error page itself cannot render (templates missing from a broken install): say what happened
+            # in plain text rather than an empty 500, and log why. /healthz reports the same problem.
+            log.exception("cannot render %s for a %d answer", error.page, error.status)
+            response = Response(f"{error.message}\n(The server cannot render its pages; see its log.)\n",
+                                status=error.status, content_type="text/plain; charset=utf-8")
+        else:
+            response = Response(html, status=error.status, content_type="text/html; charset=utf-8")
     for name, value in error.headers().items():
         response.headers[name] = value
     return response

@@ -9,7 +9,8 @@ Orders:
 
 * ``taken``: capture time, oldest first (the story of the day), falling back to the upload time for photos
   without one; ``id`` breaks ties.
-* ``uploaded``: upload order, which is ``id`` order; served by the ``photos_by_gallery`` index.
+* ``uploaded``: newest upload first (a guest who just uploaded finds their photos at the top), which is
+  descending ``id`` order; served by the ``photos_by_gallery`` index read backwards.
 
 Only photos matching :data:`queries.photos.GUEST_VISIBLE_PHOTO` are ever listed.
 """
@@ -84,12 +85,12 @@ def list_photos(conn: Connection, gallery_id: int, *, sort: str = "taken", after
             where.append(f"{TAKEN_KEY} >= ? AND ({TAKEN_KEY}, id) > (?, ?)")
             params += [after[0], after[0], after[1]]
         else:
-            where.append("id > ?")
+            where.append("id < ?")
             params.append(after[1])
     if favourites_only:
         where.append("id IN (SELECT photo_id FROM favourites WHERE guest_session_id = ?)")
         params.append(guest_session_id if guest_session_id is not None else -1)
-    order = f"{TAKEN_KEY}, id" if sort == "taken" else "id"
+    order = f"{TAKEN_KEY}, id" if sort == "taken" else "id DESC"
     rows = conn.execute(
         f"SELECT {COLUMNS}, {sort_key} AS sort_key, "
         f"EXISTS (SELECT 1 FROM favourites f WHERE f.photo_id = photos.id AND f.guest_session_id = ?) AS favourite "

@@ -20,11 +20,11 @@ from picpeak_lite.store.queries import settings as settings_q
 from picpeak_lite.store.queries import webhooks as webhook_q
 from picpeak_lite.store.storage import fsync_dir, fsync_file, remove_quietly
 from picpeak_lite.web.auth import admin_page, services
+from picpeak_lite.web.resources import STATIC_DIR
 
 blueprint = Blueprint("admin_settings", __name__, url_prefix="/admin/settings")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-SAMPLE_PHOTO = os.path.join(ROOT, "static", "watermark-sample.jpg")
+SAMPLE_PHOTO = str(STATIC_DIR / "watermark-sample.jpg")
 PREVIEW_SPEC = images.RenderSpec(grid_px=200, view_px=900, quality=80)
 DELIVERY_LOG_ROWS = 50
 # Previews render on demand while the admin drags a slider: one at a time is plenty.

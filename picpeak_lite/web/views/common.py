@@ -26,15 +26,26 @@ def client_ip() -> str:
     that is not itself a trusted proxy is the client. IPv6 addresses count by their /64, since one client
     usually holds a whole /64 and could otherwise rotate addresses to get fresh attempts.
     """
-    trusted = {p.strip() for p in services().settings.trusted_proxies.split(",") if p.strip()}
-    address = request.remote_addr or "unknown"
+    trusted = trusted_set(services().settings.trusted_proxies)
+    address = real_client(request.remote_addr or "unknown", request.headers.get("X-Forwarded-For", ""), trusted)
+    return throttle_key(address)
+
+
+def trusted_set(trusted_proxies: str) -> frozenset[str]:
+    return frozenset(p.strip() for p in trusted_proxies.split(",") if p.strip())
+
+
+def real_client(peer: str, forwarded_for: str, trusted: frozenset[str]) -> str:
+    """The client's address by the rule above, from the peer and the X-Forwarded-For header (also used by the
+    request log, which runs outside a request context)."""
+    address = peer
     if address in trusted:
-        forwarded = [a.strip() for a in request.headers.get("X-Forwarded-For", "").split(",") if a.strip()]
+        forwarded = [a.strip() for a in forwarded_for.split(",") if a.strip()]
         for hop in reversed(forwarded):
             address = hop
             if hop not in trusted:
                 break
-    return throttle_key(address)
+    return address
 
 
 def throttle_key(address: str) -> str:

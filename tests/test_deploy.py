@@ -1,0 +1,165 @@
+"""The deployment recipes the README shows (deploy/, Dockerfile) and the packaging table in pyproject.toml,
+checked against the code they describe: what can be run here is run (the systemd unit's ExecStart, with its
+config file, behind a simulated proxy), the rest is read and compared with pyproject and the settings."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from picpeak_lite.config import load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SCRIPT = next(iter(PYPROJECT["project"]["scripts"]))  # picpeak-lite
+
+
+def unit_exec_start() -> list[str]:
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(DEPLOY / "picpeak-lite.service")
+    return shlex.split(unit["Service"]["ExecStart"])
+
+
+def test_pyproject_lists_every_package_and_maps_templates_and_static() -> None:
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    on_disk = sorted(".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "picpeak_lite").rglob("__init__.py"))
+    listed = setuptools["packages"]
+    assert sorted(p for p in listed if p not in setuptools["package-dir"]) == on_disk
+    assert setuptools["package-dir"] == {"picpeak_lite.templates": "templates", "picpeak_lite.static": "static"}
+    for package, folder in setuptools["package-dir"].items():
+        assert package in listed and (ROOT / folder).is_dir()
+        patterns = setuptools["package-data"][package]
+        matched = {p for pattern in patterns for p in (ROOT / folder).glob(pattern) if p.is_file()}
+        assert matched == {p for p in (ROOT / folder).rglob("*") if p.is_file()}, folder
+
+
+def test_systemd_unit_exec_start_runs_with_the_deploy_config(tmp_path: Path) -> None:
+    """ExecStart, with the unit's paths moved into tmp_path, starts the server on deploy/picpeak.toml; a request
+    arriving from the proxy's address with X-Forwarded-For is logged under the client's address."""
+    argv = unit_exec_start()
+    assert argv[0].endswith(f"/bin/{SCRIPT}")
+    config = tmp_path / "etc" / "picpeak.toml"
+    config.parent.mkdir()
+    shutil.copy(DEPLOY / "picpeak.toml", config)
+    state = tmp_path / "var"
+    state.mkdir()
+    args = [a.replace("/etc/picpeak/picpeak.toml", str(config)).replace("/var/lib/picpeak", str(state))
+            for a in argv[1:]]
+    assert str(config) in args and any(str(state) in a for a in args), args
+    # The file's port 8080 may be taken on a CI box: the environment overrides the file, flags would override both.
+    proc = subprocess.Popen([sys.executable, "-m", "picpeak_lite", *args], cwd=state, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PICPEAK_PORT": "0", "PICPEAK_ADMIN_PASSWORD": "deploy test pw"})
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if match := re.search(r"running at (http://127\.0\.0\.1:\d+)/admin", line):
+            url = match.group(1)
+            break
+    else:
+        raise AssertionError("".join(lines))
+    try:
+        request = urllib.request.Request(url + "/healthz", headers={"X-Forwarded-For": "198.51.100.23"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    printed = "".join(lines) + out
+    assert proc.returncode == 0, printed
+    assert f"config: {config}" in printed
+    assert '198.51.100.23 "GET /healthz HTTP/1.1" 200' in printed, printed
+    assert (state / "data" / "picpeak.sqlite3").exists()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    # verify wants ExecStart's program to exist: point it at this venv's script of the same name.
+    script = Path(sys.executable).parent / SCRIPT
+    assert script.exists()
+    text = (DEPLOY / "picpeak-lite.service").read_text().replace(unit_exec_start()[0], str(script))
+    unit = tmp_path / "picpeak-lite.service"
+    unit.write_text(text)
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+
+def test_proxy_snippets_match_the_deploy_config() -> None:
+    settings = load_settings(DEPLOY / "picpeak.toml", environ={})
+    upstream = f"{settings.host}:{settings.port}"
+    assert settings.host in {p.strip() for p in settings.trusted_proxies.split(",")}
+    assert settings.secure_cookies and settings.public_url.startswith("https://")
+    caddy = (DEPLOY / "Caddyfile").read_text()
+    assert re.search(rf"^\s*reverse_proxy {re.escape(upstream)}\b", caddy, re.MULTILINE)
+    assert "max_size" not in caddy  # no body limit in front of the app's own
+    nginx = (DEPLOY / "nginx.conf").read_text()
+    directives = {line.strip().rstrip(";") for line in nginx.splitlines() if line.strip().endswith(";")}
+    for expected in (f"proxy_pass http://{upstream}", "client_max_body_size 0", "proxy_request_buffering off",
+                     "proxy_http_version 1.1", "proxy_set_header Upgrade $http_upgrade",
+                     "proxy_set_header Connection $connection_upgrade",
+                     "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for"):
+        assert expected in directives, expected
+    assert re.search(r"map \$http_upgrade \$connection_upgrade", nginx)
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    return [(line.split(None, 1)[0], line.split(None, 1)[1]) for line in text.splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def dockerfile_copies() -> list[tuple[str, str]]:
+    """(source, destination) of every COPY, destination relative to the build's WORKDIR."""
+    copies = []
+    for op, rest in _dockerfile():
+        if op == "COPY":
+            *sources, dest = rest.split()
+            copies += [(s, s if dest == "./" else dest.removeprefix("./")) for s in sources]
+    return copies
+
+
+def test_dockerfile_installs_what_pyproject_builds() -> None:
+    steps = _dockerfile()
+    base = next(rest for op, rest in steps if op == "FROM")
+    version = re.fullmatch(r"python:(\d+)\.(\d+)-slim", base)
+    assert version, base
+    required = re.fullmatch(r">=(\d+)\.(\d+)", PYPROJECT["project"]["requires-python"])
+    assert required and tuple(map(int, version.groups())) >= tuple(map(int, required.groups()))
+    copied = {source for source, _ in dockerfile_copies()}
+    for source, dest in dockerfile_copies():
+        assert (ROOT / source).exists() and source == dest, (source, dest)
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    needed = {"pyproject.toml", PYPROJECT["project"]["readme"], *setuptools["package-dir"].values(),
+              *{p.split(".")[0] for p in setuptools["packages"]}}
+    assert needed <= copied, needed - copied
+    assert any(op == "RUN" and re.search(r"\bpip install (--no-cache-dir )?\.( |$)", rest) for op, rest in steps)
+    env = dict(pair.split("=", 1) for op, rest in steps if op == "ENV" for pair in rest.split())
+    settings = load_settings(environ=env)
+    assert settings.host == "0.0.0.0"
+    exposed = [int(rest) for op, rest in steps if op == "EXPOSE"]
+    assert exposed == [settings.port]
+    cmd = next(rest for op, rest in steps if op == "CMD")
+    assert cmd == f'["{SCRIPT}", "serve"]'
+    health = next(rest for op, rest in steps if op == "HEALTHCHECK")
+    assert f"http://127.0.0.1:{settings.port}/healthz" in health
+
+
+def test_readme_shows_the_tested_files_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for path in (DEPLOY / "picpeak-lite.service", DEPLOY / "picpeak.toml", DEPLOY / "Caddyfile",
+                 DEPLOY / "nginx.conf", ROOT / "Dockerfile"):
+        assert path.read_text() in readme, f"README.md does not show {path.relative_to(ROOT)} as it is"
