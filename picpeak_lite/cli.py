@@ -8,7 +8,7 @@ import getpass
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import click
@@ -75,6 +75,15 @@ def _database(config: str | None, data_dir: str | None) -> Iterator[tuple[Settin
         conn.close()
 
 
+def _run_trio(main: Callable[[], Awaitable[None]]) -> None:
+    """``trio.run``, with a bad setting or data directory found inside it (first-start work runs in the server's
+    nursery) raised as itself, for :func:`main` to print as one line."""
+    try:
+        trio.run(main)
+    except* ConfigError as group:
+        raise group.exceptions[0] from None
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="picpeak-lite", prog_name="picpeak-lite", message="%(prog)s %(version)s")
 def cli() -> None:
@@ -95,22 +104,17 @@ def serve(host: str | None, port: int | None, data_dir: str | None, config: str 
     # scrolling away) the generated admin password.
     listener = server.bind(settings)
     _start_logging(settings, config)
-    try:
-        bootstrap.prepare(settings)
-        password = bootstrap.ensure_admin(settings)
-    except BaseException:
-        listener.close()
-        raise
-    if password is not None:
-        click.echo(f"Created the admin account '{settings.admin_username}' with the password: {password}")
-        click.echo("This password is shown only once. Change it with `picpeak-lite admin set-password`.")
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             running = await nursery.start(functools.partial(server.run, settings, listener=listener))
+            if running.admin_password is not None:
+                click.echo(f"Created the admin account '{settings.admin_username}' with the password: "
+                           f"{running.admin_password}")
+                click.echo("This password is shown only once. Change it with `picpeak-lite admin set-password`.")
             click.echo(f"PicPeak is running at {running.url}/admin  (data in {settings.data_path.resolve()})")
 
-    trio.run(main)
+    _run_trio(main)
     click.echo("Stopped.")
 
 
@@ -130,7 +134,7 @@ def worker(config: str | None, data_dir: str | None, workers: int | None) -> Non
             await nursery.start(server.run_workers, settings)
             click.echo(f"Processing photos in {settings.data_path.resolve()} with {settings.worker_count} workers")
 
-    trio.run(main)
+    _run_trio(main)
     click.echo("Stopped.")
 
 

@@ -45,6 +45,9 @@ class RunningServer:
     url: str
     services: Services
     _shutdown: trio.Event
+    # The admin password made on the very first start, to be shown once (None on every later start, or when it
+    # came from PICPEAK_ADMIN_PASSWORD).
+    admin_password: str | None = None
 
     def stop(self) -> None:
         self._shutdown.set()
@@ -96,23 +99,29 @@ def _bind_problem(address: str, error: OSError) -> str:
     return f"cannot listen on {address}: {error.strerror or error}; check --host and --port"
 
 
+def first_start(settings: Settings) -> tuple[Services, str | None]:
+    """The blocking work before serving, done once and in a thread: the data directory and schema, the admin
+    account on the very first start (its generated password is returned), and the database connections."""
+    bootstrap.prepare(settings)
+    password = bootstrap.ensure_admin(settings)
+    return Services(settings=settings, db=Database(settings.database_path)), password
+
+
 async def run(
     settings: Settings,
     *,
-    services: Services | None = None,
     listener: Listener | None = None,
     task_status: trio.TaskStatus[RunningServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until stopped. ``listener`` is the socket bound by ``bind`` (the CLI binds before first-start work);
-    without one, ``run`` binds itself."""
+    """Serve until stopped. The socket is bound first (``listener``, bound by ``bind``; the CLI binds before it
+    starts trio, so that a port in use is its only line of output), then :func:`first_start` runs in a thread."""
     listener = listener or bind(settings)
     try:
-        bootstrap.prepare(settings)
+        svc, password = await trio.to_thread.run_sync(first_start, settings)
     except BaseException:
         listener.close()
         raise
-    db = services.db if services is not None else Database(settings.database_path)
-    svc = services or Services(settings=settings, db=db)
+    db = svc.db
     shutdown = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
@@ -122,7 +131,8 @@ async def run(
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled)
             await nursery.start(ChangeFeed(svc, svc.broker).run)
             binds = await nursery.start(_serve, svc, listener, shutdown, nursery.cancel_scope)
-            task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown))
+            task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown,
+                                              admin_password=password))
     finally:
         listener.close()
         db.close()
@@ -143,9 +153,8 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
 async def run_workers(settings: Settings, *, task_status: trio.TaskStatus[Services] = trio.TASK_STATUS_IGNORED
                       ) -> None:
     """``picpeak-lite worker``: the workers, janitor and webhook sender without the web server, until a signal."""
-    bootstrap.prepare(settings)
-    db = Database(settings.database_path)
-    svc = Services(settings=settings, db=db)
+    svc, _ = await trio.to_thread.run_sync(first_start, settings)
+    db = svc.db
     shutdown = trio.Event()
     try:
         async with trio.open_nursery() as nursery:

@@ -1,7 +1,7 @@
 """First-start work, done synchronously before anything serves: the data directory, the schema, the admin.
 
-Sync on purpose: the CLI runs it before the event loop starts, and the server runs it again (cheaply) so that
-``server.run`` is complete on its own for tests.
+Sync on purpose: ``server.first_start`` runs it once, in a thread, after the socket is bound; the commands that
+work on a data directory without a server (import, backup, check, admin) run it before they start.
 """
 
 from __future__ import annotations
