@@ -11,6 +11,7 @@ import trio
 from picpeak_lite import security
 from picpeak_lite.config import Settings
 from picpeak_lite.events.broker import Broker
+from picpeak_lite.pipeline.budget import MemoryBudget
 from picpeak_lite.pipeline.memory import MemoryTrimmer
 from picpeak_lite.store.db import Database
 from picpeak_lite.store.storage import Storage
@@ -45,6 +46,9 @@ class Services:
     guest_rate_limit: RateLimit = field(init=False)
     # Guest upload budgets per session and per IP (ratelimit.GUEST_*), read when Services is made.
     guest_upload_limits: GuestUploadLimits = field(init=False)
+    # The one budget of decode memory (settings.decode_memory_mb) that workers, watermarked downloads and the
+    # settings preview all take their estimated bytes from before they decode (pipeline/budget.py).
+    decode_budget: MemoryBudget = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -52,6 +56,7 @@ class Services:
         self.gallery_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
         self.guest_rate_limit = RateLimit(60, 2, clock=self.monotonic)
         self.guest_upload_limits = GuestUploadLimits(self.monotonic)
+        self.decode_budget = MemoryBudget.megabytes(s.decode_memory_mb)
 
     @property
     def storage(self) -> Storage:

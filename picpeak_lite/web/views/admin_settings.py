@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -120,9 +121,13 @@ async def watermark_preview() -> Response:
         raise BadRequest("; ".join(f"{k}: {v}" for k, v in errors.items()))
     chosen = admin_settings.AdminSettings(**{**current.as_form(), **values}, logo_path=current.logo_path)
     watermark = chosen.watermark("Anna & Ben")
+    spec = replace(PREVIEW_SPEC, watermark=watermark)
+    budget = services().decode_budget
     async with _preview_limiter:
-        try:
-            data = await trio.to_thread.run_sync(_render_preview, watermark)
+        try:  # the preview decodes a photo and the logo: it takes its bytes from the decode budget like a worker
+            cost = await trio.to_thread.run_sync(images.plan, SAMPLE_PHOTO, spec, budget.total)
+            async with budget.hold(cost):
+                data = await trio.to_thread.run_sync(_render_preview, watermark)
         except images.InvalidImage as error:
             raise BadRequest(error.reason) from None
     return Response(data, content_type="image/jpeg", headers={"Cache-Control": "private, no-store"})
