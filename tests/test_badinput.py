@@ -498,3 +498,34 @@ async def test_decompression_bombs_stay_within_the_memory_budget(tmp_path: Path,
     assert run.refused == sent - sum(1 for b, _, _ in imported if not b.accepted_format)
     assert all(status == 200 and kind == "image/jpeg" for status, kind, _ in downloads), downloads
     assert peak // 1024 <= budget_mb + RSS_MARGIN_MB, f"peak RSS {peak // 1024} MB"
+
+
+async def test_a_bomb_past_the_upload_check_fails_with_its_size_and_the_rest_wait_their_turn(
+        tmp_path: Path) -> None:
+    """A file that reached storage without the header check (an older version, a lowered setting) fails in
+    the worker with the same sentence, before any decode; two photos that fit only one at a time both complete,
+    the second after waiting, and the budget never held more than its total."""
+    from picpeak_lite.pipeline.budget import MemoryBudget
+    from picpeak_lite.store import db
+
+    from .conftest import own_services
+    from .test_pipeline import create_gallery, run_pool_until_idle, stage_photo, status_of
+
+    with own_services(tmp_path) as svc:
+        conn = db.connect(svc.settings.database_path)
+        try:
+            with db.transaction(conn):
+                gallery_id = create_gallery(conn)
+            bomb_id, _ = stage_photo(svc, gallery_id, bombs.png_zeros(), name="zeros.png", fmt="png")
+            fitting = [stage_photo(svc, gallery_id, bombs.png_fits(i), name=f"fits-{i}.png", fmt="png")[0]
+                       for i in range(2)]
+            cost = images.sniff(bombs.png_fits(0)).memory
+            svc.decode_budget = MemoryBudget(cost + cost // 2)  # room for one of them at a time
+            await run_pool_until_idle(svc, count=2)
+            rows = {photo_id: status_of(conn, photo_id) for photo_id in [bomb_id, *fitting]}
+        finally:
+            conn.close()
+    assert rows[bomb_id]["status"] == "failed"
+    assert rows[bomb_id]["error"].startswith("Image is too large to process: 12000x12000 pixels would need about")
+    assert [rows[i]["status"] for i in fitting] == ["complete", "complete"]
+    assert svc.decode_budget.peak == cost and svc.decode_budget.used == 0
