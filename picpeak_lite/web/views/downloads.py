@@ -186,7 +186,12 @@ def _cached_renderer(svc: Services, key: str, watermark: images.Watermark, tag: 
     """Runs in the zip's worker thread: has the event loop make the copy the way a single download does (same
     limiter, same cache), then reads it."""
     def render() -> bytes:
-        made = trio.from_thread.run(watermarked_copy, svc, key, watermark, tag)
+        try:
+            made = trio.from_thread.run(watermarked_copy, svc, key, watermark, tag)
+        except Unprocessable as error:
+            # Too big to watermark within the decode budget: the zip leaves it out, as it does a photo whose
+            # file is gone (zipstream skips on FileNotFoundError), rather than break off half-way.
+            raise FileNotFoundError(error.message) from None
         return made.read_bytes() if isinstance(made, Path) else made
 
     return render
