@@ -402,13 +402,22 @@ def _full_scale(im: Image.Image, fmt: str, watermark: Watermark, max_bytes: int 
     return next(((s, c) for s, c in costs if max_bytes is None or c <= max_bytes), costs[-1])
 
 
+LOGO_BYTES_PER_PIXEL = 12  # decoded RGBA, its RGBA conversion, and the resized copy's share
+
+
+def logo_max_pixels(max_bytes: int) -> int:
+    """The largest logo accepted under a decode budget: a quarter of it at most, since every watermarked render
+    decodes the logo on top of its photo."""
+    return max(100, min(LOGO_MAX_PIXELS, max_bytes // 4 // LOGO_BYTES_PER_PIXEL))
+
+
 def _logo_cost(watermark: Watermark | None) -> int:
     """A logo watermark is decoded and converted to RGBA for every image it marks (header read only)."""
     if watermark is None or not watermark.logo_path:
         return 0
     try:
         with _open(watermark.logo_path, LOGO_MAX_PIXELS) as (logo, _):
-            return logo.width * logo.height * (_pixel_bytes(logo.mode) + 4 + 4)
+            return logo.width * logo.height * LOGO_BYTES_PER_PIXEL
     except (InvalidImage, OSError):
         return 0  # _mark says why it cannot be used
 
