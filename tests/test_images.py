@@ -471,3 +471,8 @@ def test_the_view_is_turned_upright_after_shrinking() -> None:
     view = images.make_view(decoded, RenderSpec())
     assert view.image.size == (800, 1600) and view.orientation == 1
     assert (view.width, view.height) == (1500, 3000)
+
+
+def test_a_logo_may_take_a_quarter_of_the_decode_budget() -> None:
+    assert images.logo_max_pixels(BUDGET) == BUDGET // 4 // images.LOGO_BYTES_PER_PIXEL  # about 5.6 MP
+    assert images.logo_max_pixels(64 * 1024 * images.MB) == images.LOGO_MAX_PIXELS
