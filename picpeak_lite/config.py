@@ -69,6 +69,8 @@ class Settings:
     lease_seconds: float = _setting(60.0, "How long a claim lasts without renewal; a crash is recovered after this.")
     max_attempts: int = _setting(3, "Attempts before a photo that keeps failing or crashing is given up.")
     max_pixels: int = _setting(150_000_000, "Largest image accepted, in pixels.")
+    guest_max_pixels: int = _setting(50_000_000, "Largest image a guest may upload, in pixels (at most max_pixels).")
+    decode_memory_mb: int = _setting(256, "Memory all image decoding in this process may use at once, in MB.")
     grid_px: int = _setting(400, "Long edge of the grid image.")
     view_px: int = _setting(1600, "Long edge of the view image.")
     jpeg_quality: int = _setting(85, "JPEG quality of derivatives (60-95).")
@@ -249,6 +251,8 @@ def _validate(s: Settings) -> None:
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
     require(s.lease_seconds >= 5, "lease_seconds", "must be at least 5")
     require(s.max_pixels >= 100, "max_pixels", "must be at least 100")
+    require(s.guest_max_pixels >= 100, "guest_max_pixels", "must be at least 100")
+    require(s.decode_memory_mb >= 64, "decode_memory_mb", "must be at least 64")
     require(64 <= s.grid_px <= s.view_px <= 8192, "grid_px", "must be between 64 and view_px (at most 8192)")
     require(60 <= s.jpeg_quality <= 95, "jpeg_quality", "must be between 60 and 95")
     require(s.watermark_position in WATERMARK_POSITIONS, "watermark_position",

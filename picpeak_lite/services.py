@@ -19,6 +19,7 @@ from picpeak_lite import security
 from picpeak_lite.config import Settings
 from picpeak_lite.events.bell import Bell
 from picpeak_lite.events.broker import Broker
+from picpeak_lite.pipeline.budget import MemoryBudget
 from picpeak_lite.pipeline.memory import MemoryTrimmer
 from picpeak_lite.store.db import Database
 from picpeak_lite.store.storage import Storage
@@ -40,10 +41,14 @@ class Services:
     broker: Broker = field(default_factory=Broker)
     # Started by server.run; code that has just let go of a lot (an upload, a processed photo) calls freed().
     trimmer: MemoryTrimmer = field(default_factory=MemoryTrimmer)
+    # The one budget of decode memory (settings.decode_memory_mb) that workers, watermarked downloads and the
+    # settings preview all take their estimated bytes from before they decode (pipeline/budget.py).
+    decode_budget: MemoryBudget = field(init=False)
     storage: Storage = field(init=False)
 
     def __post_init__(self) -> None:
         self.storage = Storage(self.settings.data_path)
+        self.decode_budget = MemoryBudget.megabytes(self.settings.decode_memory_mb)
 
     async def hash_password(self, password: str) -> str:
         return await trio.to_thread.run_sync(security.hash_password, password, limiter=self.hash_limiter)

@@ -26,7 +26,7 @@ import trio
 
 from picpeak_lite.media import exif, images
 
-from . import corpus, imagefactory
+from . import bombs, corpus, imagefactory
 from .harness import figures
 
 # A system suite (hostile files through the image layer and a real server process):
@@ -92,10 +92,11 @@ class Server:
         return [line for line in text.splitlines() if "unexpected" in line or "Traceback" in line]
 
 
-async def start_server(tmp_path: Path) -> Server:
+async def start_server(tmp_path: Path, **settings: str) -> Server:
     data = tmp_path / "data"
     log = tmp_path / "server.log"
-    env = {**os.environ, "PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD, "PICPEAK_WORKERS": "2"}
+    env = {**os.environ, "PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD, "PICPEAK_WORKERS": "2",
+           **{f"PICPEAK_{key.upper()}": value for key, value in settings.items()}}
     env.pop("PICPEAK_CONFIG", None)
     with open(log, "wb") as err:
         proc = subprocess.Popen(
@@ -307,7 +308,9 @@ async def run_corpus(server: Server, gallery_name: str, big: list[corpus.Case]) 
 async def test_bad_input_on_a_real_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     big = [corpus.Case("102 MP JPEG", "big-102mp.jpg", await trio.to_thread.run_sync(corpus.big_jpeg), "complete"),
            corpus.Case("144 MP PNG", "big-144mp.png", await trio.to_thread.run_sync(corpus.big_png), "complete")]
-    server = await start_server(tmp_path)
+    # The 144 MP RGB PNG needs about 910 MB to decode and shrink: under the default 256 MB budget it is refused
+    # at upload (test_decompression_bombs_...); here the budget admits it, to show that it still completes.
+    server = await start_server(tmp_path, decode_memory_mb="1000")
     try:
         warm = await run_corpus(server, "Warm-up", big)
         await trio.sleep(0.5)
@@ -333,3 +336,211 @@ async def test_bad_input_on_a_real_server(tmp_path: Path, capsys: pytest.Capture
     assert crashes == 0, server.unexpected_errors()
     assert ratio <= 1.2, (before, after)
     assert peak < 1024 * 1024, f"peak RSS {peak // 1024} MB"
+
+
+# --- decompression bombs against the memory budget (issue 11) -----------------------------------------------
+
+GUESTS = 5
+PER_REQUEST = 4
+GALLERY_PASSWORD = "bombs gallery password"
+CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
+RSS_MARGIN_MB = 150  # the server itself, its HTTP buffers and Pillow's allocator slack above the budget
+
+
+def names_the_size(bomb: bombs.Bomb, reason: str) -> bool:
+    """A refusal must say what was too big: the pixel size, the megapixels or the frame count."""
+    if not bomb.accepted_format:
+        return reason == images.UNSUPPORTED
+    return readable(reason) and (bomb.size in reason or "megapixels" in reason)
+
+
+def bombs_for(request_index: int) -> list[tuple[bombs.Bomb, str, bytes]]:
+    """Four bombs for one request, every request a different mix, every file's bytes distinct."""
+    chosen = []
+    for k in range(PER_REQUEST):
+        variant = request_index * PER_REQUEST + k
+        bomb = bombs.BOMBS[variant % len(bombs.BOMBS)]
+        chosen.append((bomb, f"{variant:02d}-{bomb.filename}", bomb.make(variant)))
+    return chosen
+
+
+@dataclass
+class BombRun:
+    statuses: list[int] = field(default_factory=list)
+    refused: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def check_answer(self, where: str, sent: list[tuple[bombs.Bomb, str, bytes]], response: httpx.Response) -> None:
+        self.statuses.append(response.status_code)
+        if not 400 <= response.status_code < 500:
+            self.problems.append(f"{where}: answered {response.status_code}: {response.text[:300]}")
+            return
+        errors = {e["filename"]: e["error"] for e in response.json().get("errors") or []}
+        for bomb, name, _ in sent:
+            reason = errors.get(name)
+            if reason is None or not names_the_size(bomb, reason):
+                self.problems.append(f"{where}: {bomb.label} came back as {reason!r}")
+            else:
+                self.refused += 1
+
+
+async def guest_client(url: str, slug: str) -> tuple[httpx.AsyncClient, str]:
+    client = httpx.AsyncClient(base_url=url, timeout=REQUEST_SECONDS)
+    page = await client.get(f"/g/{slug}")
+    csrf = CSRF_INPUT.search(page.text)
+    assert csrf, page.text[:500]
+    entered = await client.post(f"/g/{slug}/password", data={"password": GALLERY_PASSWORD,
+                                                              "csrf_token": csrf.group(1)})
+    assert entered.status_code == 302, entered.text
+    return client, csrf.group(1)
+
+
+def jpeg_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a JPEG's SOF segment."""
+    for marker, body in imagefactory.jpeg_segments(data):
+        if marker in (0xC0, 0xC1, 0xC2):
+            return int.from_bytes(body[3:5], "big"), int.from_bytes(body[1:3], "big")
+    return 0, 0
+
+
+async def test_decompression_bombs_stay_within_the_memory_budget(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Bombs of every format through guest upload, admin upload and import, 4 per request from 5 guests (and 5
+    admin requests) at once, then watermarked downloads of big photos that do fit: every bomb refused with its
+    size, no 5xx, no crash, and the server's peak RSS within the decode budget plus a margin."""
+    budget_mb = 256  # the default, and what the server is started with
+    guest_files = [await trio.to_thread.run_sync(bombs_for, i) for i in range(GUESTS)]
+    admin_files = [await trio.to_thread.run_sync(bombs_for, GUESTS + i) for i in range(GUESTS)]
+    fitting = [(f"big-{i}.jpg", await trio.to_thread.run_sync(bombs.jpeg_big, i)) for i in range(PER_REQUEST)]
+    fitting += [(f"fits-{i}.png", await trio.to_thread.run_sync(bombs.png_fits, i)) for i in range(2)]
+    folder = tmp_path / "import"
+    folder.mkdir()
+    imported = await trio.to_thread.run_sync(bombs_for, 2 * GUESTS)
+    for _, name, data in imported:
+        (folder / name).write_bytes(data)
+    server = await start_server(tmp_path, decode_memory_mb=str(budget_mb))
+    run = BombRun()
+    downloads: list[tuple[int, str, tuple[int, int]]] = []
+    try:
+        before = server.rss_kb()
+        headers = {"Authorization": f"Bearer {server.token}"}
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=REQUEST_SECONDS) as admin:
+            created = await admin.post("/api/admin/galleries", json={
+                "name": "Bombs", "password": GALLERY_PASSWORD, "allow_guest_uploads": True, "watermark": True})
+            assert created.status_code == 201, created.text
+            gallery = created.json()
+            assert (await admin.post(f"/api/admin/galleries/{gallery['id']}/publish")).status_code == 200
+            slug = gallery["slug"]
+            guests = [await guest_client(server.url, slug) for _ in range(GUESTS)]
+            good = await admin.post(f"/api/admin/galleries/{gallery['id']}/upload", content=body_of(
+                *[file_part(name, data) for name, data in fitting]),
+                headers={"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"})
+            assert good.status_code == 202, good.text
+            good_ids = good.json()["photo_ids"]
+
+            async def guest_upload(index: int) -> None:
+                client, csrf = guests[index]
+                sent = guest_files[index]
+                response = await client.post(
+                    f"/api/g/{slug}/upload", content=body_of(*[file_part(n, d) for _, n, d in sent]),
+                    headers={"Content-Type": f"multipart/form-data; boundary={BOUNDARY}", "X-CSRF-Token": csrf})
+                run.check_answer(f"guest {index}", sent, response)
+
+            async def admin_upload(index: int) -> None:
+                sent = admin_files[index]
+                response = await admin.post(
+                    f"/api/admin/galleries/{gallery['id']}/upload",
+                    content=body_of(*[file_part(n, d) for _, n, d in sent]),
+                    headers={"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"})
+                run.check_answer(f"admin {index}", sent, response)
+
+            imported_run: list[subprocess.CompletedProcess[bytes]] = []
+
+            async def run_import() -> None:
+                imported_run.append(await trio.run_process(
+                    [sys.executable, "-m", "picpeak_lite", "import", str(folder), "--gallery", slug,
+                     "--data-dir", str(tmp_path / "data")], capture_stdout=True, capture_stderr=True,
+                    check=False, env={**os.environ, "PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD}))
+
+            with trio.fail_after(SETTLE_SECONDS):
+                async with trio.open_nursery() as nursery:
+                    for index in range(GUESTS):
+                        nursery.start_soon(guest_upload, index)
+                        nursery.start_soon(admin_upload, index)
+                    nursery.start_soon(run_import)
+            # The importer refuses each accepted-format bomb on a line of its own, naming the size; it ignores
+            # GIF and TIFF by their extension.
+            report = imported_run[0].stderr.decode()
+            for bomb, name, _ in imported:
+                line = next((ln for ln in report.splitlines() if ln.strip().startswith(name + ": ")), "")
+                if bomb.accepted_format and not names_the_size(bomb, line.partition(": ")[2]):
+                    run.problems.append(f"import: {bomb.label} came back as {line!r}")
+                elif bomb.accepted_format:
+                    run.refused += 1
+            photos = await wait_until_done(admin, {good.json()["upload_id"]}, Run())
+            assert [photos[i]["status"] for i in good_ids] == ["complete"] * len(fitting), photos
+
+            async def download(index: int, photo_id: int) -> None:
+                client, _ = guests[index]
+                response = await client.get(f"/g/{slug}/photos/{photo_id}/download")
+                size = jpeg_size(response.content) if response.status_code == 200 else (0, 0)
+                downloads.append((response.status_code, response.headers.get("content-type", ""), size))
+
+            with trio.fail_after(SETTLE_SECONDS):
+                async with trio.open_nursery() as nursery:
+                    for index in range(GUESTS):
+                        for photo_id in good_ids[:PER_REQUEST]:
+                            nursery.start_soon(download, index, photo_id)
+        peak = server.rss_kb("VmHWM")
+        alive = server.proc.poll() is None
+        for client, _ in guests:
+            await client.aclose()
+    finally:
+        stop_server(server)
+    crashes = len(server.unexpected_errors()) + (0 if alive else 1)
+    statuses = run.statuses + [status for status, _, _ in downloads]
+    server_errors = sum(1 for status in statuses if status >= 500)
+    sent = sum(len(files) for files in guest_files + admin_files) + len(imported)
+    figures(capsys, f"badinput bombs: files={sent} refused_with_size={run.refused} "
+                    f"fitting_complete={len(fitting)} watermarked_downloads={len(downloads)} crashes={crashes} "
+                    f"5xx={server_errors} budget_mb={budget_mb} rss_start_mb={before // 1024} "
+                    f"peak_rss_mb={peak // 1024} peak_limit_mb={budget_mb + RSS_MARGIN_MB}")
+    assert run.problems == []
+    assert crashes == 0, server.unexpected_errors()
+    assert server_errors == 0, statuses
+    assert run.refused == sent - sum(1 for b, _, _ in imported if not b.accepted_format)
+    # 63 MP at full size would need ~380 MB: each copy was made at the 1/2 scale that fits the budget.
+    assert all(status == 200 and kind == "image/jpeg" and size == (4500, 3500)
+               for status, kind, size in downloads), downloads
+    assert peak // 1024 <= budget_mb + RSS_MARGIN_MB, f"peak RSS {peak // 1024} MB"
+
+
+async def test_a_bomb_past_the_upload_check_fails_with_its_size_and_the_rest_wait_their_turn(
+        tmp_path: Path) -> None:
+    """A file that reached storage without the header check (an older version, a lowered setting) fails in
+    the worker with the same sentence, before any decode; two photos that fit only one at a time both complete,
+    the second after waiting, and the budget never held more than its total."""
+    from picpeak_lite.pipeline.budget import MemoryBudget
+    from picpeak_lite.store import db
+
+    from .conftest import own_services
+    from .test_pipeline import create_gallery, run_pool_until_idle, stage_photo, status_of
+
+    with own_services(tmp_path) as svc:
+        conn = db.connect(svc.settings.database_path)
+        try:
+            with db.transaction(conn):
+                gallery_id = create_gallery(conn)
+            bomb_id, _ = stage_photo(svc, gallery_id, bombs.png_zeros(), name="zeros.png", fmt="png")
+            fitting = [stage_photo(svc, gallery_id, bombs.png_fits(i), name=f"fits-{i}.png", fmt="png")[0]
+                       for i in range(2)]
+            cost = images.sniff(bombs.png_fits(0)).memory
+            svc.decode_budget = MemoryBudget(cost + cost // 2)  # room for one of them at a time
+            await run_pool_until_idle(svc, count=2)
+            rows = {photo_id: status_of(conn, photo_id) for photo_id in [bomb_id, *fitting]}
+        finally:
+            conn.close()
+    assert rows[bomb_id]["status"] == "failed"
+    assert rows[bomb_id]["error"].startswith("Image is too large to process: 12000x12000 pixels would need about")
+    assert [rows[i]["status"] for i in fitting] == ["complete", "complete"]
+    assert svc.decode_budget.peak == cost and svc.decode_budget.used == 0

@@ -415,3 +415,103 @@ def test_watermark_on_a_tiny_image_fits_inside_it() -> None:
     mark = Watermark(text="A long watermark text for a tiny picture", position="center", size=1.0)
     view = opened(images.render(save(photo(12, 10), "png"), RenderSpec(watermark=mark)).view_jpeg)
     assert view.size == (12, 10)
+
+
+# --- memory: estimates from the header, refusals that name the size (issue 11) ---------------------------------
+
+BUDGET = 256 * images.MB
+
+
+def test_the_issues_png_bomb_is_refused_from_its_header_with_its_size_and_the_limit() -> None:
+    from tests import bombs
+
+    bomb = bombs.png_zeros()
+    assert len(bomb) < 600_000
+    header = images.sniff(bomb)  # under the pixel limit: without a memory limit it passes, as it did
+    assert header.memory > 1400 * images.MB
+    with pytest.raises(InvalidImage) as caught:
+        images.sniff(bomb, max_bytes=BUDGET)
+    assert caught.value.too_large
+    assert caught.value.reason == ("Image is too large to process: 12000x12000 pixels would need about 1,458 MB "
+                                   "of memory, and this server allows 256 MB.")
+    with pytest.raises(InvalidImage, match="12000x12000 pixels would need"):
+        images.plan(bomb, RenderSpec(), BUDGET)
+
+
+@pytest.mark.parametrize("label", ["PNG 12000x12000 grey of zeros", "animated WebP on a 12000x12000 canvas",
+                                   "progressive JPEG claiming 12000x12000", "HEIC claiming 12000x12000",
+                                   "APNG claiming 100,000 frames", "WebP of 1,500 frames"])
+def test_bombs_of_every_format_are_refused_by_size(label: str) -> None:
+    from tests import bombs
+
+    [bomb] = [b for b in bombs.BOMBS if b.label == label]
+    with pytest.raises(InvalidImage) as caught:
+        images.sniff(bomb.make(), max_bytes=BUDGET)
+    assert caught.value.too_large and bomb.size in caught.value.reason
+
+
+def test_a_webp_canvas_is_checked_before_the_decoder_allocates_it() -> None:
+    from tests import bombs
+
+    with pytest.raises(InvalidImage) as caught:
+        images.sniff(bombs.webp_canvas(), max_pixels=100_000_000)
+    assert caught.value.reason == "Image is too large (144 megapixels; the limit is 100)"
+
+
+def test_a_progressive_jpeg_costs_its_coefficients_whatever_the_draft_scale() -> None:
+    from tests import bombs
+
+    progressive = images.sniff(bombs.jpeg_progressive()).memory
+    baseline = images.sniff(corpus_jpeg_claiming(12000, 12000)).memory
+    assert progressive - baseline >= 400 * images.MB  # 144 M luma + 2 x 36 M chroma coefficients, 2 bytes each
+    assert baseline < 100 * images.MB  # decoded at 1/4 scale for a 1600 px view
+
+
+def corpus_jpeg_claiming(width: int, height: int) -> bytes:
+    from tests.corpus import jpeg_with_size
+
+    return jpeg_with_size(save(photo(64, 64), "jpeg"), width, height)
+
+
+def test_plan_counts_the_watermark_logo(tmp_path: Path) -> None:
+    logo = tmp_path / "logo.png"
+    Image.new("RGBA", (2000, 1000), (255, 255, 255, 128)).save(logo)
+    data = save(photo(800, 600), "png")
+    plain = images.plan(data, RenderSpec())
+    marked_spec = RenderSpec(watermark=Watermark(logo_path=str(logo)))
+    assert images.plan(data, marked_spec) - plain >= 2000 * 1000 * 8
+
+
+def test_a_big_jpeg_is_watermarked_at_the_largest_scale_that_fits() -> None:
+    big = save(Image.new("RGB", (6000, 4000), (90, 120, 150)), "jpeg", quality=75)
+    mark = Watermark(text="Anna & Ben")
+    full = images.plan_watermark(big, mark)
+    assert full > 100 * images.MB
+    limit = 80 * images.MB
+    fitted = images.plan_watermark(big, mark, max_bytes=limit)
+    assert fitted <= limit
+    copy = opened(images.apply_watermark(big, mark, max_bytes=limit))
+    assert copy.size == (3000, 2000)
+    assert opened(images.apply_watermark(big, mark)).size == (6000, 4000)  # no limit: full size, as before
+
+
+def test_a_png_too_big_to_watermark_within_the_limit_is_refused_with_its_size() -> None:
+    data = save(photo(3000, 2000), "png")
+    with pytest.raises(InvalidImage) as caught:
+        images.plan_watermark(data, Watermark(text="x"), max_bytes=20 * images.MB)
+    assert caught.value.too_large and "3000x2000 pixels" in caught.value.reason
+
+
+def test_the_view_is_turned_upright_after_shrinking() -> None:
+    """The decoded image stays as stored (no full-size transpose); make_view turns the small one."""
+    data = save(marked(3000, 1500), "jpeg", exif=make_exif(orientation=6))
+    decoded = images.decode(data, RenderSpec())
+    assert decoded.image.size == (3000, 1500) and decoded.orientation == 6
+    view = images.make_view(decoded, RenderSpec())
+    assert view.image.size == (800, 1600) and view.orientation == 1
+    assert (view.width, view.height) == (1500, 3000)
+
+
+def test_a_logo_may_take_a_quarter_of_the_decode_budget() -> None:
+    assert images.logo_max_pixels(BUDGET) == BUDGET // 4 // images.LOGO_BYTES_PER_PIXEL  # about 5.6 MP
+    assert images.logo_max_pixels(64 * 1024 * images.MB) == images.LOGO_MAX_PIXELS

@@ -14,6 +14,13 @@ Three rules shape the code:
 * Big JPEGs are decoded at 1/2, 1/4 or 1/8 scale by libjpeg itself (``draft``), never smaller than the view
   image, and the grid image is made from the view: a 24 MP photo costs under a quarter of the memory and
   under half the CPU of the usual full decode + exif_transpose + thumbnail (``bench/bench_pipeline.py``).
+* Memory is known before it is spent. A 560 KB PNG can claim 12000x12000 RGBA (576 MB of pixels, 1.8 GB with
+  the working copies), so :func:`plan` and :func:`plan_watermark` estimate, from the header alone, the peak a
+  render or a watermarked copy will need (``Cost``, calibrated against VmHWM per format: the decoded mode's
+  bytes per pixel as Pillow stores them, the decoder's own buffers, every full-size copy). The caller holds that
+  much of the process's decode budget (``pipeline/budget.py``) around the work; what could not fit even alone
+  is refused with a sentence that names its size. Fewer copies also means a smaller estimate: greys and
+  alpha are shrunk or flattened without the extra RGBA copy, and the view is turned upright after shrinking.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import io
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import BinaryIO
 
 import pillow_heif
@@ -65,15 +72,20 @@ SRGB = ImageCms.createProfile("sRGB")
 # deflate compresses at most about 1032:1, and a PNG row holds at least one bit per pixel and a filter byte, so a
 # PNG shorter than that bound claims a size its data cannot have: a bomb's header or a cut-off file.
 DEFLATE_MAX_RATIO = 1032
+MB = 1024 * 1024
+# Only the first frame of an animated WebP, APNG or HEIF sequence is decoded; more frames than this is a file
+# made to exhaust the demuxer's tables, not a photo.
+MAX_FRAMES = 1000
 
 
 class InvalidImage(ValueError):
     """A file we cannot or will not process. ``reason`` is shown to the uploader; ``detail`` is for logs."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, too_large: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.detail = detail
+        self.too_large = too_large  # refused for its size (pixels, frames or memory): an upload answers 413
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,8 @@ class ImageHeader:
     mime: str
     width: int
     height: int
+    frames: int = field(default=1, compare=False)
+    memory: int = field(default=0, compare=False)  # estimated peak bytes of making its view and grid images
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,7 @@ class Decoded:
     height: int
     exif: bytes | None
     icc: bytes | None
+    orientation: int = 1  # the EXIF orientation still to apply to ``image``: make_view turns it upright
 
 
 @dataclass(frozen=True)
@@ -136,11 +151,47 @@ class Rendered:
     exif: bytes | None  # the original's EXIF block as found, for exif.read_metadata
 
 
-def sniff(source: Source, *, max_pixels: int = 150_000_000) -> ImageHeader:
-    """Check an upload from its magic bytes and header only: no pixel is decoded, nothing large allocated."""
+def sniff(source: Source, *, max_pixels: int = 150_000_000, max_bytes: int | None = None,
+          view_px: int = 1600) -> ImageHeader:
+    """Check an upload from its magic bytes and header only: no pixel is decoded, nothing large allocated.
+
+    With ``max_bytes``, an image whose view would need more memory than that (``plan``) is refused here, so that
+    the worker never meets it.
+    """
     with _open(source, max_pixels) as (im, fmt):
         width, height = _upright(im.size, read_orientation(_exif(im)))
-    return ImageHeader(fmt, FORMATS[fmt][1], width, height)
+        frames = _frames(im)
+        memory = _view_cost(im, fmt, view_px)
+    if max_bytes is not None:
+        _check_fits(memory, max_bytes, width, height)
+    return ImageHeader(fmt, FORMATS[fmt][1], width, height, frames, memory)
+
+
+def plan(source: Source, spec: RenderSpec, max_bytes: int | None = None) -> int:
+    """The peak bytes :func:`render` (or the worker's steps) will need for this file with this spec, from its
+    header; with ``max_bytes``, InvalidImage(too_large) when that cannot fit."""
+    with _open(source, spec.max_pixels) as (im, fmt):
+        width, height = _upright(im.size, read_orientation(_exif(im)))
+        memory = _view_cost(im, fmt, spec.view_px) + _logo_cost(spec.watermark)
+    if max_bytes is not None:
+        _check_fits(memory, max_bytes, width, height)
+    return memory
+
+
+def plan_watermark(source: Source, watermark: Watermark, *, max_pixels: int = 150_000_000,
+                   max_bytes: int | None = None) -> int:
+    """The peak bytes of :func:`apply_watermark` with the same ``max_bytes`` (which picks a JPEG's scale)."""
+    with _open(source, max_pixels) as (im, fmt):
+        width, height = _upright(im.size, read_orientation(_exif(im)))
+        _, memory = _full_scale(im, fmt, watermark, max_bytes)
+    if max_bytes is not None:
+        _check_fits(memory, max_bytes, width, height)
+    return memory
+
+
+def too_large_for_memory(width: int, height: int, needed: int, limit: int) -> str:
+    return (f"Image is too large to process: {width}x{height} pixels would need about {_mb(needed)} MB of "
+            f"memory, and this server allows {_mb(limit)} MB.")
 
 
 def render(source: Source, spec: RenderSpec) -> Rendered:
@@ -160,7 +211,11 @@ def decode(source: Source, spec: RenderSpec) -> Decoded:
 
 
 def make_view(decoded: Decoded, spec: RenderSpec) -> Decoded:
-    return replace(decoded, image=_shrink(decoded.image, spec.view_px))
+    """Shrink, then turn upright: transposing the view costs a few MB, the decoded image hundreds."""
+    image = _shrink(decoded.image, spec.view_px)
+    if decoded.orientation in ORIENT:
+        image = image.transpose(ORIENT[decoded.orientation])
+    return replace(decoded, image=image, orientation=1)
 
 
 def make_grid(view: Decoded, spec: RenderSpec) -> Decoded:
@@ -176,19 +231,30 @@ def encode(picture: Decoded, spec: RenderSpec) -> bytes:
     return _jpeg(picture.image, spec.quality, picture.icc)
 
 
-def apply_watermark(source: Source, watermark: Watermark, *, quality: int = 92,
-                    max_pixels: int = 150_000_000) -> bytes:
-    """A full-size, upright, metadata-free watermarked JPEG for guest downloads; the original is only read."""
-    picture = _load(source, max_pixels, None)
-    return _jpeg(_watermarked(picture.image, watermark), quality, picture.icc)
+def apply_watermark(source: Source, watermark: Watermark, *, quality: int = 92, max_pixels: int = 150_000_000,
+                    max_bytes: int | None = None) -> bytes:
+    """A full-size, upright, metadata-free watermarked JPEG for guest downloads; the original is only read.
+
+    A JPEG too big for ``max_bytes`` at full size is decoded at the largest 1/2, 1/4 or 1/8 scale that fits
+    (:func:`plan_watermark` says how much that takes). Saved baseline and not optimised: libjpeg would otherwise
+    keep every DCT coefficient of the image (3 bytes a pixel) for the second pass.
+    """
+    with _open(source, max_pixels) as (im, fmt):
+        scale, _ = _full_scale(im, fmt, watermark, max_bytes)
+    picture = _load(source, max_pixels, None, scale=scale, upright_first=True)
+    return _jpeg(_watermarked(picture.image, watermark), quality, picture.icc, compact=True)
 
 
 @contextmanager
 def _open(source: Source, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
     """Open lazily (header only) with the one Pillow plugin the magic bytes name, and check the size."""
     with io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb") as fp:
-        fmt = _format(fp.read(64))
+        head = fp.read(64)
+        fmt = _format(head)
         fp.seek(0)
+        canvas = _webp_canvas(head) if fmt == "webp" else None
+        if canvas is not None:  # Pillow's WebP decoder allocates the canvas when it opens: check it first
+            _check_pixels(*canvas, max_pixels)
         try:
             im = Image.open(fp, formats=[FORMATS[fmt][0]])
         except Exception as exc:  # only Pillow runs here; its plugins raise many types
@@ -198,14 +264,166 @@ def _open(source: Source, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
             raise InvalidImage(
                 f"Image is too small ({width}x{height}); at least {MIN_SIDE}x{MIN_SIDE} pixels"
             )
-        if width * height > max_pixels:
-            raise InvalidImage(
-                f"Image is too large ({_megapixels(width * height)} megapixels; "
-                f"the limit is {_megapixels(max_pixels)})"
-            )
+        _check_pixels(width, height, max_pixels)
+        frames = _frames(im)
+        if frames > MAX_FRAMES:
+            raise InvalidImage(f"The image has {frames:,} frames; at most {MAX_FRAMES:,} are accepted "
+                               "(only the first is shown)", too_large=True)
         if fmt == "png" and _file_size(fp) < height * (1 + (width + 7) // 8) // DEFLATE_MAX_RATIO:
             raise InvalidImage(CORRUPT, f"{width}x{height} cannot fit in {_file_size(fp)} bytes")
         yield im, fmt
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise InvalidImage(
+            f"Image is too large ({_megapixels(width * height)} megapixels; the limit is {_megapixels(max_pixels)})",
+            too_large=True,
+        )
+
+
+def _check_fits(memory: int, max_bytes: int, width: int, height: int) -> None:
+    if memory > max_bytes:
+        raise InvalidImage(too_large_for_memory(width, height, memory, max_bytes), too_large=True)
+
+
+def _webp_canvas(head: bytes) -> tuple[int, int] | None:
+    """The canvas size a WebP header claims (the same fields Pillow's plugin reads), or None if unreadable."""
+    chunk = head[12:16]
+    if chunk == b"VP8 " and len(head) >= 30 and head[23:26] == b"\x9d\x01\x2a":
+        return (int.from_bytes(head[26:28], "little") & 0x3FFF, int.from_bytes(head[28:30], "little") & 0x3FFF)
+    if chunk == b"VP8X" and len(head) >= 30:
+        return int.from_bytes(head[24:27], "little") + 1, int.from_bytes(head[27:30], "little") + 1
+    if chunk == b"VP8L" and len(head) >= 25 and head[20] == 0x2F:
+        bits = int.from_bytes(head[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    return None
+
+
+def _frames(im: Image.Image) -> int:
+    frames = getattr(im, "n_frames", 1)
+    return frames if isinstance(frames, int) and frames > 0 else 1
+
+
+# --- what decoding costs ----------------------------------------------------------------------------------
+# Calibrated on 12 MP files of each kind (peak VmHWM over a fresh process, bench-style), rounded up.
+
+SHRINK_SHARE = 0.6  # reduce() output plus the resize's intermediate, as a share of the image being shrunk
+JPEG_COEF_BYTES = 2  # libjpeg keeps one 16-bit coefficient per sample for a multi-scan (progressive) JPEG
+ENCODED_BYTES_PER_PIXEL = 2  # a full-size JPEG's output buffer as it grows, and the copy getvalue() makes
+
+
+def _pixel_bytes(mode: str) -> int:
+    """Bytes per pixel as Pillow stores the mode: RGB, LA and the like take 4, not 3."""
+    if mode in ("1", "L", "P"):
+        return 1
+    if mode.startswith("I;16"):
+        return 2
+    return 4
+
+
+def _needs_flatten(im: Image.Image) -> bool:
+    return im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (im.mode == "P" and "transparency" in im.info)
+
+
+def _rgb_copies(im: Image.Image) -> int:
+    """Full-size 4-byte copies ``_to_rgb`` makes on the way to RGB (one per convert or flatten)."""
+    if im.mode == "RGB":
+        return 0
+    if im.mode.startswith("I") or im.mode == "F":
+        return 3  # to I, scaled, and (after a 1-byte L) to RGB
+    if _needs_flatten(im):
+        return 1 if im.mode in ("RGBA", "LA") else 2
+    return 1
+
+
+def _decoder_bytes(im: Image.Image, fmt: str) -> int:
+    """What the decoder holds besides the image it fills, at the image's full (header) size."""
+    width, height = im.size
+    if fmt == "webp":
+        return 3 * width * height * 4  # libwebp's canvas and previous canvas, and the frame as Python bytes
+    if fmt == "heif":
+        return width * height * 4  # libheif's decoded planes, copied into the Pillow image
+    if fmt == "png" and _frames(im) > 1:
+        return width * height * _pixel_bytes(im.mode)  # APNG keeps the previous frame for disposal
+    if fmt == "jpeg" and im.info.get("progressive"):
+        layers = getattr(im, "layer", None) or [("", 1, 1, 0)] * len(im.getbands())
+        h_max = max(layer[1] for layer in layers) or 1
+        v_max = max(layer[2] for layer in layers) or 1
+        samples = sum(width * height * layer[1] * layer[2] / (h_max * v_max) for layer in layers)
+        return int(JPEG_COEF_BYTES * samples)
+    return 0
+
+
+def _draft_size(im: Image.Image, fmt: str, view_px: int) -> tuple[int, int]:
+    """The size ``_load`` decodes at for a view image: a JPEG's draft scale, else the full size."""
+    if fmt == "jpeg" and max(im.size) > 2 * view_px:
+        return _scaled(im.size, _jpeg_scale(im.size, _fit(im.size, view_px)))
+    return im.size
+
+
+def _jpeg_scale(size: tuple[int, int], wanted: tuple[int, int]) -> int:
+    """The 1/n scale Pillow's JPEG draft() picks for ``wanted``: the largest of 8, 4, 2, 1 not below it."""
+    scale = min(size[0] // max(1, wanted[0]), size[1] // max(1, wanted[1]))
+    return next(n for n in (8, 4, 2, 1) if scale >= n)
+
+
+def _scaled(size: tuple[int, int], scale: int) -> tuple[int, int]:
+    return (size[0] + scale - 1) // scale, (size[1] + scale - 1) // scale
+
+
+def _view_cost(im: Image.Image, fmt: str, view_px: int) -> int:
+    """Peak bytes of decode + make_view + make_grid + add_watermark + encode for a lazily opened image."""
+    width, height = _draft_size(im, fmt, view_px)
+    pixels = width * height
+    decoded = pixels * _pixel_bytes(im.mode)
+    working = _rgb_copies(im) * pixels * 4 + int(SHRINK_SHARE * pixels * 4)
+    outputs = 3 * view_px * view_px * 4  # view, grid, the watermarked view and the encoders' buffers
+    return decoded + _decoder_bytes(im, fmt) + working + outputs
+
+
+def _full_cost(im: Image.Image, fmt: str, watermark: Watermark, scale: int) -> int:
+    """Peak bytes of apply_watermark at 1/``scale`` (1 unless a JPEG)."""
+    width, height = _scaled(im.size, scale)
+    pixels = width * height
+    copies = _rgb_copies(im)
+    if read_orientation(_exif(im)) in ORIENT:
+        copies += 1
+    mark_width = max(1, round(width * watermark.size))
+    mark = min(pixels, mark_width * min(height, mark_width)) * 4 * 3  # the mark, the region, its RGBA copy
+    return (pixels * _pixel_bytes(im.mode) + _decoder_bytes(im, fmt) + copies * pixels * 4
+            + ENCODED_BYTES_PER_PIXEL * pixels + mark + _logo_cost(watermark))
+
+
+def _full_scale(im: Image.Image, fmt: str, watermark: Watermark, max_bytes: int | None) -> tuple[int, int]:
+    """(scale, bytes) for a watermarked copy: full size if it fits, else a JPEG's largest scale that does."""
+    scales = (1, 2, 4, 8) if fmt == "jpeg" and max_bytes is not None else (1,)
+    costs = [(scale, _full_cost(im, fmt, watermark, scale)) for scale in scales]
+    return next(((s, c) for s, c in costs if max_bytes is None or c <= max_bytes), costs[-1])
+
+
+LOGO_BYTES_PER_PIXEL = 12  # decoded RGBA, its RGBA conversion, and the resized copy's share
+
+
+def logo_max_pixels(max_bytes: int) -> int:
+    """The largest logo accepted under a decode budget: a quarter of it at most, since every watermarked render
+    decodes the logo on top of its photo."""
+    return max(100, min(LOGO_MAX_PIXELS, max_bytes // 4 // LOGO_BYTES_PER_PIXEL))
+
+
+def _logo_cost(watermark: Watermark | None) -> int:
+    """A logo watermark is decoded and converted to RGBA for every image it marks (header read only)."""
+    if watermark is None or not watermark.logo_path:
+        return 0
+    try:
+        with _open(watermark.logo_path, LOGO_MAX_PIXELS) as (logo, _):
+            return logo.width * logo.height * LOGO_BYTES_PER_PIXEL
+    except (InvalidImage, OSError):
+        return 0  # _mark says why it cannot be used
+
+
+def _mb(size: int) -> str:
+    return f"{-(-size // MB):,}"
 
 
 def _file_size(fp: BinaryIO) -> int:
@@ -232,11 +450,16 @@ def _format(head: bytes) -> str:
     raise InvalidImage(UNSUPPORTED)
 
 
-def _load(source: Source, max_pixels: int, draft_px: int | None) -> Decoded:
+def _load(source: Source, max_pixels: int, draft_px: int | None, *, scale: int = 1,
+          upright_first: bool = False) -> Decoded:
+    """Decode to RGB. For a view (``draft_px``), the image stays as it is stored and is turned upright by
+    make_view after shrinking; a full-size copy (``upright_first``) is turned here."""
     with _open(source, max_pixels) as (im, fmt):
         raw_size = im.size
         if fmt == "jpeg" and draft_px and max(raw_size) > 2 * draft_px:
             im.draft("RGB", _fit(raw_size, draft_px))  # libjpeg picks the largest 1/n scale not below this
+        elif fmt == "jpeg" and scale > 1:
+            im.draft("RGB", (raw_size[0] // scale, raw_size[1] // scale))
         try:
             im.load()
         except Exception as exc:  # only Pillow decoders run here
@@ -245,11 +468,12 @@ def _load(source: Source, max_pixels: int, draft_px: int | None) -> Decoded:
         icc = im.info.get("icc_profile") or None
         orientation = read_orientation(exif)
         image, icc = _to_rgb(im, icc)
-        if orientation in ORIENT:
+        if upright_first and orientation in ORIENT:
             image = image.transpose(ORIENT[orientation])
+            orientation = 1
     image.info = {}  # no derivative may inherit a comment, XMP or EXIF from here
-    width, height = _upright(raw_size, orientation)
-    return Decoded(image, fmt, width, height, exif, icc)
+    width, height = _upright(raw_size, read_orientation(exif))
+    return Decoded(image, fmt, width, height, exif, icc, orientation)
 
 
 def _exif(im: Image.Image) -> bytes | None:
@@ -271,10 +495,11 @@ def _to_rgb(im: Image.Image, icc: bytes | None) -> tuple[Image.Image, bytes | No
     kept = icc if space == b"RGB " else None
     if im.mode.startswith("I") or im.mode == "F":  # 16-bit PNG grey: scale, do not clip at 255
         im = im.convert("I").point(lambda v: v * (1 / 256)).convert("L")
-    if im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (im.mode == "P" and "transparency" in im.info):
-        rgba = im.convert("RGBA")
+    if _needs_flatten(im):
+        # RGBA and LA paste onto RGB as they are, their alpha as the mask: one new image, no RGBA copy.
+        rgba = im if im.mode in ("RGBA", "LA") else im.convert("RGBA")
         flat = Image.new("RGB", rgba.size, (255, 255, 255))
-        flat.paste(rgba, mask=rgba.getchannel("A"))
+        flat.paste(rgba, mask=rgba)
         return flat, kept
     return (im if im.mode == "RGB" else im.convert("RGB")), kept
 
@@ -300,11 +525,12 @@ def _shrink(image: Image.Image, long_edge: int) -> Image.Image:
     return image.resize(_fit(image.size, long_edge), Image.Resampling.LANCZOS)
 
 
-def _jpeg(image: Image.Image, quality: int, icc: bytes | None) -> bytes:
-    """Progressive optimised JPEG with explicit metadata: the ICC profile, and nothing else."""
+def _jpeg(image: Image.Image, quality: int, icc: bytes | None, *, compact: bool = False) -> bytes:
+    """Progressive optimised JPEG with explicit metadata: the ICC profile, and nothing else. ``compact``: a
+    baseline JPEG, for full-size images, whose encoder holds a few rows instead of every coefficient."""
     out = io.BytesIO()
     image.info = {}
-    image.save(out, "JPEG", quality=quality, optimize=True, progressive=True, icc_profile=icc,
+    image.save(out, "JPEG", quality=quality, optimize=not compact, progressive=not compact, icc_profile=icc,
                exif=b"", comment=b"")
     return out.getvalue()
 

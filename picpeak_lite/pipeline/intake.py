@@ -62,6 +62,7 @@ def io_limiter() -> trio.CapacityLimiter:
 class Limits:
     max_file_bytes: int
     max_files: int | None  # None: no limit per request (the importer)
+    max_pixels: int | None = None  # None: settings.max_pixels; guests may have a lower limit
 
     @classmethod
     def admin(cls, s: Settings) -> Limits:
@@ -69,7 +70,7 @@ class Limits:
 
     @classmethod
     def guest(cls, s: Settings) -> Limits:
-        return cls(s.guest_max_file_mb * MB, s.guest_max_files)
+        return cls(s.guest_max_file_mb * MB, s.guest_max_files, min(s.guest_max_pixels, s.max_pixels))
 
     @property
     def max_request_bytes(self) -> int:
@@ -291,14 +292,17 @@ class Intake:
             self._drop(sink)
             entry.duplicate, entry.photo_id = True, existing["id"]
             return
+        # The header decides: over the pixel limit, or needing more decode memory than the whole budget
+        # (decode_memory_mb), it is refused here with its size, never stored and never decoded.
+        s = self.settings
+        check = partial(images.sniff, sink.temp, max_pixels=self.limits.max_pixels or s.max_pixels,
+                        max_bytes=s.decode_memory_mb * MB, view_px=s.view_px)
         try:
-            entry.header = await trio.to_thread.run_sync(
-                partial(images.sniff, sink.temp, max_pixels=self.settings.max_pixels), limiter=io_limiter()
-            )
+            entry.header = await trio.to_thread.run_sync(check, limiter=io_limiter())
         except images.InvalidImage as error:
             self._drop(sink)
             entry.error = error.reason
-            entry.status = 415 if error.reason == images.UNSUPPORTED else 400
+            entry.status = 415 if error.reason == images.UNSUPPORTED else 413 if error.too_large else 400
             return
         if self._room is None:
             self._room = self._cap - await self.db.read(photo_q.count_in_gallery, self.gallery_id)

@@ -156,21 +156,31 @@ class WorkerPool:
         return rendered.metadata
 
     async def _render(self, row: dict[str, Any]) -> _Rendered | str:
-        """The photo's images with its gallery's current settings, or the reason they cannot be made."""
+        """The photo's images with its gallery's current settings, or the reason they cannot be made.
+
+        The bytes ``images.plan`` estimates from the header are held in the process's decode budget from
+        before the decode until the last encode, so that all workers and downloads together stay within
+        ``decode_memory_mb``; a photo that does not fit waits for its turn, one that could never fit fails with
+        its size (an upload refuses those, but a lowered setting or an import from an older version may not).
+        """
         path = self.storage.original_path(row["storage_key"])
         if not path.exists():
             return photo_q.ORIGINAL_MISSING
         spec = await self._spec(row["gallery_id"])
+        budget = self.svc.decode_budget
         run = self._in_thread
         try:
-            decoded = await run(images.decode, path, spec)
-            view = await run(images.make_view, decoded, spec)
-            del decoded
-            grid = await run(images.make_grid, view, spec)
-            if spec.watermark is not None:
-                view = await run(images.add_watermark, view, spec.watermark)
-            view_jpeg = await run(images.encode, view, spec)
-            grid_jpeg = await run(images.encode, grid, spec)
+            cost = await run(images.plan, path, spec, budget.total)
+            async with budget.hold(cost):
+                decoded = await run(images.decode, path, spec)
+                view = await run(images.make_view, decoded, spec)
+                del decoded
+                grid = await run(images.make_grid, view, spec)
+                if spec.watermark is not None:
+                    view = await run(images.add_watermark, view, spec.watermark)
+                view_jpeg = await run(images.encode, view, spec)
+                grid_jpeg = await run(images.encode, grid, spec)
+                del grid
             metadata = exif.read_metadata(view.exif)
         except FileNotFoundError:  # deleted while we worked (its row is gone too), or lost from the disk
             return photo_q.ORIGINAL_MISSING

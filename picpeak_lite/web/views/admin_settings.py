@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -75,7 +76,7 @@ async def save_watermark() -> Any:
     logo = files.get("logo")
     logo_bytes = logo.read(admin_settings.LOGO_MAX_BYTES + 1) if logo is not None and logo.filename else b""
     if logo_bytes:
-        problem = await trio.to_thread.run_sync(_check_logo, logo_bytes)
+        problem = await trio.to_thread.run_sync(_check_logo, logo_bytes, svc.decode_budget.total)
         if problem:
             errors["logo"] = problem
     target = admin_settings.logo_path(svc.settings)
@@ -120,9 +121,13 @@ async def watermark_preview() -> Response:
         raise BadRequest("; ".join(f"{k}: {v}" for k, v in errors.items()))
     chosen = admin_settings.AdminSettings(**{**current.as_form(), **values}, logo_path=current.logo_path)
     watermark = chosen.watermark("Anna & Ben")
+    spec = replace(PREVIEW_SPEC, watermark=watermark)
+    budget = services().decode_budget
     async with _preview_limiter:
-        try:
-            data = await trio.to_thread.run_sync(_render_preview, watermark)
+        try:  # the preview decodes a photo and the logo: it takes its bytes from the decode budget like a worker
+            cost = await trio.to_thread.run_sync(images.plan, SAMPLE_PHOTO, spec, budget.total)
+            async with budget.hold(cost):
+                data = await trio.to_thread.run_sync(_render_preview, watermark)
         except images.InvalidImage as error:
             raise BadRequest(error.reason) from None
     return Response(data, content_type="image/jpeg", headers={"Cache-Control": "private, no-store"})
@@ -203,11 +208,12 @@ def _render_preview(watermark: images.Watermark) -> bytes:
     return images.encode(images.add_watermark(picture, watermark), PREVIEW_SPEC)
 
 
-def _check_logo(data: bytes) -> str | None:
+def _check_logo(data: bytes, decode_budget: int) -> str | None:
     if len(data) > admin_settings.LOGO_MAX_BYTES:
         return f"The logo may be at most {admin_settings.LOGO_MAX_BYTES // (1024 * 1024)} MB."
     try:
-        header = images.sniff(data, max_pixels=images.LOGO_MAX_PIXELS)
+        # Every watermarked render decodes the logo too: it may take at most a quarter of the decode budget.
+        header = images.sniff(data, max_pixels=images.logo_max_pixels(decode_budget))
     except images.InvalidImage as error:
         return error.reason
     if header.format != "png":

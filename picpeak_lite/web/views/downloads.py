@@ -10,6 +10,11 @@ once per photo and watermark, one at a time (``WebLimits.watermark_limiter``), a
 derivatives (``Storage.watermarked_path``); every later download of it, single or zipped, streams that file. The
 tag in its name is a hash of the watermark's parameters, so a changed watermark makes new copies (and
 ``Storage.write_watermarked`` removes the old ones).
+
+Making a copy takes its estimated bytes from the process's decode budget first (``pipeline/budget.py``), as the
+workers do: a guest's download waits for memory instead of adding a full decode on top of theirs. A JPEG too big
+to copy at full size within the budget is copied at the largest 1/2, 1/4 or 1/8 scale that fits; any other image
+that cannot fit is answered 422 with its size (upload refuses those, so only a lowered setting gets there).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -26,7 +32,7 @@ import trio
 from quart import Blueprint, Response
 
 from picpeak_lite.domain import access, admin_settings
-from picpeak_lite.errors import Forbidden, InsufficientStorage, NotFound
+from picpeak_lite.errors import Forbidden, InsufficientStorage, NotFound, Unprocessable
 from picpeak_lite.media import images
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import listing
@@ -67,7 +73,16 @@ async def watermarked_copy(svc: Services, key: str, watermark: images.Watermark,
     cached = svc.storage.watermarked_path(key, tag)
     if cached.exists():
         return cached
-    return await trio.to_thread.run_sync(_make_watermarked, svc, key, watermark, tag, limiter=limiter)
+    budget = svc.decode_budget
+    plan = partial(images.plan_watermark, svc.storage.original_path(key), watermark,
+                   max_pixels=svc.settings.max_pixels, max_bytes=budget.total)
+    try:
+        cost = await trio.to_thread.run_sync(plan, limiter=limiter)
+    except images.InvalidImage as error:
+        raise Unprocessable(f"This photo cannot be downloaded with its watermark. {error.reason}") from None
+    async with budget.hold(cost):
+        return await trio.to_thread.run_sync(_make_watermarked, svc, key, watermark, tag,
+                                             limiter=limiter)
 
 
 def _make_watermarked(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Path | bytes:
@@ -76,7 +91,7 @@ def _make_watermarked(svc: Services, key: str, watermark: images.Watermark, tag:
     if cached.exists():  # made by another download while this one waited for its turn
         return cached
     data = images.apply_watermark(storage.original_path(key), watermark, quality=WATERMARK_QUALITY,
-                                  max_pixels=svc.settings.max_pixels)
+                                  max_pixels=svc.settings.max_pixels, max_bytes=svc.decode_budget.total)
     try:
         return storage.write_watermarked(key, tag, data)
     except InsufficientStorage:
@@ -176,7 +191,12 @@ def _cached_renderer(svc: Services, key: str, watermark: images.Watermark, tag: 
     """Runs in the zip's worker thread: has the event loop make the copy the way a single download does (same
     limiter, same cache), then reads it."""
     def render() -> bytes:
-        made = trio.from_thread.run(watermarked_copy, svc, key, watermark, tag, limiter)
+        try:
+            made = trio.from_thread.run(watermarked_copy, svc, key, watermark, tag, limiter)
+        except Unprocessable as error:
+            # Too big to watermark within the decode budget: the zip leaves it out, as it does a photo whose
+            # file is gone (zipstream skips on FileNotFoundError), rather than break off half-way.
+            raise FileNotFoundError(error.message) from None
         return made.read_bytes() if isinstance(made, Path) else made
 
     return render
