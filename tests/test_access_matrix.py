@@ -99,6 +99,7 @@ GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live")
 ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "static": ("public", {}),
     "health.healthz": ("public", {}),
+    "favicon": ("public", {}),
     "admin.login": ("login_page", {}),
     "admin.login_submit": ("login_submit", {}),
     "admin.logout": ("admin_page", {}),
