@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 PASSWORD = "bench password 123"
+
+
+def _drop_output(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ValueError, OSError):
+        for _ in proc.stdout or ():
+            pass
 
 
 def start_server(data: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str, str]:
@@ -26,5 +34,7 @@ def start_server(data: Path, env: dict[str, str] | None = None) -> tuple[subproc
     for line in proc.stdout:
         match = re.search(r"running at (http://127\.0\.0\.1:\d+)/admin", line)
         if match:
+            # Keep reading (and dropping) the request log: a full pipe would stop the server mid-benchmark.
+            threading.Thread(target=_drop_output, args=(proc,), daemon=True).start()
             return proc, match.group(1), token
     raise SystemExit("server did not start")

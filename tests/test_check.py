@@ -61,7 +61,7 @@ async def test_damage_is_found_and_repaired(tmp_path: Path) -> None:
     repaired = cli("check", "--repair", "--data-dir", str(data))
     assert "repair: requeued=1 failed=1 orphans_removed=1" in repaired.stdout, repaired.stdout
     assert repaired.returncode == 1  # the changed original cannot be repaired
-    assert "1 problems left" in repaired.stderr
+    assert "1 problem left" in repaired.stderr
     assert not old_orphan.exists() and young_orphan.exists()
     rows = {r["id"]: r for r in query(data, "SELECT id, status, attempts, error FROM photos")}
     assert (rows[ids[0]]["status"], rows[ids[0]]["attempts"]) == ("pending", 0)

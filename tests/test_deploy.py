@@ -163,3 +163,26 @@ def test_readme_shows_the_tested_files_verbatim() -> None:
     for path in (DEPLOY / "picpeak-lite.service", DEPLOY / "picpeak.toml", DEPLOY / "Caddyfile",
                  DEPLOY / "nginx.conf", ROOT / "Dockerfile"):
         assert path.read_text() in readme, f"README.md does not show {path.relative_to(ROOT)} as it is"
+
+
+def test_ci_runs_the_readmes_test_command_and_stops_on_its_failure() -> None:
+    readme = (ROOT / "README.md").read_text()
+    test_it = readme.split("## Test it", 1)[1]
+    command = re.search(r"```sh\n(.+?)\n```", test_it, re.DOTALL).group(1)  # type: ignore[union-attr]
+    assert "\n" not in command
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in ci
+    # Steps follow the test command, so it must end the script on failure itself (set -e ignores && chains).
+    assert f"\n{command} || exit $?\n" in ci
+    assert ci.index(command) < ci.index("tests/test_wheel.py")
+
+
+def test_an_and_chain_failure_needs_the_explicit_exit(tmp_path: Path) -> None:
+    """The reason for `|| exit $?` above, shown with bash itself: a failing step before the chain's last (the
+    install or ruff) would be passed over by set -e alone, and with it the run stops with that step's code."""
+    script = tmp_path / "run"
+    script.write_text("set -euo pipefail\n(exit 5) && true || exit $?\necho reached\n")
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 5 and "reached" not in result.stdout
+    script.write_text("set -euo pipefail\n(exit 5) && true\necho reached\n")
+    assert "reached" in subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60).stdout

@@ -10,6 +10,7 @@ and an unknown one stops the server.)
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import os
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -120,6 +122,12 @@ def served(tmp_path: Path) -> Iterator[str]:
     if url is None:
         proc.kill()
         raise AssertionError("the installed server did not start:\n" + "".join(lines))
+
+    def drain() -> None:  # the request log: a full pipe would stop the server
+        with contextlib.suppress(ValueError, OSError):
+            lines.extend(proc.stdout or ())
+
+    threading.Thread(target=drain, daemon=True).start()
     try:
         yield url
     finally:

@@ -6,11 +6,13 @@ The server runs in its own process because Playwright's sync API blocks the call
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,9 +65,17 @@ def start_server(data_dir: Path, *extra: str, env: dict[str, str] | None = None)
         output.append(line)
         match = re.search(r"running at (http://127\.0\.0\.1:\d+)/admin", line)
         if match:
+            # Keep reading: the server logs a line per request, and a full pipe would stop it mid-test.
+            threading.Thread(target=_drain, args=(process, output), daemon=True).start()
             return LiveServer(match.group(1), data_dir, process, output)
     process.kill()
     raise AssertionError("the server did not start:\n" + "".join(output))
+
+
+def _drain(process: subprocess.Popen[str], output: list[str]) -> None:
+    # Until EOF, or until stop_server's communicate() closes the pipe under us.
+    with contextlib.suppress(ValueError, OSError):
+        output.extend(process.stdout or ())
 
 
 def stop_server(server: LiveServer) -> None:
