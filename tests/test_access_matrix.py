@@ -115,7 +115,6 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "static": ("public", {}),
     "favicon": ("public", {}),
     "health.healthz": ("public", {}),
-    "favicon": ("public", {}),
     "admin.login": ("login_page", {}),
     "admin.login_submit": ("login_submit", {}),
     "admin.logout": ("admin_page", {}),
