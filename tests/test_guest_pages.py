@@ -213,8 +213,12 @@ async def test_pages_stay_stable_while_photos_come_and_go(guest: Any, admin: Aut
 async def test_bad_cursor_and_sort_are_400(guest: Any, admin: AuthActions) -> None:
     gallery = await published(admin, name="G")
     deep = base64.urlsafe_b64encode(b"[" * 5000).decode()  # nested deep enough to exhaust the JSON parser
+    # A cursor whose id SQLite cannot hold (it used to reach the query: a 500), for either order.
+    huge = [base64.urlsafe_b64encode(f'["2024-01-01T00:00:00",{n}]'.encode()).decode().rstrip("=")
+            for n in (2**63, -(2**63) - 1)]
     for query in ({"after": "not-a-cursor"}, {"after": "WzEsMl0"}, {"sort": "name"}, {"limit": "x"},
-                  {"after": deep}, {"after": deep[:150]}):
+                  {"after": deep}, {"after": deep[:150]}, {"after": huge[0]}, {"after": huge[1]},
+                  {"after": huge[0], "sort": "uploaded"}, {"limit": "9" * 5000}):
         response = await guest.get(f"/api/g/{gallery['slug']}/photos", query_string=query)
         assert response.status_code == 400, query
 

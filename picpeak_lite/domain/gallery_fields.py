@@ -14,6 +14,7 @@ from typing import Any
 
 from picpeak_lite.errors import ValidationError
 from picpeak_lite.security import MIN_GALLERY_PASSWORD_LENGTH
+from picpeak_lite.store.db import fits_integer
 
 EVENT_TYPES = ("wedding", "birthday", "party", "corporate", "portrait", "family", "other")
 TEXT_LIMITS = {"name": 200, "customer_name": 200, "customer_email": 254, "welcome_message": 5000}
@@ -90,7 +91,7 @@ def parse_gallery_input(
         if raw not in (None, ""):
             try:
                 cap = int(raw)
-                if cap < 1 or isinstance(raw, bool):
+                if cap < 1 or isinstance(raw, bool) or not fits_integer(cap):
                     raise ValueError
                 out["photo_cap"] = cap
             except (TypeError, ValueError):

@@ -21,7 +21,7 @@ import binascii
 import json
 from typing import Any
 
-from picpeak_lite.store.db import Connection
+from picpeak_lite.store.db import Connection, fits_integer
 from picpeak_lite.store.queries.photos import GUEST_VISIBLE_PHOTO
 
 Row = dict[str, Any]
@@ -62,7 +62,7 @@ def decode_cursor(sort: str, cursor: str) -> tuple[str | None, int]:
         key, photo_id = json.loads(raw)
     except (binascii.Error, ValueError, TypeError, RecursionError) as error:
         raise BadCursor("not a cursor") from error
-    if not isinstance(photo_id, int) or isinstance(photo_id, bool):
+    if not isinstance(photo_id, int) or isinstance(photo_id, bool) or not fits_integer(photo_id):
         raise BadCursor("not a cursor")
     if sort == "taken" and not isinstance(key, str):
         raise BadCursor("not a cursor")
