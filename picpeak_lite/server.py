@@ -29,6 +29,7 @@ from picpeak_lite.pipeline.worker import WorkerPool
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
 from picpeak_lite.web.app import create_app
+from picpeak_lite.web.views.common import describe_links
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,23 @@ async def _serve(
     config.max_app_queue_size = 1
     # Clients of our WebSockets only send keep-alives.
     config.websocket_max_message_size = 4096
-    await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
+    await serve(app, config, shutdown_trigger=shutdown.wait, task_status=_BoundStatus(svc, task_status))
     cancel_when_done.cancel()
+
+
+class _BoundStatus:
+    """Hypercorn's ``task_status``, seen on the way: the real bind URL (port 0 resolved) becomes
+    ``Services.bind_url``, the fallback of share links, and the log says once how share links are made."""
+
+    def __init__(self, svc: Services, outer: trio.TaskStatus[list[str]]) -> None:
+        self.svc = svc
+        self.outer = outer
+
+    def started(self, binds: list[str]) -> None:
+        if binds:
+            self.svc.bind_url = binds[0]
+        log.info("%s", describe_links(self.svc.settings, self.svc.bind_url))
+        self.outer.started(binds)
 
 
 # Debugging aid for the load suite, off unless set: the path of a file that receives the worst event-loop lag.

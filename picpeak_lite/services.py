@@ -37,6 +37,9 @@ class Services:
     wake_workers: Callable[[], None] = lambda: None
     wake_webhooks: Callable[[], None] = lambda: None
     broker: Broker = field(default_factory=Broker)
+    # The URL the server listens on: from the settings until server.run binds (port 0 resolved), then the real
+    # one. Share links fall back to it when a request's Host is not trusted (web/views/common.py).
+    bind_url: str = ""
     # Started by server.run; code that has just let go of a lot (an upload, a processed photo) calls freed().
     trimmer: MemoryTrimmer = field(default_factory=MemoryTrimmer)
     login_throttle: Throttle = field(init=False)
@@ -48,6 +51,9 @@ class Services:
 
     def __post_init__(self) -> None:
         s = self.settings
+        if not self.bind_url:
+            host = f"[{s.host}]" if ":" in s.host else s.host
+            self.bind_url = f"http://{host}:{s.port}"
         self.login_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
         self.gallery_throttle = Throttle(s.login_attempts, s.login_window_seconds, clock=self.monotonic)
         self.guest_rate_limit = RateLimit(60, 2, clock=self.monotonic)
