@@ -120,7 +120,24 @@ def load_settings(
     converted = {key: _convert(key, value) for key, value in values.items()}
     settings = Settings(**converted)
     _validate(settings)
+    _check_webhook_targets(settings)
     return settings
+
+
+def _check_webhook_targets(settings: Settings) -> None:
+    """A ``[[webhooks]]`` target the sender would refuse whatever DNS answers (a numeric private address,
+    ``localhost``, a URL with a password...) is refused here, with the sender's own sentence, instead of being
+    retried for hours and refused each time. Names are checked by the sender at every delivery (their answer
+    may change) and by the settings page when one is saved there; ``webhook_allow_private`` lets them through.
+    """
+    # Imported here, not at the top: the webhook module (through the outbox queries) imports this one.
+    from picpeak_lite.events.webhooks import TargetRefused, check_target_offline
+
+    for endpoint in settings.webhooks:
+        try:
+            check_target_offline(endpoint.url, settings.webhook_allow_private)
+        except TargetRefused as error:
+            raise ConfigError(f"webhook {endpoint.url!r} is refused: {error}") from None
 
 
 def _read_file(path: Path) -> dict[str, Any]:

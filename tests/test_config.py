@@ -41,6 +41,11 @@ def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
         ("[[webhooks]]\nurl = 'ftp://x'\nsecret = '0123456789abcdef'\n", "http(s) url"),
         ("[[webhooks]]\nurl = 'https://x'\nsecret = '0123456789abcdef'\nevents = ['photo.eaten']\n",
          "unknown webhook event 'photo.eaten'"),
+        ("[[webhooks]]\nurl = 'http://127.0.0.1/x'\nsecret = '0123456789abcdef'\n",
+         "webhook 'http://127.0.0.1/x' is refused: '127.0.0.1' resolves to 127.0.0.1, which is not a public address "
+         "(set webhook_allow_private to allow it)"),
+        ("[[webhooks]]\nurl = 'http://localhost:8000/x'\nsecret = '0123456789abcdef'\n",
+         "is refused: 'localhost' is a loopback name"),
         ("allowed_hosts = ['https://photos.example.com']\n", "'https://photos.example.com' is not a host"),
         ("allowed_hosts = ['photos.example.com/g']\n", "is not a host or host:port"),
         ("allowed_hosts = ['photos.lan:0']\n", "'photos.lan:0' is not a host"),
