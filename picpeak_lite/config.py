@@ -9,6 +9,7 @@ with this module.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import re
@@ -45,6 +46,8 @@ class Settings:
     port: int = _setting(8080, "Port to listen on; 0 picks a free port and prints it.")
     data_dir: str = _setting("./picpeak-data", "Folder for the SQLite database and the photo storage.")
     public_url: str = _setting("", "Base URL for share links (https://photos.example.com); empty: from the request.")
+    allowed_hosts: tuple[str, ...] = _setting(
+        (), "With public_url empty: the host or host:port names whose Host header share links may use.")
     secure_cookies: bool = _setting(False, "Mark cookies Secure; set this when the server is reached over HTTPS.")
     trusted_proxies: str = _setting("", "Comma-separated proxy addresses whose X-Forwarded-For is believed.")
     shutdown_grace_seconds: float = _setting(10.0, "How long in-flight requests may finish after SIGTERM.")
@@ -120,6 +123,7 @@ def load_settings(
     converted = {key: _convert(key, value) for key, value in values.items()}
     settings = Settings(**converted)
     _validate(settings)
+    _check_webhook_targets(settings)
     return settings
 
 
@@ -137,6 +141,22 @@ def find_config_file(explicit: str | None, environ: Mapping[str, str] | None = N
         return Path(named)
     local = (cwd or Path.cwd()) / CONFIG_FILE_NAME
     return local if local.is_file() else None
+
+
+def _check_webhook_targets(settings: Settings) -> None:
+    """A ``[[webhooks]]`` target the sender would refuse whatever DNS answers (a numeric private address,
+    ``localhost``, a URL with a password...) is refused here, with the sender's own sentence, instead of being
+    retried for hours and refused each time. Names are checked by the sender at every delivery (their answer
+    may change) and by the settings page when one is saved there; ``webhook_allow_private`` lets them through.
+    """
+    # Imported here, not at the top: the webhook module (through the outbox queries) imports this one.
+    from picpeak_lite.events.webhooks import TargetRefused, check_target_offline
+
+    for endpoint in settings.webhooks:
+        try:
+            check_target_offline(endpoint.url, settings.webhook_allow_private)
+        except TargetRefused as error:
+            raise ConfigError(f"webhook {endpoint.url!r} is refused: {error}") from None
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -209,6 +229,12 @@ def _convert(key: str, value: Any) -> Any:
             if not isinstance(value, str):
                 raise ValueError("expected a string")
             return value
+        if kind == "tuple[str, ...]":
+            # A TOML list of strings, or (as environment variables must be) one comma-separated string.
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
+                raise ValueError("expected a list of strings")
+            return tuple(item.strip() for item in items if item.strip())
     except (TypeError, ValueError) as error:
         raise ConfigError(f"setting {key!r}: {error} (got {value!r})") from None
     raise AssertionError(f"no converter for {key}")
@@ -261,3 +287,42 @@ def _validate(s: Settings) -> None:
     require(0.02 <= s.watermark_size <= 1, "watermark_size", "must be between 0.02 and 1")
     require(s.public_url == "" or s.public_url.startswith(("http://", "https://")), "public_url",
             "must start with http:// or https://")
+    for entry in s.allowed_hosts:
+        try:
+            split_host(entry)
+        except ValueError:
+            raise ConfigError(f"setting 'allowed_hosts': {entry!r} is not a host or host:port "
+                              "(e.g. photos.example.com or 192.168.1.10:8080; no scheme, no path)") from None
+
+
+HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
+
+
+def split_host(text: str) -> tuple[str, int | None]:
+    """``host[:port]`` (a name, an IPv4 address or a bracketed IPv6 one) as (lower-case host, port or None).
+
+    Shared by the ``allowed_hosts`` check here and by the web layer, which reads a request's Host header with it:
+    anything else (a scheme, a path, user info, a bad port) is a ValueError, so it is never trusted.
+    """
+    text = text.strip().lower()
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise ValueError("unclosed [")
+        host, rest = text[1:end], text[end + 1:]
+        ipaddress.IPv6Address(host)  # ValueError when it is not one
+    else:
+        host, colon, port_text = text.partition(":")
+        rest = colon + port_text
+        host = host.removesuffix(".")
+        if not HOST_NAME.fullmatch(host) or len(host) > 253:
+            raise ValueError("not a host name")
+    if not rest:
+        return host, None
+    port_text = rest[1:]
+    if not rest.startswith(":") or not port_text.isascii() or not port_text.isdigit() or len(port_text) > 5:
+        raise ValueError("not a port")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError("not a port")
+    return host, port

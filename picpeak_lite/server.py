@@ -12,6 +12,7 @@ photos back) and the database is closed cleanly.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import signal
@@ -34,6 +35,7 @@ from picpeak_lite.pipeline.worker import WorkerPool
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
 from picpeak_lite.web.app import create_app
+from picpeak_lite.web.views.common import describe_links
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +196,13 @@ async def _serve(
     config.max_app_queue_size = 1
     # Clients of our WebSockets only send keep-alives.
     config.websocket_max_message_size = 4096
-    await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(functools.partial(serve, app, config, shutdown_trigger=shutdown.wait))
+        # The real bind URL (port 0 resolved) is the fallback of share links; say once how they are made.
+        if binds:
+            svc.bind_url = binds[0]
+        log.info("%s", describe_links(svc.settings, svc.bind_url))
+        task_status.started(binds)
     cancel_when_done.cancel()
 
 

@@ -39,6 +39,9 @@ class Services:
     workers_bell: Bell = field(default_factory=Bell)
     webhooks_bell: Bell = field(default_factory=Bell)
     broker: Broker = field(default_factory=Broker)
+    # The URL the server listens on: from the settings until server.run binds (port 0 resolved), then the real
+    # one. Share links fall back to it when a request's Host is not trusted (web/views/common.py).
+    bind_url: str = ""
     # Started by server.run; code that has just let go of a lot (an upload, a processed photo) calls freed().
     trimmer: MemoryTrimmer = field(default_factory=MemoryTrimmer)
     # The one budget of decode memory (settings.decode_memory_mb) that workers, watermarked downloads and the
@@ -47,8 +50,12 @@ class Services:
     storage: Storage = field(init=False)
 
     def __post_init__(self) -> None:
-        self.storage = Storage(self.settings.data_path)
-        self.decode_budget = MemoryBudget.megabytes(self.settings.decode_memory_mb)
+        s = self.settings
+        if not self.bind_url:
+            host = f"[{s.host}]" if ":" in s.host else s.host
+            self.bind_url = f"http://{host}:{s.port}"
+        self.storage = Storage(s.data_path)
+        self.decode_budget = MemoryBudget.megabytes(s.decode_memory_mb)
 
     async def hash_password(self, password: str) -> str:
         return await trio.to_thread.run_sync(security.hash_password, password, limiter=self.hash_limiter)

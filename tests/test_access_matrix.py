@@ -28,7 +28,7 @@ from picpeak_lite.store.queries import admin as admin_q
 from . import imagefactory
 from .conftest import AuthActions, websocket_status
 from .harness import figures
-from .test_pipeline import run_pool_until_idle
+from .factories import run_pool_until_idle
 from .test_upload import multipart, published
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -309,8 +309,65 @@ async def test_access_matrix(app: Any, services: Any, admin: AuthActions, capsys
                 if status not in expected:
                     mismatches.append(f"{role:13} {method:6} {rule.rule} [{variant}]: {status}, "
                                       f"expected {sorted(expected)}")
+    id_routes, id_calls, id_mismatches = await walk_out_of_range_ids(app, world)
     routes = len(rules(app))
     websockets = sum(1 for rule in rules(app) if getattr(rule, "websocket", False))
     figures(capsys, f"access_matrix: routes={routes} websocket_routes={websockets} roles={len(ROLES)} calls={count} "
-                    f"mismatches={len(mismatches)}")
+                    f"mismatches={len(mismatches)} id_routes={id_routes} out_of_range_calls={id_calls} "
+                    f"out_of_range_mismatches={len(id_mismatches)}")
     assert mismatches == [], "\n".join(mismatches)
+    assert id_mismatches == [], "\n".join(id_mismatches)
+
+
+# Ids no row can have: SQLite's INTEGER is 64-bit signed, so 2**63 cannot even be bound as a parameter (it used
+# to reach the query and fail with a 500). Also a negative id, a huge number, one past what int() converts from
+# text, and a digit of another script (which ``\\d`` would read as 1).
+OUT_OF_RANGE = (str(2**63), str(2**64), "-1", str(10**30), "9" * 5000, "%D9%A1")
+# Who asks: the admin and the guest who may see the gallery (so that an answer other than 404 would be the route
+# itself at work, past its checks), and a stranger.
+ID_ROLES = ("admin", "guest_access", "nobody")
+
+
+async def walk_out_of_range_ids(app: Any, world: World) -> tuple[int, int, list[str]]:
+    """Every route with an ``<int:...>`` part, HTTP and WebSocket, each such part in turn set to each of
+    :data:`OUT_OF_RANGE` (the others valid), every method, as :data:`ID_ROLES`: 404 every time."""
+    id_rules = [rule for rule in rules(app) if "<int:" in rule.rule]
+    mismatches: list[str] = []
+    count = 0
+    for rule in id_rules:
+        names = re.findall(r"<int:([a-z_]+)>", rule.rule)
+        for name in names:
+            for bad in OUT_OF_RANGE:
+                path = url_for_rule(rule, {**world.values["main"], name: bad})
+                for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+                    for role in ID_ROLES:
+                        if getattr(rule, "websocket", False):
+                            status = await ws_status(world.clients[role], path)
+                        else:
+                            status = await raw_call(world, role, method, path)
+                        count += 1
+                        if status != 404:
+                            mismatches.append(f"{role:13} {method:6} {rule.rule} {name}={bad[:24]}: {status}")
+    return len(id_rules), count, mismatches
+
+
+async def raw_call(world: World, role: str, method: str, path: str) -> int:
+    headers = {"X-CSRF-Token": world.csrf[role]} if world.csrf.get(role) else {}
+    kwargs: dict[str, Any] = {"headers": headers}
+    if method in UNSAFE:
+        kwargs["json"] = {"name": "x", "ids": [1], "photo_id": None}
+    with trio.fail_after(30):
+        response = await world.clients[role].open(path, method=method, **kwargs)
+        await response.get_data()
+    return response.status_code
+
+
+async def test_the_id_bound_is_exactly_sqlites(admin: AuthActions) -> None:
+    """2**63 - 1 still reaches the view (its own 'no such gallery'); 2**63 matches no route (the router's 404)."""
+    largest = await admin.client.get(f"/api/admin/galleries/{2**63 - 1}")
+    past = await admin.client.get(f"/api/admin/galleries/{2**63}")
+    assert largest.status_code == past.status_code == 404
+    assert (await largest.get_json())["error"] == "There is no such gallery."
+    assert (await past.get_json())["error"] != "There is no such gallery."
+    leading_zeros = await admin.client.get("/api/admin/galleries/0000000000000000001")
+    assert (await leading_zeros.get_json())["error"] == "There is no such gallery."

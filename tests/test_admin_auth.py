@@ -40,6 +40,37 @@ async def test_login_sets_a_hardened_cookie_and_logout_revokes_it(client: Any, a
     assert replay.status_code == 401
 
 
+UNSAFE_NEXT = (
+    "/admin\r\nX: y", "/admin/\nSet-Cookie: a=b", "/admin/\x00", "/admin/\x7f", "/admin/\t", "/admin/ x",
+    "//evil.example", "//evil.example/admin", "/\\evil.example", "/admin\\..\\x", "https://evil.example/admin",
+    "javascript:alert(1)", "/adminevil", "evil", "/g/some-gallery", "/admin/#frag", "/admin/ü", " /admin/",
+    "/admin/" + "a" * 3000,
+)
+
+
+async def test_an_unsafe_next_falls_back_to_the_dashboard(client: Any, auth: AuthActions) -> None:
+    """A crafted login link loses its destination, never the login (CR/LF once made this a 500)."""
+    for value in UNSAFE_NEXT:
+        page = await client.get("/admin/login", query_string={"next": value})
+        assert page.status_code == 200 and 'name="next"' not in await page.get_data(as_text=True), repr(value)
+        response = await client.post("/admin/login", form={"username": "admin", "password": ADMIN_PASSWORD,
+                                                            "next": value})
+        assert response.status_code == 302, repr(value)
+        assert response.headers["Location"] == "/admin/", repr(value)
+        assert "pp_admin=" in response.headers["Set-Cookie"]
+        client.cookie_jar.clear()
+    for value in ("/admin/", "/admin", "/admin/galleries/7?status=failed&source=guest", "/admin/settings%2Fx"):
+        response = await client.post("/admin/login", form={"username": "admin", "password": ADMIN_PASSWORD,
+                                                            "next": value})
+        assert response.status_code == 302 and response.headers["Location"] == value, value
+        client.cookie_jar.clear()
+    # The redirect to the login form keeps a page's own address (with its query) as a safe next.
+    found = await client.get("/admin/galleries/7", query_string={"status": "failed"})
+    assert found.headers["Location"].startswith("/admin/login?next=")
+    login_page = await client.get(found.headers["Location"])
+    assert 'name="next" value="/admin/galleries/7?status=failed"' in await login_page.get_data(as_text=True)
+
+
 async def test_wrong_password_is_refused(client: Any, auth: AuthActions) -> None:
     response = await auth.login(password="wrong password")
     assert response.status_code == 401

@@ -177,7 +177,8 @@ async def test_bulk_api_and_its_bad_inputs(admin: AuthActions, services: Any, fi
     ok = await admin.client.post(url, json={"action": "hide", "ids": filled["good"]}, headers=h)
     assert ok.status_code == 200 and (await ok.get_json())["changed"] == 2
     for body in ({"action": "explode", "ids": [1]}, {"action": "hide", "ids": "1"}, {"action": "hide", "ids": []},
-                 {"action": "hide", "ids": [True]}, {"action": "cover", "ids": filled["good"]}, [1, 2]):
+                 {"action": "hide", "ids": [True]}, {"action": "cover", "ids": filled["good"]}, [1, 2],
+                 {"action": "hide", "ids": [2**63]}, {"action": "delete", "ids": [filled["good"][0], -(2**63) - 1]}):
         response = await admin.client.post(url, json=body, headers=h)
         assert response.status_code == 400, body
         assert "error" in await response.get_json()
@@ -201,6 +202,9 @@ async def test_set_cover(admin: AuthActions, services: Any, filled: dict[str, An
     for bad in (filled["broken"], filled["waiting"], filled["foreign"]):
         assert (await admin.client.put(url, json={"photo_id": bad}, headers=h)).status_code == 409
     assert (await admin.client.put(url, json={"photo_id": "x"}, headers=h)).status_code == 400
+    assert (await admin.client.put(url, json={"photo_id": 2**63}, headers=h)).status_code == 400
+    big = {"csrf_token": admin.csrf, "action": "hide", "ids": [str(2**63)]}
+    assert (await admin.client.post(f"/admin/galleries/{filled['id']}/photos", form=multi(big))).status_code == 400
     assert (await admin.client.put(url, json={"photo_id": 1})).status_code == 403
     form = {"csrf_token": admin.csrf, "action": "cover", "ids": [str(filled["good"][0])]}
     assert (await admin.client.post(f"/admin/galleries/{filled['id']}/photos", form=multi(form))).status_code == 302

@@ -23,7 +23,16 @@ from picpeak_lite.store.queries import webhooks as webhook_q
 from . import imagefactory
 from .conftest import AuthActions, make_settings, sql
 from .factories import gallery_row, run_pool_until_idle, stage_photo
-from .test_webhooks import Receiver
+from .test_webhooks import FakeResolver, Receiver
+
+
+@pytest.fixture
+async def dns() -> FakeResolver:
+    """The settings page resolves a webhook's host when it is saved: made-up answers, no DNS query leaves."""
+    resolver = FakeResolver({"hooks.example.com": ["93.184.216.34"], "example.com": ["93.184.216.34"],
+                             "internal.example.com": ["10.1.2.3"]})
+    trio.socket.set_custom_hostname_resolver(resolver)
+    return resolver
 
 
 def load(services: Any) -> admin_settings.AdminSettings:
@@ -147,7 +156,7 @@ async def test_defaults_form(admin: AuthActions, services: Any) -> None:
     assert (saved.default_expiry_days, saved.default_photo_cap, saved.low_disk_mb) == (90, 100, 5)
 
 
-async def test_webhook_added_secret_shown_once(admin: AuthActions, services: Any) -> None:
+async def test_webhook_added_secret_shown_once(admin: AuthActions, services: Any, dns: FakeResolver) -> None:
     form: Any = [("csrf_token", admin.csrf), ("url", "https://hooks.example.com/in"),
                  ("events", "photo.uploaded"), ("events", "photo.deleted")]
     response = await admin.client.post("/admin/settings/webhooks", form=form)
@@ -169,14 +178,24 @@ async def test_webhook_added_secret_shown_once(admin: AuthActions, services: Any
     ("", ["photo.uploaded"], "url"),
     ("https://example.com/x", [], "events"),
     ("https://example.com/x", ["photo.exploded"], "events"),
+    # Refused targets are refused when saved, with the sender's reason (issue 11).
+    ("http://10.0.0.1/x", ["photo.uploaded"], "url"),
+    ("https://internal.example.com/x", ["photo.uploaded"], "url"),
+    ("https://nowhere.example.com/x", ["photo.uploaded"], "url"),
 ])
-async def test_webhook_bad_input_keeps_it(admin: AuthActions, url: str, events: list[str], field: str) -> None:
+async def test_webhook_bad_input_keeps_it(admin: AuthActions, services: Any, dns: FakeResolver, url: str,
+                                          events: list[str], field: str) -> None:
     form: Any = [("csrf_token", admin.csrf), ("url", url), *(("events", e) for e in events)]
     response = await admin.client.post("/admin/settings/webhooks", form=form)
     html = await response.get_data(as_text=True)
     assert response.status_code == 400 and f'id="{field}-error"' in html
     if url:
         assert f'value="{url}"' in html
+    assert not sql(services, "SELECT * FROM webhook_endpoints")
+    if "10." in url or "internal" in url:
+        assert "which is not a public address (set webhook_allow_private to allow it)." in html
+    if "nowhere" in url:
+        assert "could not resolve &#39;nowhere.example.com&#39;" in html
 
 
 async def test_webhook_test_toggle_and_delete(admin: AuthActions, services: Any) -> None:

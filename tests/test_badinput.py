@@ -524,7 +524,8 @@ async def test_a_bomb_past_the_upload_check_fails_with_its_size_and_the_rest_wai
     from picpeak_lite.store import db
 
     from .conftest import own_services
-    from .test_pipeline import create_gallery, run_pool_until_idle, stage_photo, status_of
+    from .factories import create_gallery, run_pool_until_idle, stage_photo
+    from .test_pipeline import status_of
 
     with own_services(tmp_path) as svc:
         conn = db.connect(svc.settings.database_path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from picpeak_lite.config import FIELDS, Settings, load_settings
+from picpeak_lite.config import FIELDS, Settings, load_settings, split_host
 from picpeak_lite.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +41,16 @@ def test_precedence_flags_over_environment_over_file(tmp_path: Path) -> None:
         ("[[webhooks]]\nurl = 'ftp://x'\nsecret = '0123456789abcdef'\n", "http(s) url"),
         ("[[webhooks]]\nurl = 'https://x'\nsecret = '0123456789abcdef'\nevents = ['photo.eaten']\n",
          "unknown webhook event 'photo.eaten'"),
+        ("[[webhooks]]\nurl = 'http://127.0.0.1/x'\nsecret = '0123456789abcdef'\n",
+         "webhook 'http://127.0.0.1/x' is refused: '127.0.0.1' resolves to 127.0.0.1, which is not a public address "
+         "(set webhook_allow_private to allow it)"),
+        ("[[webhooks]]\nurl = 'http://localhost:8000/x'\nsecret = '0123456789abcdef'\n",
+         "is refused: 'localhost' is a loopback name"),
+        ("allowed_hosts = ['https://photos.example.com']\n", "'https://photos.example.com' is not a host"),
+        ("allowed_hosts = ['photos.example.com/g']\n", "is not a host or host:port"),
+        ("allowed_hosts = ['photos.lan:0']\n", "'photos.lan:0' is not a host"),
+        ("allowed_hosts = ['user@photos.lan']\n", "is not a host"),
+        ("allowed_hosts = [8080]\n", "setting 'allowed_hosts': expected a list of strings"),
     ],
 )
 def test_bad_config_names_the_problem(tmp_path: Path, text: str, message: str) -> None:
@@ -83,6 +93,8 @@ def test_example_config_documents_every_key_with_its_default() -> None:
         match = re.search(rf"^# ?{name} = (.+)$", text, re.MULTILINE)
         assert match, f"picpeak.toml does not document {name!r}"
         documented = tomllib.loads(f"v = {match.group(1)}")["v"]
+        if isinstance(documented, list):
+            documented = tuple(documented)  # a TOML list is a tuple in the frozen Settings
         assert documented == field.default, f"{name}: documented {documented!r}, default {field.default!r}"
     # Uncommenting everything yields a valid file with the defaults.
     names = "|".join(name for name in FIELDS if name != "webhooks")
@@ -94,3 +106,21 @@ def _load_text(text: str) -> Settings:
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(text)
     return load_settings(f.name, environ={})
+
+
+def test_allowed_hosts_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "picpeak.toml"
+    config.write_text('allowed_hosts = ["Photos.LAN", "192.168.1.10:8080", "[fd00::1]:8443"]\n')
+    assert load_settings(config, environ={}).allowed_hosts == ("Photos.LAN", "192.168.1.10:8080", "[fd00::1]:8443")
+    env = {"PICPEAK_ALLOWED_HOSTS": " photos.lan , 192.168.1.10:8080,,"}
+    assert load_settings(environ=env).allowed_hosts == ("photos.lan", "192.168.1.10:8080")
+    assert load_settings(environ={}).allowed_hosts == ()
+
+
+def test_split_host_reads_host_and_port() -> None:
+    assert split_host("Photos.LAN") == ("photos.lan", None)
+    assert split_host("photos.lan.:8080") == ("photos.lan", 8080)
+    assert split_host("[::1]:8080") == ("::1", 8080) and split_host("[FD00::1]") == ("fd00::1", None)
+    for bad in ("", "a b", "x:", "x:65536", "x:-1", "[::1]x", "[::1", "[x]:1", "a/b", "a@b", "a:1:2", "-a"):
+        with pytest.raises(ValueError):
+            split_host(bad)

@@ -142,7 +142,9 @@ async def reconcile_now(config: Path, data_dir: Path) -> dict[str, int]:
 
 def prepare(tmp_path: Path, receiver: WebhookReceiver) -> tuple[Path, Path, str, int]:
     data_dir = tmp_path / "data"
-    config = write_config(tmp_path / "picpeak.toml", webhook_url=receiver.url, workers=2, lease_seconds=5,
+    # The receiver listens on 127.0.0.1: a config naming it loads only with private targets allowed.
+    config = write_config(tmp_path / "picpeak.toml", webhook_url=receiver.url, webhook_allow_private=True,
+                          workers=2, lease_seconds=5,
                           shutdown_grace_seconds=5, log_level="warning")
     token = create_token(data_dir, config)
     return data_dir, config, token, 0

@@ -23,6 +23,16 @@ async def test_api_create_validates_per_field(client: Any, admin: AuthActions) -
     assert not_json.status_code == 400
 
 
+async def test_a_photo_cap_past_sqlites_integers_is_a_field_error(client: Any, admin: AuthActions) -> None:
+    for cap in (2**63, str(2**64), "9" * 5000):
+        response = await client.post("/api/admin/galleries", json={"name": "Big", "photo_cap": cap},
+                                     headers=admin.headers())
+        assert response.status_code == 400, cap
+        assert set((await response.get_json())["fields"]) == {"photo_cap"}
+    biggest = await admin.create_gallery(name="Biggest", photo_cap=2**63 - 1)
+    assert biggest["photo_cap"] == 2**63 - 1
+
+
 async def test_api_lifecycle(client: Any, admin: AuthActions) -> None:
     created = await admin.create_gallery(name="Anna & Ben’s Wedding", event_type="wedding",
                                          event_date="2026-06-20", password="secret1")

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import base64
 import re
+import secrets
+import time
 from typing import Any
 
+import httpx
 import pytest
+import trio
 
+from picpeak_lite import server
+from picpeak_lite.ops import bootstrap
 from picpeak_lite.services import Services
+from picpeak_lite.store import db
 from picpeak_lite.store.queries import listing
+from picpeak_lite.web.app import create_app
+from picpeak_lite.web.views.common import fallback_url, host_trusted
 
-from .conftest import AuthActions
+from .conftest import AuthActions, make_settings, own_services
 from .factories import add_photo, jpeg, published
 from .factories import expired as expired_gallery
 
@@ -167,8 +176,12 @@ async def test_pages_stay_stable_while_photos_come_and_go(guest: Any, admin: Aut
 async def test_bad_cursor_and_sort_are_400(guest: Any, admin: AuthActions) -> None:
     gallery = await published(admin, name="G")
     deep = base64.urlsafe_b64encode(b"[" * 5000).decode()  # nested deep enough to exhaust the JSON parser
+    # A cursor whose id SQLite cannot hold (it used to reach the query: a 500), for either order.
+    huge = [base64.urlsafe_b64encode(f'["2024-01-01T00:00:00",{n}]'.encode()).decode().rstrip("=")
+            for n in (2**63, -(2**63) - 1)]
     for query in ({"after": "not-a-cursor"}, {"after": "WzEsMl0"}, {"sort": "name"}, {"limit": "x"},
-                  {"after": deep}, {"after": deep[:150]}):
+                  {"after": deep}, {"after": deep[:150]}, {"after": huge[0]}, {"after": huge[1]},
+                  {"after": huge[0], "sort": "uploaded"}, {"limit": "9" * 5000}):
         response = await guest.get(f"/api/g/{gallery['slug']}/photos", query_string=query)
         assert response.status_code == 400, query
 
@@ -209,3 +222,98 @@ async def test_upload_page_only_when_guest_uploads_are_on(guest: Any, admin: Aut
     assert "/static/live.js" in html and "/static/guest-upload.js" in html
     gallery_html = await (await guest.get(f"/g/{opened['slug']}")).get_data(as_text=True)
     assert f"/g/{opened['slug']}/upload" in gallery_html
+
+
+# --- links from a trusted origin only (issue 11) -----------------------------------------------------------
+
+OG_URL = re.compile(r'og:url" content="([^"]+)"')
+OG_IMAGE = re.compile(r'og:image" content="([^"]+)"')
+
+
+def open_gallery_row(svc: Services) -> tuple[str, int]:
+    """A published gallery without a password and with one complete photo, straight into the database."""
+    slug = f"links-{secrets.token_hex(4)}"
+    conn = db.connect(svc.settings.database_path)
+    try:
+        with db.transaction(conn):
+            conn.execute("INSERT INTO galleries (slug, share_token, name, is_draft, created_at, updated_at) "
+                         "VALUES (?, ?, 'Links', 0, 0, 0)", (slug, secrets.token_hex(16)))
+            gallery_id = conn.last_insert_rowid()
+    finally:
+        conn.close()
+    return slug, add_photo(svc, gallery_id)
+
+
+@pytest.fixture
+async def running(tmp_path: Any) -> Any:
+    """A real server on 127.0.0.1 and a free port: its Host handling and its bind address are the real ones."""
+    settings = make_settings(tmp_path, shutdown_grace_seconds=1, processing_enabled=False)
+    bootstrap.prepare(settings)
+    async with trio.open_nursery() as nursery:
+        started = await nursery.start(server.run, settings)
+        yield started
+        started.stop()
+
+
+async def test_a_forged_host_never_reaches_a_link_or_tag(running: Any) -> None:
+    slug, photo_id = open_gallery_row(running.services)
+    port = int(running.url.rsplit(":", 1)[1])
+    async with httpx.AsyncClient(base_url=running.url) as http:
+        async def tags(host: str) -> tuple[str, str]:
+            html = (await http.get(f"/g/{slug}", headers={"Host": host})).text
+            return OG_URL.search(html).group(1), OG_IMAGE.search(html).group(1)
+
+        for forged in ("evil.example", f"evil.example:{port}", "localhost:1", f"127.0.0.1:{port + 1}",
+                       f"evil.example@127.0.0.1:{port}", f"127.0.0.1:{port}/x", "[::1", "a b"):
+            og_url, og_image = await tags(forged)
+            assert og_url == f"{running.url}/g/{slug}", forged
+            assert og_image == f"{running.url}/g/{slug}/photos/{photo_id}/view", forged
+        # The bind address and its localhost forms are the server's own names: kept as the client used them.
+        for own in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
+            assert (await tags(own))[0] == f"http://{own.lower()}/g/{slug}", own
+
+
+async def test_allowed_hosts_and_public_url_decide_the_origin(tmp_path: Any) -> None:
+    with own_services(tmp_path / "a", port=8080, allowed_hosts=("photos.lan", "192.168.1.10:8080")) as svc:
+        slug, _ = open_gallery_row(svc)
+        guest = create_app(svc).test_client()
+        for host, origin in (("photos.lan", "http://photos.lan"), ("photos.lan:9000", "http://photos.lan:9000"),
+                             ("PHOTOS.LAN.", "http://photos.lan."), ("192.168.1.10:8080", "http://192.168.1.10:8080"),
+                             ("192.168.1.10:8081", "http://127.0.0.1:8080"), ("evil.example", "http://127.0.0.1:8080"),
+                             ("sub.photos.lan", "http://127.0.0.1:8080")):
+            html = await (await guest.get(f"/g/{slug}", headers={"Host": host})).get_data(as_text=True)
+            assert OG_URL.search(html).group(1).lower() == f"{origin}/g/{slug}".lower(), host
+        # The admin's share links follow the same rule (an API token: no cookie bound to the test client's host).
+        conn = db.connect(svc.settings.database_path)
+        with db.transaction(conn):
+            token = bootstrap.create_api_token(conn, "links", time.time())
+        conn.close()
+        answer = await guest.get("/api/admin/galleries", headers={"Host": "evil.example",
+                                                                  "Authorization": f"Bearer {token}"})
+        assert [g["share_url"] for g in (await answer.get_json())["galleries"]] == [f"http://127.0.0.1:8080/g/{slug}"]
+    with own_services(tmp_path / "b", public_url="https://photos.example.com/") as svc:
+        slug, _ = open_gallery_row(svc)
+        html = await (await create_app(svc).test_client().get(f"/g/{slug}", headers={"Host": "evil.example"})
+                      ).get_data(as_text=True)
+        assert OG_URL.search(html).group(1) == f"https://photos.example.com/g/{slug}"
+
+
+def test_which_hosts_name_the_server() -> None:
+    bind = "http://127.0.0.1:8080"
+    assert host_trusted("127.0.0.1:8080", "http", (), bind, None)
+    assert host_trusted("[::1]:8080", "http", (), bind, None)
+    assert not host_trusted("127.0.0.1", "http", (), bind, None)  # port 80, not 8080
+    assert host_trusted("localhost", "http", (), "http://127.0.0.1:80", None)
+    assert host_trusted("localhost", "https", (), "http://127.0.0.1:443", None)
+    assert not host_trusted("localhost:8080", "http", (), "http://192.168.1.10:8080", None)  # not listening there
+    assert host_trusted("192.168.1.10:8080", "http", (), "http://192.168.1.10:8080", None)
+    # A wildcard bind: the address the connection arrived on, and loopback, are the server's.
+    assert host_trusted("192.168.1.10:8080", "http", (), "http://0.0.0.0:8080", ("192.168.1.10", 8080))
+    assert host_trusted("localhost:8080", "http", (), "http://0.0.0.0:8080", ("192.168.1.10", 8080))
+    assert not host_trusted("192.168.1.11:8080", "http", (), "http://0.0.0.0:8080", ("192.168.1.10", 8080))
+    assert fallback_url("http://0.0.0.0:8080", ("192.168.1.10", 8080)) == "http://192.168.1.10:8080"
+    assert fallback_url("http://[::]:8080", ("fe80::1", 8080)) == "http://[fe80::1]:8080"
+    assert fallback_url("http://127.0.0.1:8080/", ("127.0.0.1", 8080)) == "http://127.0.0.1:8080"
+    for bad in ("", " ", "evil.example@127.0.0.1:8080", "127.0.0.1:8080/x", "127.0.0.1:0", "127.0.0.1:99999",
+                "127.0.0.1:８０８０", "http://127.0.0.1:8080", "[::1", "[nope]:8080", "a\r\nb"):
+        assert not host_trusted(bad, "http", ("127.0.0.1",), bind, ("127.0.0.1", 8080)), repr(bad)

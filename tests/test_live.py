@@ -444,3 +444,12 @@ async def test_an_upload_feed_is_its_uploaders_and_the_admins_only(live: Service
                        headers=admin.headers())
     assert await websocket_status(guest, f"/ws/uploads/{upload}") == 403  # the old password no longer counts
     assert await websocket_status(client, f"/ws/uploads/{upload}") == 101
+
+
+async def test_a_since_no_server_could_have_sent_gets_a_fresh_snapshot(live: Services, client: Any,
+                                                                        admin: AuthActions) -> None:
+    """``since`` past SQLite's integers (or too long for ``int()``) is not a position: a snapshot, no 500."""
+    gallery = await admin.create_gallery(name="Since")
+    for since in (str(2**63), str(2**64), "9" * 5000, "-1", "x"):
+        async with client.websocket(f"/ws/admin/galleries/{gallery['id']}?since={since}") as ws:
+            assert (await receive_json(ws))["type"] == "snapshot", since

@@ -191,3 +191,26 @@ async def test_watermark_settings_say_that_existing_photos_are_rendered_again(ad
     page = await (await admin.client.get("/admin/settings/")).get_data(as_text=True)
     assert "from now on" not in page
     assert "Saving re-renders those galleries’ photos in the background; they stay visible meanwhile." in page
+
+
+async def test_the_start_says_once_how_share_links_are_made(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="picpeak_lite.server")
+    for name, extra, expected in (
+        ("plain", {}, "share links use the request's Host when it is one of 127.0.0.1:{port}, localhost:{port}, "
+                      "[::1]:{port} ... any other Host gets {url}."),
+        ("listed", {"allowed_hosts": ("photos.lan",)}, "photos.lan"),
+        ("public", {"public_url": "https://photos.example.com"}, "share links use public_url "
+                                                                "https://photos.example.com"),
+    ):
+        caplog.clear()
+        settings = make_settings(tmp_path / name, shutdown_grace_seconds=1, processing_enabled=False, **extra)
+        bootstrap.prepare(settings)
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(server.run, settings)
+            running.stop()
+        lines = [r.getMessage() for r in caplog.records if "share links" in r.getMessage()]
+        assert len(lines) == 1, lines
+        port = running.url.rsplit(":", 1)[1]
+        for part in expected.format(port=port, url=running.url).split(" ... "):
+            assert part in lines[0], (part, lines[0])
+        assert running.services.bind_url == running.url

@@ -16,6 +16,7 @@ from typing import Any
 
 from picpeak_lite.errors import ValidationError
 from picpeak_lite.security import MIN_GALLERY_PASSWORD_LENGTH
+from picpeak_lite.store.db import fits_integer
 
 EVENT_TYPES = ("wedding", "birthday", "party", "corporate", "portrait", "family", "other")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -125,7 +126,7 @@ def _photo_cap(value: Any, missing: bool, context: Context) -> int | None:
         cap = int(value)
     except (TypeError, ValueError):
         cap = 0
-    if cap < 1 or isinstance(value, bool):
+    if cap < 1 or isinstance(value, bool) or not fits_integer(cap):
         raise Invalid("A whole number of photos, at least 1, or empty for the default.")
     return cap
 

@@ -21,6 +21,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import socket
 import ssl
 import time
 import urllib.parse
@@ -152,10 +153,43 @@ async def resolve_target(url: str, allow_private: bool) -> Target:
     it returned, never at the text of the URL.
     """
     scheme, host, port, path = parse_target(url)
+    _refuse_loopback_name(host, allow_private)
     try:
         infos = await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)
     except OSError as error:
         raise TargetRefused(f"could not resolve {host!r}: {error}") from None
+    addresses = _refuse_private(host, infos, allow_private)
+    return Target(scheme=scheme, host=host, port=port, path=path, addresses=tuple(addresses))
+
+
+def check_target_offline(url: str, allow_private: bool) -> None:
+    """What :func:`resolve_target` refuses whatever DNS says, without asking DNS: a bad URL, a numeric address
+    that is not public (in any spelling getaddrinfo reads without a lookup), a ``localhost`` name. Raises
+    :class:`TargetRefused` with the same sentence the sender would record.
+
+    For ``[[webhooks]]`` in the config, checked at load: loading must not wait on DNS (nor fail when it is down
+    at boot), and a name's answer may change later anyway, so names are left to the sender, which checks every
+    delivery.
+    """
+    _scheme, host, port, _path = parse_target(url)
+    _refuse_loopback_name(host, allow_private)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except OSError:
+        return  # a name
+    _refuse_private(host, infos, allow_private)
+
+
+def _refuse_loopback_name(host: str, allow_private: bool) -> None:
+    """``localhost`` and ``*.localhost`` are loopback by definition (RFC 6761), whatever a resolver answers."""
+    name = host.rstrip(".")
+    if not allow_private and (name == "localhost" or name.endswith(".localhost")):
+        raise TargetRefused(f"{host!r} is a loopback name, which is not a public address "
+                            "(set webhook_allow_private to allow it)")
+
+
+def _refuse_private(host: str, infos: Any, allow_private: bool) -> list[str]:
+    """The distinct addresses of a getaddrinfo answer, or the refusal when one of them is not public."""
     addresses: list[str] = []
     for _family, _type, _proto, _canonname, sockaddr in infos:
         address = str(sockaddr[0])
@@ -170,7 +204,7 @@ async def resolve_target(url: str, allow_private: bool) -> Target:
                 f"{host!r} resolves to {', '.join(private)}, which is not a public address "
                 "(set webhook_allow_private to allow it)"
             )
-    return Target(scheme=scheme, host=host, port=port, path=path, addresses=tuple(addresses))
+    return addresses
 
 
 def request_headers(

@@ -59,6 +59,16 @@ class Connection(Protocol):
     def close(self, force: bool = False) -> None: ...
 
 BUSY_TIMEOUT_MS = 10_000
+# SQLite's INTEGER range. A Python int outside it cannot be bound as a parameter (apsw raises OverflowError), so
+# every id or number that comes from outside is checked against it before it gets near a query: no row has such
+# an id, so the caller answers "not found" (or "not valid") instead of failing.
+INTEGER_MIN = -(2**63)
+INTEGER_MAX = 2**63 - 1
+
+
+def fits_integer(value: int) -> bool:
+    """Whether ``value`` can be stored in, or compared with, an SQLite INTEGER column."""
+    return INTEGER_MIN <= value <= INTEGER_MAX
 
 # Re-exported so that callers can catch constraint violations without importing apsw themselves.
 ConstraintError = apsw.ConstraintError

@@ -11,8 +11,10 @@ from typing import Any
 from markupsafe import Markup, escape
 from quart import Response, current_app, g, send_from_directory
 from quart_trio import QuartTrio
+from werkzeug.routing import IntegerConverter
 
 from picpeak_lite.services import Services
+from picpeak_lite.store.db import INTEGER_MAX
 from picpeak_lite.web import errors
 from picpeak_lite.web.accesslog import AccessLog
 from picpeak_lite.web.asgi import BackpressureHTTPConnection, BoundedRequest
@@ -29,6 +31,34 @@ CSP = (
 )
 
 
+def digits_at_most(bound: int) -> str:
+    """A regex for exactly the decimal strings (no sign, at most as many digits as ``bound``) whose value is at
+    most ``bound``: shorter numbers, or the same length with a smaller digit after a common prefix, or ``bound``.
+    """
+    text = str(bound)
+    width = len(text)
+    choices = [f"[0-9]{{1,{width - 1}}}"]
+    for i, digit in enumerate(text):
+        if digit != "0":
+            choices.append(f"{text[:i]}[0-{int(digit) - 1}][0-9]{{{width - 1 - i}}}")
+    choices.append(text)
+    return "(?:" + "|".join(choices) + ")"
+
+
+class RowId(IntegerConverter):
+    """``<int:...>`` on every route, HTTP and WebSocket: an id SQLite can hold, or the route does not match.
+
+    Registered as the app's ``int`` converter, so every id route (and every new one) is bounded in one place:
+    an id past SQLite's 64-bit range would otherwise reach a query and fail there (apsw's OverflowError, a 500
+    with a traceback, from any stranger). No row has such an id, so no match: the usual 404. The bound is in
+    the pattern, not in ``to_python``: werkzeug turns a conversion refused after the path matched into a 405 when
+    the path has rules for other methods, and ``int()`` never sees a megabyte of digits. ASCII digits only
+    (``\\d`` also takes other scripts' digits). Unsigned as before: ``-1`` does not match either.
+    """
+
+    regex = digits_at_most(INTEGER_MAX)
+
+
 class PicpeakApp(QuartTrio):
     """QuartTrio with bounded request bodies (see asgi.py)."""
 
@@ -43,6 +73,8 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
         static_url_path="/static",
     )
     app.extensions["picpeak"] = svc
+    # Before any blueprint adds its rules: a rule takes its converter when it is added to the map.
+    app.url_map.converters["int"] = RowId
     app.extensions["picpeak_limits"] = WebLimits.for_settings(svc.settings, svc.monotonic)
     # One log line per request and WebSocket (Quart's documented place for ASGI middleware).
     app.asgi_app = AccessLog(app.asgi_app, svc.settings.trusted_proxies)  # type: ignore[method-assign,assignment]

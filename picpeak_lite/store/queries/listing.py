@@ -22,7 +22,7 @@ import binascii
 import json
 from typing import Any
 
-from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.db import Connection, Row, fits_integer
 from picpeak_lite.store.queries.photos import GUEST_VISIBLE_PHOTO
 
 SORTS = ("taken", "uploaded")
@@ -61,7 +61,7 @@ def decode_cursor(sort: str, cursor: str) -> tuple[str | None, int]:
         key, photo_id = json.loads(raw)
     except (binascii.Error, ValueError, TypeError, RecursionError) as error:
         raise BadCursor("not a cursor") from error
-    if not isinstance(photo_id, int) or isinstance(photo_id, bool):
+    if not isinstance(photo_id, int) or isinstance(photo_id, bool) or not fits_integer(photo_id):
         raise BadCursor("not a cursor")
     if sort == "taken" and not isinstance(key, str):
         raise BadCursor("not a cursor")

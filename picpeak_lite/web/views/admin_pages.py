@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import math
 import os
+import re
 from typing import Any
 
 import trio
@@ -25,6 +26,11 @@ from picpeak_lite.web.auth import admin_page, check_origin, current_admin, limit
 from picpeak_lite.web.views.common import admin_image_url, client_ip, load_grid, read_filters, share_url
 
 EXPIRY_WARNING_DAYS = 7
+# Where a login may send the admin on: a path on this site under /admin, in the characters a URL path and query
+# may hold unencoded (RFC 3986), and nothing else: no scheme, no host, no "//" or "\\" a browser would read as
+# another host, no whitespace or control characters (CR/LF would break the Location header), no fragment.
+SAFE_NEXT = re.compile(r"/admin(?:/[A-Za-z0-9\-._~!$&'()*+,;=:@%/]*)?(?:\?[A-Za-z0-9\-._~!$&'()*+,;=:@%/?]*)?")
+MAX_NEXT_LENGTH = 2048
 QR_TARGETS = ("gallery", "upload")
 
 blueprint = Blueprint("admin", __name__, url_prefix="/admin")
@@ -271,8 +277,13 @@ def _form_values(form: Any) -> dict[str, Any]:
 
 
 def _safe_next(value: str | None) -> str | None:
-    """Only redirect to our own pages after login."""
-    if value and value.startswith("/admin") and not value.startswith("//") and "\\" not in value:
+    """Only redirect to our own admin pages after login; anything else (None) sends the admin to ``/admin/``.
+
+    An allow-list, not a list of tricks: a crafted link (``next=/admin\\r\\nX: y`` broke the redirect with a
+    500 after the password was accepted; ``//evil``, ``/\\evil`` and ``https://...`` would leave the site) only
+    loses its destination, never the login.
+    """
+    if value and len(value) <= MAX_NEXT_LENGTH and SAFE_NEXT.fullmatch(value):
         return value
     return None
 

@@ -15,6 +15,7 @@ from quart import Blueprint, redirect, render_template, request, url_for
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest, Conflict, NotFound
 from picpeak_lite.pipeline import transitions
+from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import admin_photos as q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import admin_api, admin_page, services
@@ -61,7 +62,8 @@ async def bulk_api(gallery_id: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("Send a JSON object: {\"action\": ..., \"ids\": [...]}.")
     action, ids = data.get("action"), data.get("ids")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and fits_integer(i)
+                                            for i in ids):
         raise BadRequest("'ids' must be a list of photo ids.")
     changed = await apply_action(gallery_id, action, ids)
     return {"action": action, "changed": changed}
@@ -72,7 +74,8 @@ async def bulk_api(gallery_id: int) -> dict[str, Any]:
 async def cover_api(gallery_id: int) -> dict[str, Any]:
     data = await request.get_json(force=True, silent=True)
     photo_id = data.get("photo_id") if isinstance(data, dict) else "missing"
-    if photo_id is not None and (not isinstance(photo_id, int) or isinstance(photo_id, bool)):
+    if photo_id is not None and (not isinstance(photo_id, int) or isinstance(photo_id, bool)
+                                 or not fits_integer(photo_id)):
         raise BadRequest("Send {\"photo_id\": <id>} (or null for the first photo).")
     await set_cover(gallery_id, photo_id)
     return {"gallery_id": gallery_id, "cover_photo_id": photo_id}
@@ -85,6 +88,8 @@ async def bulk_form(gallery_id: int) -> Any:
     action = form.get("action")
     try:
         ids = [int(v) for v in form.getlist("ids")]
+        if not all(fits_integer(i) for i in ids):
+            raise ValueError
     except ValueError:
         raise BadRequest("The selection is not valid; reload the page and try again.") from None
     back = url_for("admin.gallery", gallery_id=gallery_id, **filter_query(read_filters(request.args)))  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from quart import Blueprint, Response, redirect, render_template, request, url_f
 from picpeak_lite.config import WEBHOOK_EVENTS
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import BadRequest, NotFound
-from picpeak_lite.events.webhooks import TargetRefused, parse_target
+from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, TargetRefused, resolve_target
 from picpeak_lite.media import images
 from picpeak_lite.store.queries import settings as settings_q
 from picpeak_lite.store.queries import webhooks as webhook_q
@@ -144,7 +144,12 @@ async def add_webhook() -> Any:
     try:
         if len(url) > 2000:
             raise TargetRefused("at most 2000 characters")
-        parse_target(url)
+        # The sender's own check, DNS included: a target it would refuse (a private address, unless
+        # webhook_allow_private) is refused now with its sentence, not saved to be refused at every delivery.
+        with trio.move_on_after(ATTEMPT_TIMEOUT) as lookup:
+            await resolve_target(url, svc.settings.webhook_allow_private)
+        if lookup.cancelled_caught:
+            raise TargetRefused(f"its host did not resolve within {ATTEMPT_TIMEOUT:g} s")
     except TargetRefused as error:
         errors["url"] = f"Not a usable webhook URL: {error}."
     if not events:

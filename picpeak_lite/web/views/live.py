@@ -30,7 +30,7 @@ from quart import Blueprint, Response, websocket
 from picpeak_lite.domain import access
 from picpeak_lite.errors import AppError
 from picpeak_lite.events.broker import Change, Subscription
-from picpeak_lite.store.db import Connection
+from picpeak_lite.store.db import Connection, fits_integer
 from picpeak_lite.store.queries import changes as change_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
@@ -94,8 +94,13 @@ async def _read_client_messages(cancel: trio.CancelScope) -> None:
 
 
 def _since() -> int | None:
+    """The ``since`` sequence number, or None (a fresh snapshot) when it is missing or not one we could have
+    sent: at most 19 ASCII digits within SQLite's range, as the change log's ids are."""
     raw = websocket.args.get("since")
-    return int(raw) if raw is not None and raw.isascii() and raw.isdigit() else None
+    if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 19:
+        return None
+    value = int(raw)
+    return value if fits_integer(value) else None
 
 
 class GuestAccess:
