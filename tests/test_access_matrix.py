@@ -27,8 +27,8 @@ from picpeak_lite.store.queries import admin as admin_q
 
 from . import imagefactory
 from .conftest import AuthActions, websocket_status
-from .harness import figures
 from .factories import run_pool_until_idle
+from .harness import figures
 from .test_upload import multipart, published
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
