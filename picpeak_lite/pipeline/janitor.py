@@ -87,8 +87,10 @@ class Janitor:
         return requeued, failed
 
     async def reconcile(self) -> dict[str, int]:
-        """Sweep temp files, remove orphan files, fail rows without an original. Returns counts."""
+        """Take back dead requests' rows, sweep temp files, remove orphan files, fail rows without an original.
+        Returns counts."""
         svc = self.svc
+        abandoned = await self.renew_and_abandon_uploads()
         now = svc.clock()
         swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds, now)
         rows = await svc.db.read(photo_q.rows_with_keys)
@@ -106,8 +108,9 @@ class Janitor:
             svc.wake_webhooks()
         pruned = await svc.db.write(guest_q.prune_idle_sessions, now - IDLE_GUEST_SESSION_SECONDS)
         counts = {"temp_swept": swept, "orphans_removed": orphans, "missing_failed": failed}
-        if swept or orphans or failed or pruned:
-            log.warning("reconciler: %s, idle guest sessions pruned: %d", counts, pruned)
+        if swept or orphans or failed or pruned or abandoned:
+            log.warning("reconciler: %s, idle guest sessions pruned: %d, photos of dead requests taken back: %d",
+                        counts, pruned, abandoned)
         return counts
 
     def _orphan_candidates(self, known: set[str], now: float) -> set[str]:
