@@ -120,6 +120,7 @@ class Server:
         self.python = python
         self.env = {**os.environ, "PICPEAK_ADMIN_PASSWORD": PASSWORD, "PICPEAK_LOG_LEVEL": "warning", **(env or {})}
         self.log_path = data_dir.parent / "server.log"
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.token = ""
@@ -128,12 +129,13 @@ class Server:
         self.token = subprocess.run(
             [self.python, "-m", "picpeak_lite", "admin", "token", "create", "--name", "bench",
              "--data-dir", str(self.data_dir)],
-            capture_output=True, text=True, check=True, env=self.env,
+            capture_output=True, text=True, check=True, env=self.env, cwd=self.data_dir.parent,
         ).stdout.strip().splitlines()[-1]
         with open(self.log_path, "wb") as log:  # a file, not a pipe: nobody has to keep reading it
             self.proc = subprocess.Popen(
                 [self.python, "-m", "picpeak_lite", "serve", "--port", "0", "--host", "127.0.0.1",
-                 "--data-dir", str(self.data_dir)], stdout=log, stderr=subprocess.STDOUT, env=self.env)
+                 "--data-dir", str(self.data_dir)], stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                cwd=self.data_dir.parent)  # not ours: `-m` would import the package from the working directory
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             log = self.log_path.read_text("utf-8", "replace")
