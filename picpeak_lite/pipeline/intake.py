@@ -301,9 +301,10 @@ class Intake:
         try:
             rows = await self.db.write(transitions.abandon_upload, self.settings.webhooks, self.upload_id,
                                        self.clock())
-        except Exception:
+        except Exception as error:  # a full disk, say: no traceback, the reason is known and recovery automatic
             # The rows stay provisional, the group receiving: the janitor takes them back once the lease ends.
-            log.exception("upload %s: could not take back the rows of a request that was cut off", self.upload_id)
+            log.error("upload %s: could not take back the rows of a request that was cut off (%s); the janitor "
+                      "will once its lease has run out", self.upload_id, error)
             return
         deleted = {r["storage_key"] for r in rows}
         for entry in self.entries:
