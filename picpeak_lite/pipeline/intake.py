@@ -47,7 +47,7 @@ import trio
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import Conflict, NotFound, TooLarge
 from picpeak_lite.media import images
-from picpeak_lite.pipeline import transitions
+from picpeak_lite.pipeline import attempts, transitions
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import Storage, disk_errors, new_key, remove_quietly
@@ -306,6 +306,12 @@ class Intake:
             log.error("upload %s: could not take back the rows of a request that was cut off (%s); the janitor "
                       "will once its lease has run out", self.upload_id, error)
             return
+        # A worker of this process may still be making one of these photos' derivatives: let it finish, so
+        # that none of its files is written after the removal below.
+        busy = [r["claim_token"] for r in rows if r["status"] == "processing" and r["claim_token"]]
+        if busy:
+            with trio.move_on_after(self.settings.lease_seconds):  # a hung worker loses its lease anyway
+                await attempts.wait_until_over(busy)
         deleted = {r["storage_key"] for r in rows}
         for entry in self.entries:
             if entry.key in deleted:
