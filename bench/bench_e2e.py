@@ -1,124 +1,102 @@
-"""End to end through the real server: from the first upload byte to the last photo `complete`.
+"""End to end through the real server: issue 18's table for picpeak-lite, optionally against another build.
 
-    python bench/bench_e2e.py --photos 50 --megapixels 12
+    python bench/bench_e2e.py --photos 50 --megapixels 24 [--pairs 3] [--before-python /tmp/before/.venv/bin/python]
+                              [--py-spy OUT_PREFIX]
 
-Starts `picpeak-lite serve` as a subprocess on a temp data directory (port 0), uploads the photos in batches of
-10 with 2 requests in parallel (as the bulk uploader does), and reports: time until every 202, the slowest
-upload answer compared with the time to write its bytes to disk (the request path must not decode), and the
-time until the last photo is complete, with photos/s.
+Makes camera-like photos once (picpeak_lite.media.samples: smooth field, gradient, blotches, Gaussian noise
+sigma 13, q90, EXIF with GPS, every 4th Orientation 6), then per pair runs a fresh server of each build on a
+fresh data directory (``picpeak_lite.ops.bench``, the code behind ``picpeak-lite bench``), interleaved
+(before, after, before, after, ...) so that load from other users of the machine falls on both. Uploads go
+as PicPeak's UI sends them: at most 50 files and 500 MiB per request, one request at a time. Prints every
+run's figures, then the table rows as median [min-max].
+
+``--py-spy OUT`` records each server with ``py-spy record --nonblocking`` (root, or ptrace allowed) into
+``OUT-<build>-<n>.txt`` in raw (collapsed stack) form, with idle frames left out.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
-import os
+import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import httpx
-import trio
-from PIL import Image
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from serve import start_server  # bench/serve.py: run as a script, its folder is on sys.path
 
-from tests import imagefactory
+from picpeak_lite.ops import bench
 
-
-def make_photos(count: int, megapixels: int, folder: Path) -> list[Path]:
-    width = int((megapixels * 1e6 * 4 / 3) ** 0.5)
-    height = int(width * 3 / 4)
-    base = imagefactory.photo(width, height, seed=1)
-    exif = imagefactory.make_exif(make="Canon", model="EOS R6", date_original="2026:06:20 15:00:00")
-    paths = []
-    for i in range(count):
-        path = folder / f"IMG_{i:04d}.jpg"
-        # Each file differs (a pixel row changes), so the server does not deduplicate them.
-        image = base.copy()
-        image.putpixel((i % width, 0), (i % 256, 0, 0))
-        buffer = io.BytesIO()
-        image.save(buffer, "JPEG", quality=92, exif=exif)
-        path.write_bytes(buffer.getvalue())
-        paths.append(path)
-    return paths
+ROWS = [
+    ("all photos complete, s after the first byte", lambda r: r.all_complete_s),
+    ("photos/s end to end", lambda r: r.photos_per_s),
+    ("202 for the first request, s", lambda r: r.first_202_s),
+    ("last 202 -> all complete, s", lambda r: r.last_202_to_complete_s),
+    ("per photo, 202 -> complete, p50, s", lambda r: r.per_photo_202_p50),
+    ("per photo, 202 -> complete, p95, s", lambda r: r.per_photo_202_p95),
+    ("first photo complete after its own bytes, s", lambda r: r.first_complete_after_own_bytes_s),
+    ("per photo, own bytes -> complete, p95, s", lambda r: r.own_bytes_p95),
+    ("server CPU per photo (upload + processing), s", lambda r: r.cpu_per_photo_s),
+    ("peak RSS, MB", lambda r: r.peak_rss_mb),
+]
 
 
+def spy(out: Path) -> Any:
+    def attach(server: bench.Server) -> None:
+        exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        subprocess.Popen([exe, "record", "--nonblocking", "--format", "raw", "--rate", "50", "--threads",
+                          "-o", str(out), "--pid", str(server.pid)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # let it attach before the first byte
+    return attach
 
 
-def disk_write_seconds(paths: list[Path], folder: Path) -> float:
-    """How long writing these bytes (with fsync, as the server does) takes on this disk."""
-    started = time.perf_counter()
-    for path in paths:
-        target = folder / ("copy-" + path.name)
-        with open(target, "wb") as f:
-            f.write(path.read_bytes())
-            f.flush()
-            os.fsync(f.fileno())
-        target.unlink()
-    return time.perf_counter() - started
-
-
-async def run(paths: list[Path], url: str, token: str, batch: int, parallel: int) -> None:
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as http:
-        gallery = (await http.post("/api/admin/galleries", json={"name": "Bench"})).json()
-        batches = [paths[i:i + batch] for i in range(0, len(paths), batch)]
-        answers: list[float] = []
-        upload_ids: list[str] = []
-        limiter = trio.CapacityLimiter(parallel)
-        started = time.perf_counter()
-
-        async def send(group: list[Path]) -> None:
-            async with limiter:
-                files = [("photos", (p.name, p.read_bytes(), "image/jpeg")) for p in group]
-                t0 = time.perf_counter()
-                response = await http.post(f"/api/admin/galleries/{gallery['id']}/upload", files=files)
-                answers.append(time.perf_counter() - t0)
-                assert response.status_code == 202, response.text
-                upload_ids.append(response.json()["upload_id"])
-
-        async with trio.open_nursery() as nursery:
-            for group in batches:
-                nursery.start_soon(send, group)
-        acked = time.perf_counter() - started
-        while True:
-            done = 0
-            for upload_id in upload_ids:
-                status = (await http.get(f"/api/admin/uploads/{upload_id}")).json()
-                done += status["complete"] + status["failed"]
-            if done == len(paths):
-                break
-            await trio.sleep(0.1)
-        finished = time.perf_counter() - started
-    size_mb = sum(p.stat().st_size for p in paths) / 1e6
-    write_s = disk_write_seconds(paths[:batch], paths[0].parent)
-    print(f"e2e: photos={len(paths)} total={size_mb:.0f}MB all_202_after={acked:.2f}s "
-          f"slowest_upload_answer={max(answers):.2f}s (batch of {batch}; writing its bytes with fsync takes "
-          f"{write_s:.2f}s) last_complete_after={finished:.2f}s throughput={len(paths) / finished:.2f} photos/s")
+def cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--photos", type=int, default=50)
-    parser.add_argument("--megapixels", type=int, default=12)
-    parser.add_argument("--batch", type=int, default=10)
-    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--megapixels", type=float, default=24)
+    parser.add_argument("--pairs", type=int, default=1)
+    parser.add_argument("--before-python", help="the Python of another checkout's venv, run as 'before'")
+    parser.add_argument("--build", action="append", default=[], metavar="NAME=PYTHON",
+                        help="instead of before/after: the builds to run, each a name and its venv's Python")
+    parser.add_argument("--py-spy", help="record each server with py-spy into <this>-<build>-<n>.txt")
     args = parser.parse_args()
+    builds = [("after", sys.executable)]
+    if args.before_python:
+        builds.insert(0, ("before", args.before_python))
+    if args.build:
+        builds = [(b.split("=", 1)[0], b.split("=", 1)[1]) for b in args.build]
+    results: dict[str, list[bench.Result]] = {name: [] for name, _ in builds}
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        print(f"generating {args.photos} photos of {args.megapixels} MP ...", flush=True)
-        paths = make_photos(args.photos, args.megapixels, folder)
-        proc, url, token = start_server(folder / "data")
-        try:
-            trio.run(run, paths, url, token, args.batch, args.parallel)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        print(f"making {args.photos} photos of {args.megapixels:g} MP ...", flush=True)
+        photos = bench.make_photos(Path(tmp) / "photos", args.photos, args.megapixels)
+        for pair in range(args.pairs):
+            for name, python in builds:
+                hook = spy(Path(f"{args.py_spy}-{name}-{pair}.txt")) if args.py_spy else None
+                result = bench.run(args.photos, args.megapixels, workdir=Path(tmp), python=python, photos=photos,
+                                   on_server=hook)
+                results[name].append(result)
+                print(f"--- {name} run {pair + 1}: " + "; ".join(result.lines()) +
+                      f"; complete before their 202: {result.extra['complete_before_202']}", flush=True)
+    pair_table = [n for n, _ in builds] == ["before", "after"]
+    print(f"\n| {args.photos} x {args.megapixels:g} MP | " + " | ".join(n for n, _ in builds) +
+          (" | after / before |" if pair_table else " |"))
+    print("|---" * (len(builds) + 1 + pair_table) + "|")
+    for label, get in ROWS:
+        values = {name: [get(r) for r in rs] for name, rs in results.items()}
+        line = f"| {label} | " + " | ".join(cell(values[n]) for n, _ in builds)
+        if [n for n, _ in builds] == ["before", "after"]:
+            before, after = statistics.median(values["before"]), statistics.median(values["after"])
+            line += f" | {after / before:.2f}" if before else " | -"
+        print(line + " |")
 
 
 if __name__ == "__main__":
-    Image.MAX_IMAGE_PIXELS = None
     main()

@@ -9,6 +9,7 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
@@ -170,6 +171,24 @@ def import_folder(folder: str, slug: str, config: str | None, data_dir: str | No
                f"{_count(len(summary.errors), 'error')}, {_count(summary.ignored, 'other file')} ignored.")
     if summary.errors:
         sys.exit(1)
+
+
+@cli.command()
+@click.option("--photos", "count", type=click.IntRange(1, 10_000), default=50, show_default=True,
+              help="How many photos to make and upload.")
+@click.option("--megapixels", type=click.FloatRange(0.1, 100), default=24, show_default=True,
+              help="Size of each photo (a camera-like 3:2 JPEG at quality 90).")
+@click.option("--temp-dir", type=click.Path(file_okay=False), help="Where to make the photos and the data "
+              "directory (removed afterwards) [default: the system's temp directory].")
+def bench(count: int, megapixels: float, temp_dir: str | None) -> None:
+    """Measure this machine: make camera-like photos in a temp data directory, upload them to a fresh server
+    on 127.0.0.1 and print photos/s, CPU per photo, time to the first complete photo and peak RSS."""
+    from picpeak_lite.ops import bench as bench_run
+
+    click.echo(f"Making {count} photos of {megapixels:g} MP and uploading them to a fresh server ...", err=True)
+    result = bench_run.run(count, megapixels, workdir=Path(temp_dir) if temp_dir else None)
+    for line in result.lines():
+        click.echo(line)
 
 
 def _progress_bar(label: str) -> Any:

@@ -3,13 +3,26 @@
 A file travels: bytes -> :class:`FileSink` (a temp file in ``data_dir/tmp``, its sha256 computed on the way,
 bytes counted against the per-file limit as they arrive) -> duplicate check by sha256 -> the cheap header
 check (``images.sniff`` in a thread: magic bytes and header, no decode) -> ``Storage.commit_original`` (fsync,
-atomic rename under a generated key, fsync of the directory) -> :meth:`Intake.commit`: one transaction that
-re-checks who may upload, duplicates and the gallery's cap, creates the upload group and a ``pending`` row
-per new photo. Only then does the caller answer. A crash between rename and commit leaves a file without a
-row (the reconciler's business), never a row without a file.
+atomic rename under a generated key, fsync of the directory) -> a transaction that re-checks who may upload,
+duplicates and the gallery's cap, creates the upload group and a ``pending`` row per new photo. A crash
+between rename and commit leaves a file without a row (the reconciler's business), never a row without a file.
+
+Two ways to commit. The importer stages files and calls :meth:`Intake.commit` per batch. An HTTP upload
+passes an :class:`Uploader`: each file's row is committed as soon as its original is durable, so the workers
+start on the first photo while the rest of the request arrives (issue 18). Those rows are ``provisional`` and
+the group is ``receiving`` (a lease, schema 7) until :meth:`Intake.finish` — run once the whole body was read
+— re-checks the permission, makes them permanent and lets the group complete; only then does the caller
+answer 202. So an upload group completes (``upload.completed``) only after its request has ended, and what a
+client was told stays exactly as before: a request that does not end in its 202 (client gone, 413, 507, a
+malformed body, the permission withdrawn) keeps nothing. Its provisional rows are deleted with their files on
+the way out (:meth:`Intake.__aexit__`), and if the process dies instead, the janitor does it once the lease
+has run out (``transitions.abandon_expired_uploads``). Photos of a request still arriving are processed and,
+once complete, visible like any other (never before: the guest rule is ``status = 'complete'``); if the
+request is then cut off they are deleted as an admin's delete would (``photo.deleted`` for those announced).
 
 Cleanup: :class:`Intake` is a context manager whose exit is synchronous, so a cancellation (client gone)
-cannot interrupt it. It removes every temp file still open and every renamed original no row points at.
+cannot interrupt it (an HTTP upload uses ``async with``, which first takes its rows back, shielded). It
+removes every temp file still open and every renamed original no row points at.
 Every thread hop here is uncancellable (trio's default), so when the exit runs, no other step is still
 writing or moving a file: a file is either still a temp file or already in storage, never in between.
 
@@ -20,6 +33,7 @@ No Quart and no HTTP here: ``web/views/upload.py`` turns a multipart body into :
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import unicodedata
 from collections.abc import Callable
@@ -31,8 +45,9 @@ from typing import Any, BinaryIO
 import trio
 
 from picpeak_lite.config import Settings
-from picpeak_lite.errors import NotFound, TooLarge
+from picpeak_lite.errors import Conflict, NotFound, TooLarge
 from picpeak_lite.media import images
+from picpeak_lite.pipeline import attempts, transitions
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import Storage, disk_errors, new_key, remove_quietly
@@ -45,7 +60,15 @@ GUEST_NAME_MAX = 100
 # Bidi embedding/override/isolate marks and invisible direction marks: they make "gpj.exe" look like "exe.jpg".
 BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
 
+log = logging.getLogger(__name__)
+
+LOST = "The file was lost before it could be saved; please upload it again."
+ABANDONED = ("The upload took longer than the server waits between signs of life and was given up; "
+             "please send it again.")
+DELETED = "The photo was deleted while the upload was still arriving."
+
 _IO_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("picpeak_intake_io")
+_RECEIVING: trio.lowlevel.RunVar[set[str]] = trio.lowlevel.RunVar("picpeak_intake_receiving")
 
 
 def io_limiter() -> trio.CapacityLimiter:
@@ -56,6 +79,16 @@ def io_limiter() -> trio.CapacityLimiter:
         limiter = trio.CapacityLimiter(8)
         _IO_LIMITER.set(limiter)
         return limiter
+
+
+def receiving_uploads() -> set[str]:
+    """The upload groups whose requests this process is receiving now: the janitor renews their leases."""
+    try:
+        return _RECEIVING.get()
+    except LookupError:
+        active: set[str] = set()
+        _RECEIVING.set(active)
+        return active
 
 
 @dataclass(frozen=True)
@@ -213,11 +246,22 @@ Authorize = Callable[[Connection], dict[str, Any]]
 Outcome = tuple[int | None, bool, str | None]  # (photo id, already in the gallery, error)
 
 
+@dataclass(frozen=True)
+class Uploader:
+    """Who sends an HTTP upload, known when it starts: each file's row is committed as it is stored."""
+
+    authorize: Authorize
+    uploaded_by: str
+    guest_session_id: int | None = None
+    guest_name: str | None = None  # the session's; the form's field, if it comes later, replaces it in finish()
+    on_commit: Callable[[], None] = lambda: None  # wakes the workers
+
+
 class Intake:
     """Files received for one gallery: one upload request, or one run of the importer (committed in batches)."""
 
     def __init__(self, *, db: Database, storage: Storage, settings: Settings, gallery: dict[str, Any],
-                 limits: Limits, clock: Callable[[], float]) -> None:
+                 limits: Limits, clock: Callable[[], float], uploader: Uploader | None = None) -> None:
         self.db = db
         self.storage = storage
         self.settings = settings
@@ -232,11 +276,54 @@ class Intake:
         self._open: set[FileSink] = set()
         self._stored: list[Entry] = []  # renamed into storage, not yet committed
         self._seen: dict[str, Entry] = {}
+        self._uploader = uploader
+        self._finished = False
 
     def __enter__(self) -> Intake:
+        assert self._uploader is None, "an HTTP upload's intake is entered with 'async with'"
         return self
 
+    async def __aenter__(self) -> Intake:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Take back the provisional rows of a request that did not get to :meth:`finish`, then the files."""
+        try:
+            if self.upload_id is not None and not self._finished:
+                with trio.CancelScope(shield=True):
+                    await self._abandon()
+        finally:
+            if self.upload_id is not None:
+                receiving_uploads().discard(self.upload_id)
+            self._exit()
+
+    async def _abandon(self) -> None:
+        assert self.upload_id is not None
+        try:
+            rows = await self.db.write(transitions.abandon_upload, self.settings.webhooks, self.upload_id,
+                                       self.clock())
+        except Exception as error:  # a full disk, say: no traceback, the reason is known and recovery automatic
+            # The rows stay provisional, the group receiving: the janitor takes them back once the lease ends.
+            log.error("upload %s: could not take back the rows of a request that was cut off (%s); the janitor "
+                      "will once its lease has run out", self.upload_id, error)
+            return
+        # A worker of this process may still be making one of these photos' derivatives: let it finish, so
+        # that none of its files is written after the removal below.
+        busy = [r["claim_token"] for r in rows if r["status"] == "processing" and r["claim_token"]]
+        if busy:
+            with trio.move_on_after(self.settings.lease_seconds):  # a hung worker loses its lease anyway
+                await attempts.wait_until_over(busy)
+        deleted = {r["storage_key"] for r in rows}
+        for entry in self.entries:
+            if entry.key in deleted:
+                entry.inserted = False  # the file goes below, with the derivatives a worker may have made
+        if deleted:
+            await trio.to_thread.run_sync(_remove_photo_files, self.storage, sorted(deleted), limiter=io_limiter())
+
     def __exit__(self, *exc: object) -> None:
+        self._exit()
+
+    def _exit(self) -> None:
         for sink in self._open:
             sink.discard()
         self._open.clear()
@@ -276,6 +363,11 @@ class Intake:
         await sink.close()
         entry.sha256 = sink.sha256
         await self._check(sink, entry)
+        if self._uploader is not None and self._stored:
+            who = self._uploader
+            await self._write_staged(who.authorize, who.uploaded_by, who.guest_session_id, who.guest_name,
+                                     provisional=True)
+            who.on_commit()
         return entry
 
     async def _check(self, sink: FileSink, entry: Entry) -> None:
@@ -329,15 +421,48 @@ class Intake:
         permission checked when the request started is checked again at the moment the rows are written.
         The upload group is created only when at least one new photo is inserted.
         """
+        assert self._uploader is None, "an HTTP upload's files are committed one by one; call finish()"
+        await self._write_staged(authorize, uploaded_by, guest_session_id, guest_name, provisional=False)
+        self._resolve_same_as()
+
+    async def finish(self, guest_name: str | None) -> bool:
+        """The request's body was read to its end: in one transaction, check the permission again, make this
+        request's rows permanent (and every photo it was told is already in the gallery), set the form's guest
+        name, and let the group complete. Returns True when ``upload.completed`` was written (every photo was
+        already processed): the caller wakes the webhook sender. Until this ran, :meth:`__aexit__` takes the
+        rows back."""
+        who = self._uploader
+        assert who is not None
+        entries = [e for e in self.entries if e.error is None and e.same_as is None and e.photo_id is not None]
+        outcome = await self.db.write(
+            _close, who.authorize, self.gallery_id, self.upload_id, [(e.photo_id, e.duplicate) for e in entries],
+            guest_name if guest_name != who.guest_name else None, self.settings.webhooks, self.clock(),
+        )
+        # No checkpoint before these marks (as in commit): the rows are permanent now, whatever happens next.
+        self._finished = True
+        missing, completed = outcome
+        for entry in entries:
+            if entry.photo_id in missing:
+                entry.error, entry.status = (LOST, 409) if entry.duplicate else (DELETED, 409)
+                entry.inserted = False
+                entry.photo_id = None
+        self._resolve_same_as()
+        return completed
+
+    async def _write_staged(self, authorize: Authorize, uploaded_by: str, guest_session_id: int | None,
+                            guest_name: str | None, *, provisional: bool) -> None:
         staged, self._stored = self._stored, []
         if staged:
             rows = [(e.key, e.sha256, e.filename, e.size, e.header) for e in staged]
+            lease = self.settings.lease_seconds if provisional else None
             upload_id, outcomes = await self.db.write(
                 _record, self.storage, authorize, self.gallery_id, rows, self.upload_id, uploaded_by,
-                guest_session_id, guest_name, self.settings.gallery_photo_cap, self.clock(),
+                guest_session_id, guest_name, self.settings.gallery_photo_cap, self.clock(), lease,
             )
             # No checkpoint between the write returning and these marks: a cancellation that arrives now
             # finds the committed files marked as such and leaves them alone.
+            if provisional and upload_id is not None and self.upload_id is None:
+                receiving_uploads().add(upload_id)
             self.upload_id = upload_id
             for entry, (photo_id, duplicate, error) in zip(staged, outcomes, strict=True):
                 entry.photo_id, entry.duplicate = photo_id, duplicate
@@ -350,6 +475,8 @@ class Intake:
                 for e in staged:
                     if not e.inserted:
                         e.key = None
+
+    def _resolve_same_as(self) -> None:
         for entry in self.entries:
             if entry.same_as is not None and (entry.same_as.photo_id is not None or entry.same_as.error):
                 entry.photo_id, entry.error, entry.status = (
@@ -391,10 +518,13 @@ def gallery_full(cap: int) -> str:
 
 def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id: int, rows: list[tuple[Any, ...]],
             upload_id: str | None, uploaded_by: str, guest_session_id: int | None, guest_name: str | None,
-            default_cap: int, now: float) -> tuple[str | None, list[Outcome]]:
+            default_cap: int, now: float, lease: float | None = None) -> tuple[str | None, list[Outcome]]:
+    """``lease``: the rows are provisional and the group is receiving for that long (renewed each time)."""
     gallery = authorize(conn)
     if gallery["id"] != gallery_id:
         raise NotFound("The gallery was removed while the photos were uploading.")
+    if lease is not None and upload_id is not None and not photo_q.renew_receiving(conn, [upload_id], now + lease):
+        raise Conflict(ABANDONED)
     cap = gallery["photo_cap"] or default_cap
     count = photo_q.count_in_gallery(conn, gallery_id)
     outcomes: list[Outcome] = []
@@ -409,22 +539,51 @@ def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id
             # Checked under the write lock that the reconciler also takes before it removes an orphan: a file
             # that waited too long for its row (a very slow upload) was removed, and this says so instead of
             # answering 202 for a photo without its file.
-            outcomes.append((None, False, "The file was lost before it could be saved; please upload it again."))
+            outcomes.append((None, False, LOST))
             continue
         if count >= cap:
             outcomes.append((None, False, gallery_full(cap)))
             continue
         if upload_id is None:
             upload_id = secrets.token_hex(16)
-            photo_q.create_upload(conn, upload_id, gallery_id, uploaded_by, guest_session_id, guest_name, now)
+            photo_q.create_upload(conn, upload_id, gallery_id, uploaded_by, guest_session_id, guest_name, now,
+                                  None if lease is None else now + lease)
         photo_id = photo_q.insert_photo(
             conn, gallery_id=gallery_id, upload_id=upload_id, storage_key=key, sha256=sha256, display_name=name,
             size=size, format=header.format, uploaded_by=uploaded_by, guest_name=guest_name,
-            width=header.width, height=header.height, now=now,
+            width=header.width, height=header.height, now=now, provisional=lease is not None,
         )
         outcomes.append((photo_id, False, None))
         count += 1
     return upload_id, outcomes
+
+
+def _close(conn: Connection, authorize: Authorize, gallery_id: int, upload_id: str | None,
+           accepted: list[tuple[int, bool]], guest_name: str | None, endpoints: Any,
+           now: float) -> tuple[set[int], bool]:
+    """:meth:`Intake.finish`'s transaction. Returns (accepted photo ids that are gone, upload completed)."""
+    gallery = authorize(conn)
+    if gallery["id"] != gallery_id:
+        raise NotFound("The gallery was removed while the photos were uploading.")
+    kept: set[int] = set()
+    if upload_id is not None:
+        if not photo_q.close_receiving(conn, upload_id):
+            raise Conflict(ABANDONED)
+        kept = photo_q.keep_upload_photos(conn, upload_id)
+        if guest_name is not None:
+            photo_q.set_upload_guest_name(conn, upload_id, guest_name)
+    missing = set()
+    for photo_id, duplicate in accepted:
+        # A duplicate may be the provisional photo of another request still arriving: it stays now.
+        if (duplicate and not photo_q.keep_photo(conn, photo_id)) or (not duplicate and photo_id not in kept):
+            missing.add(photo_id)
+    completed = upload_id is not None and transitions.finish_upload(conn, endpoints, upload_id, now)
+    return missing, completed
+
+
+def _remove_photo_files(storage: Storage, keys: list[str]) -> None:
+    for key in keys:
+        storage.remove_photo_files(key)
 
 
 def _remove_originals(storage: Storage, keys: list[str]) -> None:

@@ -2,6 +2,9 @@
 
 * Photos whose lease expired (their worker crashed or hung) go back to ``pending``, or are failed once they have
   used ``max_attempts``. It runs every quarter lease, so a crash is recovered within about one lease.
+* Uploads whose request is still arriving (schema 7) have their lease renewed here, for the requests this
+  process receives; an upload whose lease ran out (its process died mid-request) has its provisional photos
+  taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
 * Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash).
 * The reconciler removes stored files that have no row (a crash between the rename and the commit), after a
   grace period so that an upload in the middle of committing is never touched, and fails rows whose original
@@ -18,7 +21,7 @@ from typing import Any
 
 import trio
 
-from picpeak_lite.pipeline import transitions
+from picpeak_lite.pipeline import intake, transitions
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import guests as guest_q
@@ -55,7 +58,23 @@ class Janitor:
                 await self.reconcile()
                 last_reconcile = trio.current_time()
 
+    async def renew_and_abandon_uploads(self) -> int:
+        """Renew the leases of this process's requests still arriving; take back those nobody renews. Returns
+        how many photos were taken back."""
+        svc = self.svc
+        lease = svc.settings.lease_seconds
+        active = sorted(intake.receiving_uploads())
+        if active:
+            await svc.db.write(photo_q.renew_receiving, active, svc.clock() + lease)
+        rows = await svc.db.write(transitions.abandon_expired_uploads, svc.settings.webhooks, svc.clock())
+        if rows:
+            log.warning("took back %d photos of uploads whose request never ended (a crash?)", len(rows))
+            await trio.to_thread.run_sync(_remove_files, self.storage, [r["storage_key"] for r in rows])
+            svc.webhooks_bell.ring()
+        return len(rows)
+
     async def requeue_expired(self) -> tuple[list[int], list[int]]:
+        await self.renew_and_abandon_uploads()
         svc = self.svc
         requeued, failed = await svc.db.write(
             transitions.requeue_expired, svc.settings.webhooks, svc.clock(), svc.settings.max_attempts
@@ -69,8 +88,10 @@ class Janitor:
         return requeued, failed
 
     async def reconcile(self) -> dict[str, int]:
-        """Sweep temp files, remove orphan files, fail rows without an original. Returns counts."""
+        """Take back dead requests' rows, sweep temp files, remove orphan files, fail rows without an original.
+        Returns counts."""
         svc = self.svc
+        abandoned = await self.renew_and_abandon_uploads()
         now = svc.clock()
         swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds, now)
         rows = await svc.db.read(photo_q.rows_with_keys)
@@ -88,8 +109,9 @@ class Janitor:
             svc.webhooks_bell.ring()
         pruned = await svc.db.write(guest_q.prune_idle_sessions, now - IDLE_GUEST_SESSION_SECONDS)
         counts = {"temp_swept": swept, "orphans_removed": orphans, "missing_failed": failed}
-        if swept or orphans or failed or pruned:
-            log.warning("reconciler: %s, idle guest sessions pruned: %d", counts, pruned)
+        if swept or orphans or failed or pruned or abandoned:
+            log.warning("reconciler: %s, idle guest sessions pruned: %d, photos of dead requests taken back: %d",
+                        counts, pruned, abandoned)
         return counts
 
     def _orphan_candidates(self, known: set[str], now: float) -> set[str]:
@@ -122,3 +144,8 @@ def _fail_if_still_missing(conn: Connection, storage: Storage, endpoints: Any, p
     if row is None or storage.original_path(row["storage_key"]).exists():
         return False
     return transitions.fail_missing_original(conn, endpoints, photo_id, now) is not None
+
+
+def _remove_files(storage: Storage, keys: list[str]) -> None:
+    for key in keys:
+        storage.remove_photo_files(key)

@@ -44,7 +44,7 @@ def complete_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo
     row = photo_q.get(conn, photo_id)
     assert row is not None
     webhook_q.enqueue_event(conn, endpoints, "photo.uploaded", photo_subject(row), photo_event_data(row), now)
-    _finish_upload(conn, endpoints, row["upload_id"], now)
+    finish_upload(conn, endpoints, row["upload_id"], now)
     return row
 
 
@@ -87,22 +87,51 @@ def delete_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_i
     if row is None:
         return None
     webhook_q.enqueue_event(conn, endpoints, "photo.deleted", photo_subject(row), photo_event_data(row), now)
-    _finish_upload(conn, endpoints, row["upload_id"], now)
+    finish_upload(conn, endpoints, row["upload_id"], now)
     return row
+
+
+def abandon_upload(conn: Connection, endpoints: Sequence[WebhookEndpoint], upload_id: str, now: float) -> list[Row]:
+    """Take back what a request that was never answered 202 left: its provisional photos (the caller removes
+    their files after the commit). Photos another request was told about stay, and then the group stays, no
+    longer receiving, and completes as any other. Returns the deleted rows.
+
+    Only photos already announced (complete or failed: ``photo.uploaded`` / ``photo.failed`` went out) are
+    announced as deleted; a receiver never hears of the others. No ``upload.completed`` for a group that goes.
+    """
+    rows = photo_q.delete_provisional(conn, upload_id)
+    for row in rows:
+        if row["status"] in photo_q.TERMINAL:
+            webhook_q.enqueue_event(conn, endpoints, "photo.deleted", photo_subject(row), photo_event_data(row), now)
+    if not photo_q.delete_upload_if_empty(conn, upload_id) and photo_q.close_receiving(conn, upload_id):
+        finish_upload(conn, endpoints, upload_id, now)
+    return rows
+
+
+def abandon_expired_uploads(conn: Connection, endpoints: Sequence[WebhookEndpoint], now: float) -> list[Row]:
+    """Every upload whose request's lease ran out (its process died): see :func:`abandon_upload`."""
+    rows: list[Row] = []
+    for upload_id in photo_q.expired_receiving(conn, now):
+        rows += abandon_upload(conn, endpoints, upload_id, now)
+    return rows
 
 
 def _after_failure(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id: int, now: float) -> Row:
     row = photo_q.get(conn, photo_id)
     assert row is not None
     webhook_q.enqueue_event(conn, endpoints, "photo.failed", photo_subject(row), photo_event_data(row), now)
-    _finish_upload(conn, endpoints, row["upload_id"], now)
+    finish_upload(conn, endpoints, row["upload_id"], now)
     return row
 
 
-def _finish_upload(conn: Connection, endpoints: Sequence[WebhookEndpoint], upload_id: str, now: float) -> None:
-    if photo_q.finish_upload_if_terminal(conn, upload_id, now):
-        counts = photo_q.upload_counts(conn, upload_id)
-        upload = photo_q.get_upload(conn, upload_id)
-        assert upload is not None
-        data = {"upload_id": upload_id, "gallery_id": upload["gallery_id"], **counts}
-        webhook_q.enqueue_event(conn, endpoints, "upload.completed", f"upload:{upload_id}", data, now)
+def finish_upload(conn: Connection, endpoints: Sequence[WebhookEndpoint], upload_id: str, now: float) -> bool:
+    """Complete the group if its request has ended and every photo is terminal, with ``upload.completed``.
+    True when it completed now (the caller wakes the webhook sender)."""
+    if not photo_q.finish_upload_if_terminal(conn, upload_id, now):
+        return False
+    counts = photo_q.upload_counts(conn, upload_id)
+    upload = photo_q.get_upload(conn, upload_id)
+    assert upload is not None
+    data = {"upload_id": upload_id, "gallery_id": upload["gallery_id"], **counts}
+    webhook_q.enqueue_event(conn, endpoints, "upload.completed", f"upload:{upload_id}", data, now)
+    return True

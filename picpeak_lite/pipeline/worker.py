@@ -23,7 +23,7 @@ import trio
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import InsufficientStorage
 from picpeak_lite.media import exif, images
-from picpeak_lite.pipeline import transitions
+from picpeak_lite.pipeline import attempts, transitions
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -68,8 +68,16 @@ class WorkerPool:
 
     async def process_one(self) -> bool:
         """Claim and process one photo. False when there was nothing to claim."""
-        svc = self.svc
         token = secrets.token_hex(16)
+        over = attempts.running()[token] = trio.Event()  # before the claim: see pipeline/attempts.py
+        try:
+            return await self._attempt(token)
+        finally:
+            del attempts.running()[token]
+            over.set()
+
+    async def _attempt(self, token: str) -> bool:
+        svc = self.svc
         row = await svc.db.write(claims.claim_next, token, svc.clock(), svc.settings.lease_seconds)
         if row is None:
             return False

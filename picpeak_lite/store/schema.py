@@ -231,6 +231,16 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE photos ADD COLUMN views_stale INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX photos_views_stale ON photos(id) WHERE views_stale > 0;
     """,
+    # 7: an upload's photos are claimable while its request is still arriving (issue 18). receiving_until is
+    # the lease of the request that is still sending (NULL once it has ended): while it is set the upload is not
+    # complete, whatever its photos' states. provisional marks a photo whose request has not been answered 202
+    # yet: if that request fails or its process dies (the lease runs out), exactly these rows are taken back.
+    # Another request told "already in the gallery" about such a photo makes it permanent (provisional = 0).
+    """
+    ALTER TABLE uploads ADD COLUMN receiving_until REAL;
+    CREATE INDEX uploads_receiving ON uploads(receiving_until) WHERE receiving_until IS NOT NULL;
+    ALTER TABLE photos ADD COLUMN provisional INTEGER NOT NULL DEFAULT 0 CHECK (provisional IN (0, 1));
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

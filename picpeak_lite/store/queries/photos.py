@@ -31,12 +31,71 @@ GUEST_VISIBLE_PHOTO = "status = 'complete' AND hidden = 0"
 
 
 def create_upload(conn: Connection, upload_id: str, gallery_id: int, uploaded_by: str,
-                  guest_session_id: int | None, guest_name: str | None, now: float) -> None:
+                  guest_session_id: int | None, guest_name: str | None, now: float,
+                  receiving_until: float | None = None) -> None:
+    """``receiving_until``: the lease of a request still arriving (schema 7); None for a closed group."""
     conn.execute(
-        "INSERT INTO uploads (id, gallery_id, uploaded_by, guest_session_id, guest_name, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (upload_id, gallery_id, uploaded_by, guest_session_id, guest_name, now),
+        "INSERT INTO uploads (id, gallery_id, uploaded_by, guest_session_id, guest_name, created_at, "
+        "receiving_until) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (upload_id, gallery_id, uploaded_by, guest_session_id, guest_name, now, receiving_until),
     )
+
+
+def renew_receiving(conn: Connection, upload_ids: list[str], until: float) -> set[str]:
+    """Extend the lease of uploads whose request is still arriving; returns those still receiving."""
+    if not upload_ids:
+        return set()
+    marks = ", ".join("?" * len(upload_ids))
+    rows = conn.execute(
+        f"UPDATE uploads SET receiving_until = ? WHERE id IN ({marks}) AND receiving_until IS NOT NULL "
+        "RETURNING id",
+        (until, *upload_ids),
+    ).fetchall()
+    return {r["id"] for r in rows}
+
+
+def close_receiving(conn: Connection, upload_id: str) -> bool:
+    """The request has ended: the group may now complete. False when it was abandoned meanwhile."""
+    conn.execute("UPDATE uploads SET receiving_until = NULL WHERE id = ? AND receiving_until IS NOT NULL",
+                 (upload_id,))
+    return conn.changes() == 1
+
+
+def expired_receiving(conn: Connection, now: float) -> list[str]:
+    """Uploads whose request stopped renewing its lease: its process died or hung."""
+    rows = conn.execute("SELECT id FROM uploads WHERE receiving_until < ? ORDER BY created_at", (now,)).fetchall()
+    return [r["id"] for r in rows]
+
+
+def keep_upload_photos(conn: Connection, upload_id: str) -> set[int]:
+    """The request was answered: its photos are no longer provisional. Returns the ids it still has."""
+    conn.execute("UPDATE photos SET provisional = 0 WHERE upload_id = ? AND provisional = 1", (upload_id,))
+    return {r["id"] for r in conn.execute("SELECT id FROM photos WHERE upload_id = ?", (upload_id,)).fetchall()}
+
+
+def keep_photo(conn: Connection, photo_id: int) -> bool:
+    """Another request was told this photo is already in the gallery: it stays, even if the request that sent
+    it first is cut off. False when it is gone."""
+    conn.execute("UPDATE photos SET provisional = 0 WHERE id = ? AND provisional = 1", (photo_id,))
+    return bool(conn.execute("SELECT 1 FROM photos WHERE id = ?", (photo_id,)).fetchall())
+
+
+def set_upload_guest_name(conn: Connection, upload_id: str, guest_name: str | None) -> None:
+    """The form's guest name can arrive after the first files (whose rows then got the session's name)."""
+    conn.execute("UPDATE uploads SET guest_name = ? WHERE id = ?", (guest_name, upload_id))
+    conn.execute("UPDATE photos SET guest_name = ? WHERE upload_id = ?", (guest_name, upload_id))
+
+
+def delete_provisional(conn: Connection, upload_id: str) -> list[Row]:
+    """Take back the photos of a request that was never answered 202; returns the deleted rows."""
+    return conn.execute("DELETE FROM photos WHERE upload_id = ? AND provisional = 1 RETURNING *",
+                        (upload_id,)).fetchall()
+
+
+def delete_upload_if_empty(conn: Connection, upload_id: str) -> bool:
+    conn.execute("DELETE FROM uploads WHERE id = ? AND NOT EXISTS (SELECT 1 FROM photos WHERE upload_id = ?)",
+                 (upload_id, upload_id))
+    return conn.changes() == 1
 
 
 def get_upload(conn: Connection, upload_id: str) -> Row | None:
@@ -46,17 +105,19 @@ def get_upload(conn: Connection, upload_id: str) -> Row | None:
 
 def insert_photo(conn: Connection, *, gallery_id: int, upload_id: str, storage_key: str, sha256: str,
                  display_name: str, size: int, format: str, uploaded_by: str, guest_name: str | None,
-                 width: int, height: int, now: float) -> int:
-    """Insert a pending photo under a new id: one never given before, even to a photo since deleted (schema 5)."""
+                 width: int, height: int, now: float, provisional: bool = False) -> int:
+    """Insert a pending photo under a new id: one never given before, even to a photo since deleted (schema 5).
+    ``provisional``: its request is still arriving (schema 7)."""
     photo_id = conn.execute(
         "UPDATE photo_id_counter SET next_id = max(next_id, (SELECT coalesce(max(id), 0) FROM photos) + 1) + 1 "
         "RETURNING next_id - 1 AS id"
     ).fetchall()[0]["id"]
     conn.execute(
         "INSERT INTO photos (id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
-        "uploaded_by, guest_name, width, height, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "uploaded_by, guest_name, width, height, created_at, provisional) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (photo_id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, uploaded_by,
-         guest_name, width, height, now),
+         guest_name, width, height, now, int(provisional)),
     )
     return photo_id
 
@@ -199,9 +260,11 @@ def upload_photos(conn: Connection, upload_id: str) -> list[Row]:
 
 
 def finish_upload_if_terminal(conn: Connection, upload_id: str, now: float) -> bool:
-    """Mark the upload group completed when every photo is terminal. True only the first time."""
+    """Mark the upload group completed when its request has ended and every photo is terminal. True only the
+    first time. While ``receiving_until`` is set more photos may still come, so the group is not complete."""
     conn.execute(
-        "UPDATE uploads SET completed_at = ? WHERE id = ? AND completed_at IS NULL AND NOT EXISTS "
+        "UPDATE uploads SET completed_at = ? WHERE id = ? AND completed_at IS NULL AND receiving_until IS NULL "
+        "AND NOT EXISTS "
         "(SELECT 1 FROM photos WHERE upload_id = ? AND status NOT IN ('complete', 'failed'))",
         (now, upload_id, upload_id),
     )
@@ -242,3 +305,10 @@ def queue_counts(conn: Connection) -> Row:
         "SELECT coalesce(sum(status = 'pending'), 0) AS pending, "
         "coalesce(sum(status = 'processing'), 0) AS processing FROM photos"
     ).fetchall()[0]
+
+
+def timings(conn: Connection) -> list[Row]:
+    """When each photo's row was written and when it became terminal (``picpeak-lite bench`` reads these)."""
+    return conn.execute(
+        "SELECT id, upload_id, display_name, status, created_at, completed_at FROM photos ORDER BY id"
+    ).fetchall()

@@ -54,7 +54,7 @@ from picpeak_lite.errors import (
     Unauthorized,
     UnsupportedMedia,
 )
-from picpeak_lite.pipeline.intake import FileSink, Intake, Limits, clean_guest_name
+from picpeak_lite.pipeline.intake import FileSink, Intake, Limits, Uploader, clean_guest_name
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
@@ -167,28 +167,34 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
     if await svc.db.read(photo_q.count_in_gallery, gallery["id"]) >= cap:
         raise Conflict(f"The gallery is full: it holds at most {cap} photos.")
     boundary = request.mimetype_params["boundary"].encode("latin-1")
+    # Each file's row is committed (provisional) as soon as its original is durable, and the workers are woken,
+    # so processing starts on the first photo; finish() makes them permanent once the body has been read, and
+    # a request that ends any other way keeps nothing (see intake's module docstring).
+    fields: dict[str, str] = {}
+
+    def current_guest_name() -> str | None:
+        if uploaded_by != "guest":
+            return None
+        return clean_guest_name(fields.get("guest_name")) or default_name
+
+    uploader = Uploader(authorize, uploaded_by, guest_session_id, current_guest_name(), on_commit=svc.workers_bell.ring)
     intake = Intake(db=svc.db, storage=svc.storage, settings=svc.settings, gallery=gallery, limits=limits,
-                    clock=svc.clock)
+                    clock=svc.clock, uploader=uploader)
     try:
-        with intake:
+        async with intake:
             request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py): our limits, counted as bytes arrive; backpressure instead of buffering
             fields = await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
             g.upload_drained = True
             if not intake.entries:
                 raise BadRequest(f"Choose at least one photo to upload (field '{FILE_FIELD}').")
-            guest_name = None
-            if uploaded_by == "guest":
-                guest_name = clean_guest_name(fields.get("guest_name")) or default_name
-            await intake.commit(authorize, uploaded_by=uploaded_by, guest_session_id=guest_session_id,
-                                guest_name=guest_name)
+            if await intake.finish(current_guest_name()):
+                svc.webhooks_bell.ring()
     except InsufficientStorage:
         # Out of the intake first, which removed what it had stored of this request: the full disk is not kept
         # full while a slow client sends the rest, which is read and dropped before the 507 (module docstring).
         if not g.get("upload_drained"):
             await _drop_rest(request.body, limits.max_request_bytes)
         raise
-    if intake.upload_id is not None:
-        svc.workers_bell.ring()
     if on_accepted is not None:
         on_accepted(sum(e.size for e in intake.accepted()))
     if not intake.accepted():
