@@ -173,7 +173,7 @@ def import_folder(folder: str, slug: str, config: str | None, data_dir: str | No
         sys.exit(1)
 
 
-@cli.command()
+@cli.command(short_help="Measure photos/s, CPU per photo and memory on this machine.")
 @click.option("--photos", "count", type=click.IntRange(1, 10_000), default=50, show_default=True,
               help="How many photos to make and upload.")
 @click.option("--megapixels", type=click.FloatRange(0.1, 100), default=24, show_default=True,

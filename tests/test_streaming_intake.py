@@ -120,10 +120,10 @@ async def test_janitor_takes_back_a_dead_request_but_not_what_another_request_wa
         await other.finish(None)
     assert other.answer()["upload_id"] is None and other.answer()["photos"][0]["duplicate"] is True
     receiving_uploads().discard(dying.upload_id)  # as in another process: nobody renews its lease now
-    janitor = Janitor(services, services.storage)
+    janitor = Janitor(services)
     assert await janitor.renew_and_abandon_uploads() == 0  # within the lease: left alone
     later = Services(settings=settings, db=services.db, clock=lambda: time.time() + settings.lease_seconds + 1)
-    assert await Janitor(later, later.storage).renew_and_abandon_uploads() == 1
+    assert await Janitor(later).renew_and_abandon_uploads() == 1
     [kept] = _photos(data_dir)
     assert (kept["display_name"], kept["provisional"], kept["id"]) == ("shared.jpg", 0, entry.photo_id)
     assert [u["receiving_until"] for u in _uploads(data_dir)] == [None]  # no longer receiving: it can complete
