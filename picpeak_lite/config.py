@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from picpeak_lite.errors import ConfigError
+from picpeak_lite.targets import TargetRefused, check_target_offline
 
 ENV_PREFIX = "PICPEAK_"
 WEBHOOK_EVENTS = ("photo.uploaded", "photo.failed", "photo.deleted", "upload.completed")
@@ -149,9 +150,6 @@ def _check_webhook_targets(settings: Settings) -> None:
     retried for hours and refused each time. Names are checked by the sender at every delivery (their answer
     may change) and by the settings page when one is saved there; ``webhook_allow_private`` lets them through.
     """
-    # Imported here, not at the top: the webhook module (through the outbox queries) imports this one.
-    from picpeak_lite.events.webhooks import TargetRefused, check_target_offline
-
     for endpoint in settings.webhooks:
         try:
             check_target_offline(endpoint.url, settings.webhook_allow_private)

@@ -20,16 +20,10 @@ import pytest
 import trio
 
 from picpeak_lite.config import WEBHOOK_EVENTS, Settings, WebhookEndpoint
-from picpeak_lite.events.webhooks import (
-    ATTEMPT_TIMEOUT,
-    TargetRefused,
-    WebhookSender,
-    is_public_address,
-    resolve_target,
-    sign,
-)
+from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, WebhookSender, resolve_target, sign
 from picpeak_lite.store import db, schema
 from picpeak_lite.store.queries import webhooks as queries
+from picpeak_lite.targets import TargetRefused, is_public_address
 
 SECRET = "s3cret-s3cret-s3cret"
 SUBJECT = "photo:1:0f3c"

@@ -15,11 +15,12 @@ from quart import Blueprint, Response, redirect, render_template, request, url_f
 from picpeak_lite.config import WEBHOOK_EVENTS
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import BadRequest, NotFound
-from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, TargetRefused, resolve_target
+from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, resolve_target
 from picpeak_lite.media import images
 from picpeak_lite.store.queries import settings as settings_q
 from picpeak_lite.store.queries import webhooks as webhook_q
 from picpeak_lite.store.storage import fsync_dir, fsync_file, remove_quietly
+from picpeak_lite.targets import TargetRefused
 from picpeak_lite.web.auth import admin_page, services
 from picpeak_lite.web.resources import STATIC_DIR
 
