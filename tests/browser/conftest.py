@@ -88,10 +88,29 @@ def stop_server(server: LiveServer) -> None:
 
 
 @pytest.fixture
-def live_server(tmp_path: Path) -> Iterator[LiveServer]:
-    server = start_server(tmp_path / "data")
-    yield server
-    stop_server(server)
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    """A fresh server for one test (modules that share one across their tests override this)."""
+    live = start_server(tmp_path / "data")
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture
+def api(server: LiveServer) -> Iterator[Any]:
+    yield from api_client(server)
+
+
+def failed_count(server: LiveServer, photo_id: int) -> int:
+    """How often the change log saw this photo become 'failed' (read from the server's database file)."""
+    from picpeak_lite.store import db
+
+    conn = db.connect(server.data_dir / "picpeak.sqlite3")
+    try:
+        rows = conn.execute("SELECT count(*) AS n FROM photo_changes WHERE photo_id = ? AND status = 'failed'",
+                            (photo_id,)).fetchall()
+        return rows[0]["n"]
+    finally:
+        conn.close()
 
 
 @pytest.fixture(scope="session")

@@ -17,11 +17,20 @@ from typing import Any, ClassVar
 import pytest
 from PIL import Image, ImageChops, ImageStat
 
-from picpeak_lite.store import db
 from picpeak_lite.web import qr
 
 from .. import imagefactory
-from .conftest import PATIENCE_MS, PATIENCE_S, LiveServer, Page, admin_login, new_page, start_server, stop_server
+from .conftest import (
+    PATIENCE_MS,
+    PATIENCE_S,
+    LiveServer,
+    Page,
+    admin_login,
+    failed_count,
+    new_page,
+    start_server,
+    stop_server,
+)
 
 GALLERY_PASSWORD = "table-7"
 DONE_TIMEOUT_MS = PATIENCE_MS
@@ -111,17 +120,6 @@ def create_gallery(page: Page, server: LiveServer, name: str, *, password: str =
     page.click("button:has-text('Create gallery')")
     page.wait_for_url(re.compile(r".*/admin/galleries/\d+$"))
     return int(page.url.rsplit("/", 1)[1])
-
-
-def failed_count(server: LiveServer, photo_id: int) -> int:
-    """How often the change log saw this photo become 'failed' (read from the server's database file)."""
-    conn = db.connect(server.data_dir / "picpeak.sqlite3")
-    try:
-        rows = conn.execute("SELECT count(*) AS n FROM photo_changes WHERE photo_id = ? AND status = 'failed'",
-                            (photo_id,)).fetchall()
-        return rows[0]["n"]
-    finally:
-        conn.close()
 
 
 def test_photographer_workflow(server: LiveServer, page: Page, browser: Any, request: Any, receiver: str,

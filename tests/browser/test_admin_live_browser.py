@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from .. import imagefactory
-from .conftest import PATIENCE_MS, PATIENCE_S, LiveServer, Page, admin_login, api_client, start_server, stop_server
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LiveServer]:
-    live = start_server(tmp_path / "data")
-    yield live
-    stop_server(live)
-
-
-@pytest.fixture
-def api(server: LiveServer) -> Iterator[httpx.Client]:
-    yield from api_client(server)
+from .conftest import PATIENCE_MS, PATIENCE_S, LiveServer, Page, admin_login
 
 
 def test_live_grid_shows_hide_and_show_of_a_complete_photo(server: LiveServer, api: httpx.Client,

@@ -24,10 +24,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from picpeak_lite.store import db
-
 from .. import imagefactory
-from .conftest import ARTIFACTS, LiveServer, Page, admin_login, api_client, new_page, start_server, stop_server
+from .conftest import ARTIFACTS, LiveServer, Page, admin_login, failed_count, new_page
 
 TIMEOUT_MS = 120_000
 
@@ -59,18 +57,6 @@ RECORDER = """() => {
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[LiveServer]:
-    live = start_server(tmp_path / "data")
-    yield live
-    stop_server(live)
-
-
-@pytest.fixture
-def api(server: LiveServer) -> Iterator[httpx.Client]:
-    yield from api_client(server)
-
-
-@pytest.fixture
 def desktop(browser: Any, request: Any) -> Iterator[Page]:
     yield from new_page(browser, request, viewport={"width": 1440, "height": 900})
 
@@ -87,17 +73,6 @@ def large_photos(folder: Path, count: int) -> list[Path]:
         imagefactory.save(image, "jpeg", path, quality=85)
         paths.append(path)
     return paths
-
-
-def failed_count(server: LiveServer, photo_id: int) -> int:
-    """How often the change log saw this photo become 'failed' (read from the server's database file)."""
-    conn = db.connect(server.data_dir / "picpeak.sqlite3")
-    try:
-        rows = conn.execute("SELECT count(*) AS n FROM photo_changes WHERE photo_id = ? AND status = 'failed'",
-                            (photo_id,)).fetchall()
-        return rows[0]["n"]
-    finally:
-        conn.close()
 
 
 def wait_failed_count(server: LiveServer, photo_id: int, n: int) -> None:
