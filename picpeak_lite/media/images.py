@@ -21,6 +21,9 @@ Three rules shape the code:
   much of the process's decode budget (``pipeline/budget.py``) around the work; what could not fit even alone
   is refused with a sentence that names its size. Fewer copies also means a smaller estimate: greys and
   alpha are shrunk or flattened without the extra RGBA copy, and the view is turned upright after shrinking.
+
+Longer than 400 lines on purpose: the cost estimates describe the exact copies the decode and render code
+makes, so they change together; kept side by side, a change to one shows in the diff of the other.
 """
 
 from __future__ import annotations

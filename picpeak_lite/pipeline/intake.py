@@ -28,6 +28,10 @@ writing or moving a file: a file is either still a temp file or already in stora
 
 No Quart and no HTTP here: ``web/views/upload.py`` turns a multipart body into :meth:`Intake.start_file` /
 :meth:`FileSink.write` / :meth:`Intake.finish_file` calls; ``ops/importer.py`` does the same from files on disk.
+
+Longer than 400 lines on purpose: the durable steps, the per-file commits and the take-back on every exit path
+are one protocol whose crash safety is argued above; split over files, a reader could no longer check it
+in one place.
 """
 
 from __future__ import annotations
