@@ -58,6 +58,28 @@ async def test_password_gallery(guest: Any, admin: AuthActions) -> None:
     assert (await guest.get(f"/g/{gallery['slug']}")).status_code == 401
 
 
+async def test_the_password_leads_back_to_the_page_asked_for(guest: Any, admin: AuthActions) -> None:
+    """A QR code on a wedding table opens the guest upload page: after the password, that page, not the gallery."""
+    gallery = await published(admin, name="Tables", password="letmein", allow_guest_uploads=True)
+    upload_page = f"/g/{gallery['slug']}/upload"
+    form_page = await guest.get(upload_page)
+    assert form_page.status_code == 401
+    html = await form_page.get_data(as_text=True)
+    assert f'name="next" value="{upload_page}"' in html
+    csrf = CSRF.search(html).group(1)
+    url = f"/g/{gallery['slug']}/password"
+    wrong = await guest.post(url, form={"password": "nope", "csrf_token": csrf, "next": upload_page})
+    assert wrong.status_code == 401
+    assert f'name="next" value="{upload_page}"' in await wrong.get_data(as_text=True)  # kept for the retry
+    right = await guest.post(url, form={"password": "letmein", "csrf_token": csrf, "next": upload_page})
+    assert right.status_code == 302 and right.headers["Location"].endswith(upload_page)
+    assert (await guest.get(upload_page)).status_code == 200
+    # Anything but one of this gallery's own pages goes to the gallery.
+    for elsewhere in ("https://evil.example/", "//evil.example", "/admin/", f"/g/{gallery['slug']}/photos/1/view"):
+        answer = await guest.post(url, form={"password": "letmein", "csrf_token": csrf, "next": elsewhere})
+        assert answer.status_code == 302 and answer.headers["Location"].endswith(f"/g/{gallery['slug']}"), elsewhere
+
+
 async def test_gallery_password_throttled_per_gallery_and_ip(guest: Any, admin: AuthActions,
                                                              autojump_clock: Any) -> None:
     gallery = await published(admin, name="Private", password="letmein")

@@ -24,13 +24,17 @@ class PasswordRequired(AppError):
     needs_guest_session = True
     WRONG_PASSWORD = "That password is not right. Please try again."
 
-    def __init__(self, gallery: Row, *, wrong_password: bool = False) -> None:
+    def __init__(self, gallery: Row, *, wrong_password: bool = False, return_to: str | None = None) -> None:
         super().__init__(self.WRONG_PASSWORD if wrong_password else None)
         self.gallery = gallery
         self.wrong_password = wrong_password
+        # The gallery page the guest asked for, to go back to once the password is right (the form sends it
+        # along; None: the page this form answers for, e.g. the guest upload page a QR code on a table opens).
+        self.return_to = return_to
 
     def page_context(self) -> dict[str, Any]:
-        return {"gallery": self.gallery, "error": self.message if self.wrong_password else None}
+        return {"gallery": self.gallery, "error": self.message if self.wrong_password else None,
+                "return_to": self.return_to}
 
 
 class GalleryExpired(Gone):

@@ -157,11 +157,15 @@ async def password_submit(slug: str) -> Any:
     await check_guest_state_change(guest)
     assert guest is not None
     row = await svc.db.read(access.gallery_for_password_form, slug, svc.clock())
+    form = await request.form
+    # Back to the page the guest came for (the upload page, from a QR code), if it is one of this gallery's.
+    pages = (url_for("guest.gallery", slug=slug), url_for("guest.upload_page", slug=slug))
+    asked = form.get("next", "")
+    back = asked if asked in pages else pages[0]
     if row["password_hash"] is None:
-        return redirect(url_for("guest.gallery", slug=slug))
+        return redirect(back)
     ip = client_ip()
     target = f"gallery:{row['id']}"
-    form = await request.form
     async with limits().gallery_throttle.guard(target, ip):
         ok = await svc.verify_password(row["password_hash"], form.get("password", ""))
         if ok:
@@ -169,6 +173,6 @@ async def password_submit(slug: str) -> Any:
         else:
             limits().gallery_throttle.failed(target, ip)
     if not ok:
-        raise access.PasswordRequired(row, wrong_password=True)
+        raise access.PasswordRequired(row, wrong_password=True, return_to=back)
     await svc.db.write(guest_q.grant_access, guest.id, row["id"], row["password_version"], svc.clock())
-    return redirect(url_for("guest.gallery", slug=slug))
+    return redirect(back)
