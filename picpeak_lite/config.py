@@ -91,6 +91,11 @@ class Settings:
     low_disk_mb: int = _setting(1024, "Warn on the dashboard when free disk space falls below this, in MB.")
 
     @property
+    def listen_address(self) -> str:
+        """``host:port`` as in a URL (an IPv6 host in brackets): what the server binds, and its links' fallback."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
     def data_path(self) -> Path:
         return Path(self.data_dir)
 

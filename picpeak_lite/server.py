@@ -1,11 +1,11 @@
-"""``run(settings, *, task_status)``: the one place that wires up all concurrency.
+"""``run(settings, *, listener, task_status)``: the one place that wires up all concurrency.
 
 The listening socket is bound first (``bind``: the CLI does it before any first-start work, so a port in use is
-one line and not a traceback printed after the new admin password). ``run`` then opens the database, opens our
-own nursery for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed), starts
-each with ``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with
-``hypercorn.trio.serve``. On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight
-requests get ``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their
+one line and not a traceback printed after the new admin password). ``run`` then does the first-start work in a
+thread (``first_start``: data directory, schema, admin account, database connections), opens our own nursery
+for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed), starts each with
+``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with ``hypercorn.trio.serve``.
+On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight requests get ``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their
 photos back) and the database is closed cleanly.
 """
 
@@ -75,8 +75,7 @@ class Listener:
 def bind(settings: Settings) -> Listener:
     """Bind ``host:port`` now, with hypercorn's own socket options. A problem (the port in use, a privileged
     port, an address this machine does not have) is a ConfigError of one line that says what to change."""
-    host, port = settings.host, settings.port
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    address = settings.listen_address
     config = HypercornConfig()
     config.bind = [address]
     try:

@@ -52,8 +52,7 @@ class Services:
     def __post_init__(self) -> None:
         s = self.settings
         if not self.bind_url:
-            host = f"[{s.host}]" if ":" in s.host else s.host
-            self.bind_url = f"http://{host}:{s.port}"
+            self.bind_url = f"http://{s.listen_address}"
         self.storage = Storage(s.data_path)
         self.decode_budget = MemoryBudget.megabytes(s.decode_memory_mb)
 
