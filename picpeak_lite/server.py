@@ -5,8 +5,9 @@ one line and not a traceback printed after the new admin password). ``run`` then
 thread (``first_start``: data directory, schema, admin account, database connections), opens our own nursery
 for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed), starts each with
 ``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with ``hypercorn.trio.serve``.
-On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight requests get ``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their
-photos back) and the database is closed cleanly.
+On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight requests get
+``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their photos back)
+and the database is closed cleanly.
 """
 
 from __future__ import annotations
