@@ -241,17 +241,29 @@ def test_heic_orientation_is_applied_once() -> None:
 # --- sizes ---------------------------------------------------------------------------------------------------
 
 
-def test_big_jpeg_is_decoded_at_reduced_scale() -> None:
-    """Draft mode: libjpeg decodes 6000x4000 at 1/2 (3000x2000, still above 1600), a quarter of the memory."""
+def test_big_jpeg_is_decoded_at_the_scale_that_is_its_view() -> None:
+    """Draft mode: libjpeg decodes 6000x4000 at 1/4 (1500x1000, within 1/16 of 1600), and that is the view:
+    a sixteenth of the memory and no resampling pass."""
     big = save(Image.new("RGB", (6000, 4000), (90, 120, 150)), "jpeg", quality=75)
     decoded = images.decode(big, RenderSpec())
-    assert decoded.image.size == (3000, 2000)
+    assert decoded.image.size == (1500, 1000)
     assert (decoded.width, decoded.height) == (6000, 4000)
     view = images.make_view(decoded, RenderSpec())
     grid = images.make_grid(view, RenderSpec())
-    assert (view.image.size, grid.image.size) == ((1600, 1067), (400, 267))
-    assert opened(images.encode(view, RenderSpec())).size == (1600, 1067)
+    assert view.image is decoded.image
+    assert (view.image.size, grid.image.size) == ((1500, 1000), (400, 267))
+    assert opened(images.encode(view, RenderSpec())).size == (1500, 1000)
     assert (view.width, view.height) == (6000, 4000)
+
+
+def test_a_jpeg_whose_scales_miss_the_view_is_decoded_above_it_and_shrunk() -> None:
+    """4000x3000: 1/4 would be 1000 px, under the 1500 px floor, so 1/2 (2000x1500) and a shrink to 1600."""
+    big = save(Image.new("RGB", (4000, 3000), (90, 120, 150)), "jpeg", quality=75)
+    decoded = images.decode(big, RenderSpec())
+    assert decoded.image.size == (2000, 1500)
+    view = images.make_view(decoded, RenderSpec())
+    assert view.image.size == (1600, 1200)
+    assert images.view_floor(1600) == 1500
 
 
 @pytest.mark.parametrize(
@@ -267,11 +279,11 @@ def test_derivative_sizes_never_upscale(size: tuple[int, int], view: tuple[int, 
     assert (rendered.width, rendered.height) == size
 
 
-def test_derivatives_are_progressive_jpegs_at_the_asked_quality() -> None:
+def test_derivatives_are_baseline_jpegs_at_the_asked_quality() -> None:
     rendered = images.render(save(photo(800, 600), "png"), RenderSpec(quality=60))
     view = opened(rendered.view_jpeg)
     assert view.format == "JPEG"
-    assert view.info.get("progressive") == 1
+    assert "progressive" not in view.info
     smaller = images.render(save(photo(800, 600), "png"), RenderSpec(quality=95))
     assert len(rendered.view_jpeg) < len(smaller.view_jpeg)
 
@@ -504,12 +516,12 @@ def test_a_png_too_big_to_watermark_within_the_limit_is_refused_with_its_size() 
 
 def test_the_view_is_turned_upright_after_shrinking() -> None:
     """The decoded image stays as stored (no full-size transpose); make_view turns the small one."""
-    data = save(marked(3000, 1500), "jpeg", exif=make_exif(orientation=6))
+    data = save(marked(4800, 2400), "jpeg", exif=make_exif(orientation=6))
     decoded = images.decode(data, RenderSpec())
-    assert decoded.image.size == (3000, 1500) and decoded.orientation == 6
+    assert decoded.image.size == (2400, 1200) and decoded.orientation == 6
     view = images.make_view(decoded, RenderSpec())
     assert view.image.size == (800, 1600) and view.orientation == 1
-    assert (view.width, view.height) == (1500, 3000)
+    assert (view.width, view.height) == (2400, 4800)
 
 
 def test_a_logo_may_take_a_quarter_of_the_decode_budget() -> None:
