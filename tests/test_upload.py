@@ -338,7 +338,7 @@ def free_bytes(path: Path) -> int:
 
 async def test_disk_full_mid_file_is_507_and_leaves_nothing(tmp_path: Path) -> None:
     """The disk fills while a file is being written: the first batches fit, a later one does not. The answer is
-    507 and the partial temp file is gone. (A real 8 MB tmpfs, filled up to 1 MB above the reserve.)"""
+    507 and the partial temp file is gone. (A real 8 MB tmpfs, filled up to 3 MB above the reserve.)"""
     with tmpfs(tmp_path / "disk", 8, why="the in-process disk-full test") as disk:
         async with admin_on(tmp_path, disk / "data") as (admin, svc):
             gallery = await admin.create_gallery()
@@ -346,8 +346,8 @@ async def test_disk_full_mid_file_is_507_and_leaves_nothing(tmp_path: Path) -> N
             stat = os.statvfs(disk)
             reserve = min(RESERVE_MAX_BYTES, int(stat.f_blocks * stat.f_frsize * RESERVE_SHARE))
             with open(disk / "filler", "wb") as filler:
-                filler.write(bytes(free_bytes(disk) - reserve - (1 << 20)))
-            big = jpeg() + bytes(3 << 20)  # several write batches: the first ones fit, then the disk is full
+                filler.write(bytes(free_bytes(disk) - reserve - (3 << 20)))
+            big = jpeg() + bytes(5 << 20)  # several write batches: the first ones fit, then the disk is full
             assert intake.WRITE_BATCH * 2 < free_bytes(disk) - reserve < len(big)
             response = await admin_upload(admin, gallery["id"], [("a.jpg", big)])
             assert response.status_code == 507 and "disk is full" in (await response.get_json())["error"]

@@ -57,7 +57,7 @@ from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import Storage, disk_errors, new_key, remove_quietly
 
 MB = 1024 * 1024
-WRITE_BATCH = 256 * 1024  # bytes collected before one thread hop writes them (memory per upload vs. hops)
+WRITE_BATCH = 1024 * 1024  # bytes collected before one thread hop writes them (memory per upload vs. hops)
 PART_OVERHEAD = 64 * 1024  # per-part headers and boundaries, for the request-size cap
 NAME_MAX_BYTES = 255
 GUEST_NAME_MAX = 100
@@ -171,7 +171,7 @@ def _visible(text: str, *, keep_space: bool = False) -> str:
 
 
 class FileSink:
-    """One incoming file, streamed to a temp file; ``write`` collects ~256 KiB before one thread hop writes it."""
+    """One incoming file, streamed to a temp file; ``write`` collects ~1 MiB before one thread hop writes it."""
 
     def __init__(self, storage: Storage, raw_name: str, max_bytes: int) -> None:
         self.raw_name = raw_name
