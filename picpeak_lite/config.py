@@ -70,6 +70,7 @@ class Settings:
     # Processing
     processing_enabled: bool = _setting(True, "Process photos here; off: they wait for `picpeak-lite worker`.")
     workers: int = _setting(0, "Worker tasks; 0 means one per CPU core.")
+    image_nice: int = _setting(10, "OS priority (nice, 0-19) of the image threads below the web server; 0: the same.")
     lease_seconds: float = _setting(60.0, "How long a claim lasts without renewal; a crash is recovered after this.")
     max_attempts: int = _setting(3, "Attempts before a photo that keeps failing or crashing is given up.")
     max_pixels: int = _setting(150_000_000, "Largest image accepted, in pixels.")
@@ -278,6 +279,7 @@ def _validate(s: Settings) -> None:
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
+    require(0 <= s.image_nice <= 19, "image_nice", "must be between 0 (the server's own priority) and 19")
     require(s.lease_seconds >= 5, "lease_seconds", "must be at least 5")
     require(s.max_pixels >= 100, "max_pixels", "must be at least 100")
     require(s.guest_max_pixels >= 100, "guest_max_pixels", "must be at least 100")

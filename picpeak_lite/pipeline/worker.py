@@ -24,6 +24,7 @@ from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import InsufficientStorage
 from picpeak_lite.media import exif, images
 from picpeak_lite.pipeline import attempts, transitions
+from picpeak_lite.pipeline.imagethreads import ImageThreads
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -42,8 +43,10 @@ class WorkerPool:
         self.storage = svc.storage
         self.count = count or svc.settings.worker_count
         self.poll_seconds = poll_seconds
-        # Image work is CPU-bound and Pillow releases the GIL: one thread per worker.
+        # Image work is CPU-bound and Pillow releases the GIL: one thread per worker, at a lower priority than
+        # the event loop (see imagethreads.py).
         self.image_limiter = trio.CapacityLimiter(self.count)
+        self.image_threads = ImageThreads(self.count, nice=svc.settings.image_nice)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -205,7 +208,8 @@ class WorkerPool:
         return _Rendered(view_jpeg, grid_jpeg, values)
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.image_limiter)
+        async with self.image_limiter:
+            return await self.image_threads.run_sync(fn, *args)
 
     async def _spec(self, gallery_id: int) -> images.RenderSpec:
         s = self.svc.settings
