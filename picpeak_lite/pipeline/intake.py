@@ -171,7 +171,10 @@ def _visible(text: str, *, keep_space: bool = False) -> str:
 
 
 class FileSink:
-    """One incoming file, streamed to a temp file; ``write`` collects ~1 MiB before one thread hop writes it."""
+    """One incoming file, streamed to a temp file; ``write`` collects ~1 MiB before one thread hop writes it.
+
+    The chunks are kept as they came (the parser's own bytes objects) and joined, hashed and written in that
+    thread: the event loop, which receives every upload, copies nothing."""
 
     def __init__(self, storage: Storage, raw_name: str, max_bytes: int) -> None:
         self.raw_name = raw_name
@@ -182,23 +185,25 @@ class FileSink:
         self._max = max_bytes
         self._hash = hashlib.sha256()
         self._file: BinaryIO | None = None
-        self._pending = bytearray()
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
 
     @property
     def sha256(self) -> str:
         return self._hash.hexdigest()
 
-    async def write(self, data: bytes | memoryview) -> None:
+    async def write(self, data: bytes) -> None:
         if self.too_large:
             return  # the rest of an over-limit file is counted by the caller and dropped, never stored
         self.size += len(data)
         if self.size > self._max:
             self.too_large = True
-            self._pending.clear()
+            self._pending, self._pending_bytes = [], 0
             self.discard()
             return
-        self._pending += data
-        if len(self._pending) >= WRITE_BATCH:
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= WRITE_BATCH:
             await self._flush(final=False)
 
     async def close(self) -> None:
@@ -206,7 +211,7 @@ class FileSink:
         await self._flush(final=True)
 
     async def _flush(self, *, final: bool) -> None:
-        data, self._pending = self._pending, bytearray()
+        data, self._pending, self._pending_bytes = self._pending, [], 0
         self._file = await trio.to_thread.run_sync(
             _write_batch, self.storage, self.temp, self._file, self._hash, data, final, limiter=io_limiter()
         )
@@ -219,10 +224,12 @@ class FileSink:
         remove_quietly(self.temp)
 
 
-def _write_batch(storage: Storage, path: Path, f: BinaryIO | None, hasher: Any, data: bytearray,
+def _write_batch(storage: Storage, path: Path, f: BinaryIO | None, hasher: Any, chunks: list[bytes],
                  final: bool) -> BinaryIO | None:
     try:
         with disk_errors():
+            data = b"".join(chunks)
+            del chunks[:]  # the join is the only copy now
             storage.ensure_space(len(data))
             if f is None:
                 f = _create(storage, path)
