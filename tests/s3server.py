@@ -7,6 +7,7 @@ unreachable) and start again on the same port. moto keeps its objects in memory,
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import subprocess
@@ -26,7 +27,10 @@ def free_port() -> int:
 
 
 class MotoServer:
-    def __init__(self) -> None:
+    def __init__(self, *, check_credentials: bool = False) -> None:
+        # moto accepts any key unless its IAM checks are on from the first request; then every key we know
+        # of is unknown to it, which is what refused credentials look like.
+        self.env = {**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if check_credentials else {})}
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.buckets: set[str] = set()
@@ -40,7 +44,7 @@ class MotoServer:
 
     def start(self, timeout: float = 60) -> MotoServer:
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env)
         deadline = time.monotonic() + timeout  # a hung-start stop only, not a speed bound
         while True:
             try:
@@ -50,6 +54,8 @@ class MotoServer:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("moto's S3 server did not start") from None
                 time.sleep(0.05)
+        if self.env.get("INITIAL_NO_AUTH_ACTION_COUNT"):
+            return self
         client = self.client()
         for bucket in sorted(self.buckets):
             client.create_bucket(Bucket=bucket)
