@@ -7,10 +7,12 @@ back, both work. Wrong credentials: one sentence at start, not a traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import ConfigError, StorageUnavailable
@@ -21,10 +23,12 @@ from picpeak_lite.store.storage import original_name
 
 from .conftest import AuthActions, make_settings
 from .factories import run_pool_until_idle
-from .harness import cli, write_config
+from .harness import cli, query, write_config
+from .harness import temp_files as temp_paths
 from .s3server import MotoServer
 from .test_s3 import jpeg, photo_rows
-from .test_upload import admin_upload
+from .test_streaming_intake import HANG_GUARD, _open_upload, _wait
+from .test_upload import _serve, admin_upload, multipart, read_response
 
 pytestmark = pytest.mark.system
 
@@ -118,3 +122,40 @@ def test_serve_with_refused_credentials_exits_with_a_sentence(tmp_path: Path) ->
         result = cli("serve", "--config", str(config), env={"PICPEAK_ADMIN_PASSWORD": "correct horse battery"})
     assert result.returncode == 2, result.stdout + result.stderr
     assert "refused the credentials" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_bucket_stops_mid_request_real_server(tmp_path: Path, moto: MotoServer, bucket: str) -> None:
+    """The real server over a raw socket: the first file of a request is in the bucket with its provisional
+    row, then the bucket goes away before the second arrives. The request answers 503 + Retry-After and keeps
+    nothing: the first file's row is taken back too (its object, which could not be deleted with the bucket
+    down, is an orphan for the reconciler). With the bucket back, the same request is accepted."""
+    settings = make_settings(tmp_path, shutdown_grace_seconds=1, processing_enabled=False,
+                             **moto.settings_for(bucket))
+    data = settings.data_path
+    async with trio.open_nursery() as nursery:
+        running, token = await _serve(settings, nursery)
+        body, _ = multipart([("a.jpg", jpeg(1)), ("b.jpg", jpeg(2))])
+        cut = body.index(b'filename="b.jpg"')
+        stream = await _open_upload(running.url, token, body)
+        await stream.send_all(body[:cut])
+        await _wait(lambda: len(query(data, "SELECT id FROM photos")) == 1)
+        assert [k for k in moto.keys(bucket) if k.startswith("originals/")]
+        moto.stop()
+        await stream.send_all(body[cut:])
+        with trio.fail_after(HANG_GUARD):
+            head, answer = await read_response(stream)
+        await stream.aclose()
+        assert head.startswith(b"HTTP/1.1 503"), head + answer
+        assert re.search(rb"(?i)\r\nretry-after: *\d+", head)
+        assert query(data, "SELECT id FROM photos") == [] and query(data, "SELECT id FROM uploads") == []
+        assert temp_paths(data) == []
+
+        moto.start()
+        stream = await _open_upload(running.url, token, body)
+        await stream.send_all(body)
+        with trio.fail_after(HANG_GUARD):
+            head, answer = await read_response(stream)
+        await stream.aclose()
+        assert head.startswith(b"HTTP/1.1 202"), head + answer
+        assert len(query(data, "SELECT id FROM photos")) == 2
+        running.stop()
