@@ -239,3 +239,25 @@ def _later() -> float:
     import time
 
     return time.time() + 600
+
+
+async def test_a_worker_cancelled_mid_photo_removes_its_local_copy(admin: AuthActions, services: Services,
+                                                                   settings: Settings) -> None:
+    """The worker reads the original from a temp copy of the object; cancelled while it decodes (shutdown),
+    it hands the photo back and the copy is gone."""
+    from picpeak_lite.pipeline.worker import WorkerPool
+
+    gallery = await admin.create_gallery()
+    assert (await admin_upload(admin, gallery["id"], [("big.jpg", jpeg(9, (4000, 3000)))])).status_code == 202
+    tmp = settings.data_path / "tmp"
+    seen_copy = False
+    with trio.fail_after(120):  # a hung-test stop only
+        async with trio.open_nursery() as nursery:
+            await nursery.start(WorkerPool(services, count=1, poll_seconds=0.05).run)
+            while not seen_copy:
+                seen_copy = tmp.exists() and any(tmp.iterdir())
+                await trio.sleep(0.002)
+            nursery.cancel_scope.cancel()
+    assert seen_copy and list(tmp.iterdir()) == []
+    [row] = await photo_rows(services)
+    assert (row["status"], row["attempts"]) == ("pending", 0)

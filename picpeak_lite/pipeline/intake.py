@@ -333,7 +333,7 @@ class Intake:
         self._open.clear()
         for entry in self.entries:
             if entry.key is not None and not entry.inserted:
-                self.storage.remove_original(entry.key)
+                self.storage.forget_original(entry.key)
                 entry.key = None
 
     def start_file(self, raw_name: str) -> FileSink:

@@ -23,8 +23,10 @@ import contextlib
 import hashlib
 import io
 import logging
+import secrets
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, BinaryIO, cast
@@ -36,6 +38,7 @@ from botocore.config import Config
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import ConfigError, StorageUnavailable
 from picpeak_lite.store.storage import (
+    TEMP_PREFIX,
     LocalCopy,
     ObjectInfo,
     PhotoFiles,
@@ -55,6 +58,9 @@ READ_CHUNK = 1024 * 1024
 PRESIGN_SECONDS = 300  # a guest's redirect is good for five minutes: long enough to start, short enough to not share
 RETRY_AFTER = 10
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound", "NoSuchUpload"}
+# forget_original's deletes: two threads of their own, so that the intake's synchronous exit never waits on the
+# network (a bucket that does not answer would hold the event loop for its timeouts).
+_FORGET = ThreadPoolExecutor(max_workers=2, thread_name_prefix="picpeak-s3-forget")
 _CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "InvalidToken",
                 "ExpiredToken", "AuthorizationHeaderMalformed"}
 
@@ -99,9 +105,7 @@ class S3Storage(PhotoFiles):
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
 
     def new_temp_path(self) -> Path:
-        import secrets
-
-        return self.tmp_dir / f"up-{secrets.token_hex(12)}"
+        return self.tmp_dir / f"{TEMP_PREFIX}{secrets.token_hex(12)}"
 
     def ensure_space(self, incoming: int) -> None:
         ensure_space(self.root, incoming)
@@ -180,13 +184,11 @@ class S3Storage(PhotoFiles):
         try:
             self.ensure_space(reader.size)
             temp = self.new_temp_path()
+            self.create_dirs()  # a tidied data directory: cheap, and the copy must not fail for it
             try:
                 with disk_errors(), open(temp, "xb") as out:
                     while chunk := reader.read(READ_CHUNK):
                         out.write(chunk)
-            except FileNotFoundError:
-                self.create_dirs()
-                raise
             except BaseException:
                 remove_quietly(temp)
                 raise
@@ -287,6 +289,11 @@ class S3Storage(PhotoFiles):
             if isinstance(error, StorageUnavailable):
                 log.warning("could not delete %s from the bucket (%s); the reconciler removes it later", name,
                             error.message)
+
+    def forget_original(self, key: str) -> None:
+        """Delete an original without waiting: queued to a thread of its own; one that fails stays an orphan."""
+        name = original_name(key)
+        _FORGET.submit(self.remove, name)
 
     def list_objects(self, prefix: str) -> Iterator[tuple[str, ObjectInfo]]:
         """Every object under ``prefix``, a page (up to 1000) at a time."""

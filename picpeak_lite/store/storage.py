@@ -161,6 +161,9 @@ class Storage(Protocol):
     def write_derivative(self, key: str, kind: str, data: bytes) -> None: ...
     def write_watermarked(self, key: str, tag: str, data: bytes) -> str: ...
     def remove_original(self, key: str) -> None: ...
+    def forget_original(self, key: str) -> None:
+        """Remove an original from code that must not block (a synchronous exit on the event loop): locally an
+        unlink; in a bucket a DELETE queued to a thread, whose failure leaves an orphan for the reconciler."""
     def remove_photo_files(self, key: str) -> None: ...
     def remove_files_of(self, keys: Iterable[str]) -> None: ...
     def iter_original_keys(self) -> Iterator[tuple[str, float]]: ...
@@ -207,6 +210,9 @@ class PhotoFiles:
         return target
 
     def remove_original(self, key: str) -> None:
+        self.remove(original_name(key))
+
+    def forget_original(self, key: str) -> None:
         self.remove(original_name(key))
 
     def remove_photo_files(self, key: str) -> None:
