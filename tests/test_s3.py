@@ -261,3 +261,20 @@ async def test_a_worker_cancelled_mid_photo_removes_its_local_copy(admin: AuthAc
     assert seen_copy and list(tmp.iterdir()) == []
     [row] = await photo_rows(services)
     assert (row["status"], row["attempts"]) == ("pending", 0)
+
+
+async def test_import_folder_into_the_bucket(admin: AuthActions, services: Services, settings: Settings,
+                                            moto: MotoServer, bucket: str, tmp_path: Path) -> None:
+    from picpeak_lite.ops import importer
+
+    gallery = await published(admin, name="Card")
+    folder = tmp_path / "card"
+    folder.mkdir()
+    sent = {f"{i}.jpg": jpeg(60 + i) for i in range(3)}
+    for name, data in sent.items():
+        (folder / name).write_bytes(data)
+    summary = await trio.to_thread.run_sync(importer.run_import, settings, folder, gallery["slug"])
+    assert (summary.added, summary.errors) == (3, [])
+    for row in await photo_rows(services):
+        assert object_bytes(moto, bucket, "lib/" + original_name(row["storage_key"])) == sent[row["display_name"]]
+    assert local_files(settings) == []

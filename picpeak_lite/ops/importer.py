@@ -87,6 +87,7 @@ async def import_folder(settings: Settings, folder: Path, slug: str, progress: P
     summary = ImportSummary(ignored=ignored)
     await trio.to_thread.run_sync(bootstrap.prepare, settings)
     storage = open_storage(settings)
+    await trio.to_thread.run_sync(storage.check_access)
     await trio.to_thread.run_sync(storage.create_dirs)
     db = Database(settings.database_path, readers=1)
     try:
