@@ -270,7 +270,7 @@ def check(repair: bool, grace: float, config: str | None, data_dir: str | None) 
         sys.exit(1)
 
 
-@cli.group("storage", short_help="Move the photo library between local storage and an S3-compatible bucket.")
+@cli.group("storage", short_help="Move the photos between local storage and an S3 bucket.")
 def storage_group() -> None:
     """Where photo files live (the storage setting)."""
 
