@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from picpeak_lite.config import load_settings  # noqa: E402
 from picpeak_lite.ops import bootstrap  # noqa: E402
 from picpeak_lite.store import db  # noqa: E402
-from picpeak_lite.store.storage import Storage, new_key  # noqa: E402
+from picpeak_lite.store.storage import LocalStorage, new_key  # noqa: E402
 from tests import imagefactory  # noqa: E402
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, start_server, stop_server  # noqa: E402
 
@@ -47,7 +47,7 @@ REQUESTS = 200
 def stage(data_dir: Path) -> tuple[str, str]:
     settings = load_settings(environ={}, overrides={"data_dir": str(data_dir), "port": 0})
     bootstrap.prepare(settings)
-    storage = Storage(settings.data_path)
+    storage = LocalStorage(settings.data_path)
     storage.create_dirs()
     grid = imagefactory.save(imagefactory.photo(400, 267, seed=1), "jpeg", quality=85)
     view = imagefactory.save(imagefactory.photo(1600, 1067, seed=2), "jpeg", quality=85)

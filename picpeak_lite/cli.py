@@ -17,7 +17,7 @@ import trio
 
 from picpeak_lite import security
 from picpeak_lite.config import FIELDS, Settings, find_config_file, load_settings
-from picpeak_lite.errors import ConfigError
+from picpeak_lite.errors import ConfigError, StorageUnavailable
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import admin as admin_q
@@ -270,6 +270,40 @@ def check(repair: bool, grace: float, config: str | None, data_dir: str | None) 
         sys.exit(1)
 
 
+@cli.group("storage", short_help="Move the photos between local storage and an S3 bucket.")
+def storage_group() -> None:
+    """Where photo files live (the storage setting)."""
+
+
+@storage_group.command("migrate")
+@click.option("--to", "to", type=click.Choice(["s3", "local"]), required=True,
+              help="Where to move the library: the bucket of the s3_* settings, or the data directory.")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def storage_migrate(to: str, config: str | None, data_dir: str | None) -> None:
+    """Copy every original and thumbnail into the other storage, verifying each original's sha256, then set
+    `storage` in the config file. Stop the server first (the command refuses while it answers). Interrupted,
+    run it again: what was copied already is kept. The old copies are left in place."""
+    from picpeak_lite.ops.migrate import migrate
+
+    settings = _settings(config, data_dir=data_dir)
+    click.echo(f"Stop the server and any `picpeak-lite worker` before this runs: they keep writing to the "
+               f"storage they started with ({settings.storage}).", err=True)
+    summary = migrate(settings, to, find_config_file(config), _progress_bar("migrate"))
+    click.echo(f"Migrated {_count(summary.objects, 'object')} from {summary.source} to {summary.target}: "
+               f"{summary.copied} copied ({summary.bytes_copied / 1e6:.1f} MB), {summary.kept} already there, "
+               f"{summary.orphans_skipped} orphans left behind.")
+    for photo_id in summary.missing_originals:
+        click.echo(f"  photo {photo_id}: the original is missing", err=True)
+    for photo_id in summary.sha_mismatch:
+        click.echo(f"  photo {photo_id}: the original differs from its recorded sha256", err=True)
+    if summary.problems:
+        raise click.ClickException(f"{_count(summary.problems, 'photo')} could not be moved intact (listed above); "
+                                   "the storage setting was not changed")
+    click.echo(f"storage = \"{to}\" is set in {summary.switched}; start the server. The old copies are still in "
+               f"{summary.source}: remove them once all is well.")
+
+
 @cli.group(short_help="Manage the admin account and API tokens.")
 def admin() -> None:
     """Manage the admin account and API tokens."""
@@ -359,5 +393,8 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as error:
         click.echo(f"picpeak-lite: error: {error}", err=True)
         sys.exit(2)
+    except StorageUnavailable as error:
+        click.echo(f"picpeak-lite: error: {error.message}", err=True)
+        sys.exit(75)  # EX_TEMPFAIL: the same command works once the bucket answers again
     except KeyboardInterrupt:
         sys.exit(130)

@@ -90,6 +90,17 @@ class Settings:
     webhooks: tuple[WebhookEndpoint, ...] = _setting((), "Receivers, as [[webhooks]] tables with url, secret, events.")
     # Disk
     low_disk_mb: int = _setting(1024, "Warn on the dashboard when free disk space falls below this, in MB.")
+    # Storage
+    storage: str = _setting("local", 'Where photo files live: "local" (under data_dir) or "s3" (a bucket).')
+    s3_endpoint_url: str = _setting("", "The S3-compatible service's URL (MinIO, B2, Wasabi, R2); empty: AWS S3.")
+    s3_bucket: str = _setting("", "The bucket that holds the photos (needed with storage = \"s3\").")
+    s3_region: str = _setting("", "The bucket's region (e.g. eu-central-1); empty: the client's default.")
+    s3_prefix: str = _setting("", "A folder inside the bucket for this library (e.g. \"picpeak/\"); empty: its root.")
+    s3_addressing_style: str = _setting("path", 'How the bucket is named in URLs: "path" or "virtual" (bucket.host).')
+    s3_access_key_id: str = _setting("", "Access key; empty: AWS_ACCESS_KEY_ID from the environment.")
+    s3_secret_access_key: str = _setting("", "Secret key; empty: AWS_SECRET_ACCESS_KEY from the environment.")
+    s3_presigned_redirects: bool = _setting(
+        False, "Send guests to a short-lived signed bucket URL (after the access check) instead of through the server.")
 
     @property
     def listen_address(self) -> str:
@@ -290,6 +301,11 @@ def _validate(s: Settings) -> None:
             "must be one of " + ", ".join(WATERMARK_POSITIONS))
     require(0.05 <= s.watermark_opacity <= 1, "watermark_opacity", "must be between 0.05 and 1")
     require(0.02 <= s.watermark_size <= 1, "watermark_size", "must be between 0.02 and 1")
+    require(s.storage in ("local", "s3"), "storage", 'must be "local" or "s3"')
+    require(s.storage != "s3" or bool(s.s3_bucket), "s3_bucket", 'must name a bucket when storage = "s3"')
+    require(s.s3_addressing_style in ("path", "virtual"), "s3_addressing_style", 'must be "path" or "virtual"')
+    require(s.s3_endpoint_url == "" or s.s3_endpoint_url.startswith(("http://", "https://")), "s3_endpoint_url",
+            "must start with http:// or https://")
     require(s.public_url == "" or s.public_url.startswith(("http://", "https://")), "public_url",
             "must start with http:// or https://")
     for entry in s.allowed_hosts:

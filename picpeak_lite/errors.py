@@ -121,6 +121,23 @@ class InsufficientStorage(AppError):
     title = "The server's disk is full"
 
 
+class StorageUnavailable(AppError):
+    """The photo store (an S3-compatible bucket) did not answer, or answered with a server error. Nothing was
+    recorded; the client is told to try again shortly, and workers hand their photo back without it counting
+    as an attempt."""
+
+    status = 503
+    title = "The photo storage is not reachable"
+
+    def __init__(self, message: str | None = None, retry_after: int = 30) -> None:
+        super().__init__(message or "The photo storage is not reachable just now; nothing was saved. "
+                         "Please try again in a minute.")
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
 class DatabaseError(AppError):
     status = 500
     title = "Database error"

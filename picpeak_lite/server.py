@@ -106,7 +106,9 @@ def first_start(settings: Settings) -> tuple[Services, str | None]:
     account on the very first start (its generated password is returned), and the database connections."""
     bootstrap.prepare(settings)
     password = bootstrap.ensure_admin(settings)
-    return Services(settings=settings, db=Database(settings.database_path)), password
+    svc = Services(settings=settings, db=Database(settings.database_path))
+    svc.storage.check_access()  # a wrong bucket or refused credentials: one sentence now, not a traceback later
+    return svc, password
 
 
 async def run(

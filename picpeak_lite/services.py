@@ -22,7 +22,7 @@ from picpeak_lite.events.broker import Broker
 from picpeak_lite.pipeline.budget import MemoryBudget
 from picpeak_lite.pipeline.memory import MemoryTrimmer
 from picpeak_lite.store.db import Database
-from picpeak_lite.store.storage import Storage
+from picpeak_lite.store.storage import Storage, open_storage
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Services:
         s = self.settings
         if not self.bind_url:
             self.bind_url = f"http://{s.listen_address}"
-        self.storage = Storage(s.data_path)
+        self.storage = open_storage(s)
         self.decode_budget = MemoryBudget.megabytes(s.decode_memory_mb)
 
     async def hash_password(self, password: str) -> str:

@@ -10,7 +10,8 @@ the middle of committing, which no longer exist once the server is stopped), and
 
 What must hold: every upload answered 202 has its row and its original with the sha256 of what was sent; no
 photo is left pending or processing; no webhook event arrived under two ids; no orphan files; PRAGMA
-integrity_check is ok. CI runs 20 cycles; ``-m slow`` runs 100.
+integrity_check is ok. CI runs 20 cycles; ``-m slow`` runs 100. It runs once more (fewer cycles) with S3
+storage, on a bucket of moto's S3 server in its own process: there "its original" is the object in the bucket.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .harness import (
     unique_jpeg,
     write_config,
 )
+from .s3server import MotoServer
 
 # A system suite (kill -9 and SIGTERM against real server processes):
 # left out by -m "not system", run by plain pytest and CI.
@@ -140,12 +142,46 @@ async def reconcile_now(config: Path, data_dir: Path) -> dict[str, int]:
         database.close()
 
 
-def prepare(tmp_path: Path, receiver: WebhookReceiver) -> tuple[Path, Path, str, int]:
+class LocalFiles:
+    """Where the suite looks for what was stored: the data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+
+    def original_sha256(self, key: str) -> str | None:
+        path = self.data_dir / "originals" / key[:2] / key
+        return file_sha256(path) if path.exists() else None
+
+    def by_key(self) -> dict[str, list[Any]]:
+        return stored_files(self.data_dir)
+
+
+class BucketFiles:
+    """... or the bucket, read with a plain client of its own."""
+
+    def __init__(self, moto: MotoServer, bucket: str) -> None:
+        self.client, self.bucket, self.moto = moto.client(), bucket, moto
+
+    def original_sha256(self, key: str) -> str | None:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=f"originals/{key[:2]}/{key}")["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return sha256(body)
+
+    def by_key(self) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for name in self.moto.keys(self.bucket):
+            out.setdefault(name.rsplit("/", 1)[-1].split(".", 1)[0], []).append(name)
+        return out
+
+
+def prepare(tmp_path: Path, receiver: WebhookReceiver, **storage: Any) -> tuple[Path, Path, str, int]:
     data_dir = tmp_path / "data"
     # The receiver listens on 127.0.0.1: a config naming it loads only with private targets allowed.
     config = write_config(tmp_path / "picpeak.toml", webhook_url=receiver.url, webhook_allow_private=True,
                           workers=2, lease_seconds=5,
-                          shutdown_grace_seconds=5, log_level="warning")
+                          shutdown_grace_seconds=5, log_level="warning", **storage)
     token = create_token(data_dir, config)
     return data_dir, config, token, 0
 
@@ -159,13 +195,16 @@ async def create_gallery(server: ServerProcess, token: str) -> int:
     return response.json()["id"]
 
 
-async def run_crash_suite(tmp_path: Path, cycles: int, capsys: Any, seed: int | None = None) -> None:
+async def run_crash_suite(tmp_path: Path, cycles: int, capsys: Any, seed: int | None = None,
+                          moto: MotoServer | None = None) -> None:
     seed = random.randrange(1 << 30) if seed is None else seed
     rng = random.Random(seed)
     base = base_jpeg(320, 240)
     tally = Tally()
+    bucket = moto.new_bucket() if moto is not None else ""
     with WebhookReceiver(delay=0.05) as receiver:
-        data_dir, config, token, _ = prepare(tmp_path, receiver)
+        data_dir, config, token, _ = prepare(tmp_path, receiver, **(moto.settings_for(bucket) if moto else {}))
+        stored: LocalFiles | BucketFiles = BucketFiles(moto, bucket) if moto else LocalFiles(data_dir)
         server = ServerProcess(data_dir, config)
         gallery_id = await create_gallery(server, token)
         try:
@@ -185,20 +224,19 @@ async def run_crash_suite(tmp_path: Path, cycles: int, capsys: Any, seed: int | 
                 lost += 1
                 problems.append(f"photo {photo_id}: acknowledged, no row")
                 continue
-            path = data_dir / "originals" / row["storage_key"][:2] / row["storage_key"]
-            if not path.exists():
+            found = stored.original_sha256(row["storage_key"])
+            if found is None:
                 lost += 1
                 problems.append(f"photo {photo_id}: acknowledged, no original")
-            elif row["sha256"] != sent_sha or file_sha256(path) != sent_sha:
+            elif row["sha256"] != sent_sha or found != sent_sha:
                 corrupt += 1
                 problems.append(f"photo {photo_id}: sha256 differs from what was sent")
         stuck = sum(1 for r in rows.values() if r["status"] in ("pending", "processing"))
         failed = [r for r in rows.values() if r["status"] == "failed"]
-        files = stored_files(data_dir)
+        files = stored.by_key()
         keys = {r["storage_key"] for r in rows.values()}
         orphans = sum(len(paths) for key, paths in files.items() if key not in keys)
-        without_file = sum(1 for r in rows.values() if not (data_dir / "originals" / r["storage_key"][:2]
-                                                             / r["storage_key"]).exists())
+        without_file = sum(1 for r in rows.values() if stored.original_sha256(r["storage_key"]) is None)
         integrity = query(data_dir, "PRAGMA integrity_check")[0]["integrity_check"]
         check = cli("check", "--data-dir", str(data_dir), "--config", str(config), "--grace", "0")
         line = (f"crash: cycles={cycles} seed={seed} requests={tally.requests} acked={len(tally.acked)} "
@@ -206,7 +244,8 @@ async def run_crash_suite(tmp_path: Path, cycles: int, capsys: Any, seed: int | 
                 f"dup_webhook_ids={receiver.duplicate_ids()} orphans={orphans} rows_without_file={without_file} "
                 f"refused={tally.refused} rows={len(rows)} webhook_events={receiver.events()} "
                 f"webhook_deliveries={receiver.deliveries} reconciler_removed={reconciled['orphans_removed']} "
-                f"temp_swept={reconciled['temp_swept']} kills={tally.phases} integrity={integrity}")
+                f"temp_swept={reconciled['temp_swept']} kills={tally.phases} integrity={integrity}"
+                + (" storage=s3" if moto else ""))
         figures(capsys, line)
         assert not problems, problems[:20]
         assert (lost, corrupt, stuck, orphans, without_file) == (0, 0, 0, 0, 0), line
@@ -220,6 +259,12 @@ async def run_crash_suite(tmp_path: Path, cycles: int, capsys: Any, seed: int | 
 
 async def test_kill_9_at_random_moments_loses_nothing(tmp_path: Path, capsys: Any) -> None:
     await run_crash_suite(tmp_path, cycles=20, capsys=capsys)
+
+
+async def test_kill_9_at_random_moments_loses_nothing_with_s3_storage(tmp_path: Path, capsys: Any) -> None:
+    """Once with S3 storage (issue 15): 6 cycles, two kills in each phase on average."""
+    with MotoServer() as moto:
+        await run_crash_suite(tmp_path, cycles=6, capsys=capsys, moto=moto)
 
 
 @pytest.mark.slow

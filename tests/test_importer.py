@@ -11,7 +11,7 @@ from picpeak_lite.errors import ConfigError
 from picpeak_lite.media import images
 from picpeak_lite.ops import bootstrap, importer
 from picpeak_lite.store import db
-from picpeak_lite.store.storage import Storage
+from picpeak_lite.store.storage import LocalStorage
 
 from . import imagefactory
 from .conftest import make_settings
@@ -60,7 +60,7 @@ def test_import_adds_every_photo_then_skips_them(settings: Any, tmp_path: Path, 
     rows = query(settings, "SELECT * FROM photos ORDER BY id")
     assert {(r["status"], r["uploaded_by"], r["upload_id"]) for r in rows} == {
         ("pending", "admin", summary.upload_id)}
-    storage = Storage(settings.data_path)
+    storage = LocalStorage(settings.data_path)
     assert {r["display_name"]: storage.original_path(r["storage_key"]).read_bytes() for r in rows} == sent
     assert [u["id"] for u in query(settings, "SELECT id FROM uploads")] == [summary.upload_id]
 

@@ -25,7 +25,7 @@ from picpeak_lite.services import Services
 from picpeak_lite.store import db
 from picpeak_lite.store.db import Database
 from picpeak_lite.store.queries import guests as guest_q
-from picpeak_lite.store.storage import RESERVE_MAX_BYTES, RESERVE_SHARE, Storage
+from picpeak_lite.store.storage import RESERVE_MAX_BYTES, RESERVE_SHARE, LocalStorage
 from picpeak_lite.web import ratelimit
 from picpeak_lite.web.app import create_app
 
@@ -108,7 +108,7 @@ async def test_several_files_are_stored_byte_exact_and_queued(admin: AuthActions
         ("pending", "admin", None, body["upload_id"])] * 3
     assert [(r["format"], r["width"], r["height"]) for r in photos] == [
         ("jpeg", 64, 48), ("png", 40, 30), ("webp", 50, 50)]
-    storage = Storage(settings.data_path)
+    storage = LocalStorage(settings.data_path)
     for row, (name, data) in zip(photos, sent, strict=True):
         path = storage.original_path(row["storage_key"])
         assert path.read_bytes() == data, f"{name} differs on disk"

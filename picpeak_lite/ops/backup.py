@@ -16,6 +16,9 @@ The backup directory has the layout of a data directory (so restoring is copying
 
 Running it again into the same directory is incremental: originals never change under their key, so a file
 the previous manifest lists with the same size is kept; files of photos deleted since are removed.
+
+With S3 storage the files are copied from the bucket, object by object, into the same layout: a backup restores
+into local storage (and ``storage migrate --to s3`` moves it back).
 """
 
 from __future__ import annotations
@@ -35,7 +38,17 @@ from picpeak_lite.store import db
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
-from picpeak_lite.store.storage import DERIVATIVES, Storage, file_sha256, fsync_dir, fsync_file, remove_quietly
+from picpeak_lite.store.storage import (
+    DERIVATIVES,
+    Storage,
+    derived_name,
+    file_sha256,
+    fsync_dir,
+    fsync_file,
+    open_storage,
+    original_name,
+    remove_quietly,
+)
 
 Progress = Callable[[int, int, str], None]
 MANIFEST = "manifest.json"
@@ -83,7 +96,9 @@ def backup(settings: Settings, target: str | os.PathLike[str], progress: Progres
                 summary.released = claims.release_all_claims(copy)
                 rows = photo_q.rows_for_check(copy)
             summary.photos = len(rows)
-            files, gone = _copy_files(Storage(settings.data_path), dest, rows, previous, summary, progress)
+            storage = open_storage(settings)
+            storage.check_access()
+            files, gone = _copy_files(storage, dest, rows, previous, summary, progress)
             if gone:
                 # Deleted live after the snapshot: confirm against the live database, then drop them here too.
                 with db.transaction(live, immediate=False):
@@ -153,8 +168,7 @@ def _copy_files(storage: Storage, dest: Path, rows: list[dict[str, Any]], previo
         if progress is not None:
             progress(done, len(rows), row["display_name"])
         key = row["storage_key"]
-        original = storage.original_path(key)
-        entry = _copy_one(original, dest, storage.root, previous, summary)
+        entry = _copy_one(storage, original_name(key), dest, previous, summary)
         if entry is None:
             gone.append(row["id"])
             continue
@@ -164,7 +178,7 @@ def _copy_files(storage: Storage, dest: Path, rows: list[dict[str, Any]], previo
         if row["status"] != PhotoStatus.COMPLETE:
             continue
         for kind in DERIVATIVES:
-            derived = _copy_one(storage.derived_path(key, kind), dest, storage.root, previous, summary)
+            derived = _copy_one(storage, derived_name(key, kind), dest, previous, summary)
             if derived is None:
                 summary.missing_derivatives += 1
             else:
@@ -172,14 +186,13 @@ def _copy_files(storage: Storage, dest: Path, rows: list[dict[str, Any]], previo
     return files, gone
 
 
-def _copy_one(path: Path, dest: Path, root: Path, previous: dict[str, dict[str, Any]],
+def _copy_one(storage: Storage, relative: str, dest: Path, previous: dict[str, dict[str, Any]],
               summary: BackupSummary) -> dict[str, Any] | None:
     """Copy one stored file (hashing it on the way) unless the earlier backup has it; None if it is gone."""
-    relative = path.relative_to(root).as_posix()
     target = dest / relative
     earlier = previous.get(relative)
     try:
-        size = path.stat().st_size
+        size = storage.stat(relative).size
     except FileNotFoundError:
         return None
     if earlier is not None and earlier.get("size") == size and target.exists() and target.stat().st_size == size:
@@ -189,7 +202,7 @@ def _copy_one(path: Path, dest: Path, root: Path, previous: dict[str, dict[str, 
     temp = target.with_name(target.name + ".partial")
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as src, open(temp, "wb") as out:
+        with storage.open(relative) as src, open(temp, "wb") as out:
             while chunk := src.read(COPY_CHUNK):
                 digest.update(chunk)
                 out.write(chunk)

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import PurePath
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import ConfigError
@@ -33,7 +33,7 @@ from picpeak_lite.pipeline.janitor import remove_orphans
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
-from picpeak_lite.store.storage import DERIVATIVES, Storage, file_sha256
+from picpeak_lite.store.storage import DERIVATIVES, Storage, open_storage, original_name
 
 Progress = Callable[[int, int, str], None]
 DEFAULT_GRACE_SECONDS = 600.0
@@ -46,7 +46,7 @@ class Report:
     missing_original: list[int] = field(default_factory=list)
     sha_mismatch: list[int] = field(default_factory=list)
     missing_derivatives: list[int] = field(default_factory=list)
-    orphans: list[Path] = field(default_factory=list)
+    orphans: list[PurePath] = field(default_factory=list)  # files, or objects in the bucket
     young_orphans: int = 0  # within the grace period: not a problem yet
     failed_missing: int = 0  # rows already failed because their original is gone: known, not new
     temp_files: int = 0
@@ -80,7 +80,8 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
     if not settings.database_path.exists():
         raise ConfigError(f"no database in {str(settings.data_path)!r}; is --data-dir right?")
     now = time.time() if now is None else now
-    storage = Storage(settings.data_path)
+    storage = open_storage(settings)
+    storage.check_access()
     report = Report()
     conn = db.connect(settings.database_path)
     try:
@@ -92,24 +93,25 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
         for done, row in enumerate(rows, 1):
             if progress is not None:
                 progress(done, len(rows), row["display_name"])
-            path = storage.original_path(row["storage_key"])
-            if not path.exists():
+            name = original_name(row["storage_key"])
+            if not storage.exists(name):
                 if row["status"] == PhotoStatus.FAILED:
                     report.failed_missing += 1
                 else:
                     suspects["missing"].append(row["id"])
                 continue
             report.originals_checked += 1
-            if file_sha256(path) != row["sha256"]:
+            if storage.sha256_of(name) != row["sha256"]:
                 suspects["sha"].append(row["id"])
             if row["status"] == PhotoStatus.COMPLETE and not all(
-                    storage.derived_path(row["storage_key"], kind).exists() for kind in DERIVATIVES):
+                    storage.has_derivative(row["storage_key"], kind) for kind in DERIVATIVES):
                 suspects["derived"].append(row["id"])
         # Files are listed after the rows were read: a file whose row commits after that is young.
         keys = {r["storage_key"] for r in rows}
-        candidates = [(key, storage.original_path(key), mtime) for key, mtime in storage.iter_original_keys()]
+        # Listed (a bucket page by page), not looked up one by one.
+        candidates = [(key, storage.location(original_name(key)), mtime) for key, mtime in storage.iter_original_keys()]
         candidates += list(storage.iter_derived())
-        orphan_keys: dict[str, list[Path]] = {}
+        orphan_keys: dict[str, list[PurePath]] = {}
         for key, path, mtime in candidates:
             if key in keys:
                 continue
@@ -125,14 +127,14 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
             live_keys = {r["storage_key"] for r in current.values()}
         for photo_id in suspects["missing"]:
             found = current.get(photo_id)
-            if found is not None and found["status"] != PhotoStatus.FAILED and not storage.original_path(
-                    found["storage_key"]).exists():
+            if found is not None and found["status"] != PhotoStatus.FAILED and not storage.has_original(
+                    found["storage_key"]):
                 report.missing_original.append(photo_id)
         report.sha_mismatch = [i for i in suspects["sha"] if i in current]
         for photo_id in suspects["derived"]:
             found = current.get(photo_id)
             if found is not None and found["status"] == PhotoStatus.COMPLETE and not all(
-                    storage.derived_path(found["storage_key"], kind).exists() for kind in DERIVATIVES):
+                    storage.has_derivative(found["storage_key"], kind) for kind in DERIVATIVES):
                 report.missing_derivatives.append(photo_id)
         report.orphans = sorted(p for key, paths in orphan_keys.items() if key not in live_keys for p in paths)
         if repair:

@@ -28,7 +28,7 @@ from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline.intake import MB, Entry, Intake, Limits, io_limiter
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import galleries as gallery_q
-from picpeak_lite.store.storage import Storage
+from picpeak_lite.store.storage import open_storage
 
 EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".heic", ".heif"})
 BATCH_FILES = 50
@@ -86,7 +86,8 @@ async def import_folder(settings: Settings, folder: Path, slug: str, progress: P
     paths, ignored = find_images(folder)
     summary = ImportSummary(ignored=ignored)
     await trio.to_thread.run_sync(bootstrap.prepare, settings)
-    storage = Storage(settings.data_path)
+    storage = open_storage(settings)
+    await trio.to_thread.run_sync(storage.check_access)
     await trio.to_thread.run_sync(storage.create_dirs)
     db = Database(settings.database_path, readers=1)
     try:

@@ -340,7 +340,7 @@ class Intake:
         self._open.clear()
         for entry in self.entries:
             if entry.key is not None and not entry.inserted:
-                remove_quietly(self.storage.original_path(entry.key))
+                self.storage.forget_original(entry.key)
                 entry.key = None
 
     def start_file(self, raw_name: str) -> FileSink:
@@ -414,7 +414,8 @@ class Intake:
             entry.error, entry.status = gallery_full(self._cap), 409
             return
         entry.key = new_key()  # before the hop: if the rename half-happens, the exit removes both places
-        await trio.to_thread.run_sync(self.storage.commit_original, sink.temp, entry.key, limiter=io_limiter())
+        await trio.to_thread.run_sync(self.storage.commit_original, sink.temp, entry.key, entry.sha256,
+                                      limiter=io_limiter())
         self._open.discard(sink)  # no longer a temp file: nothing may unlink its old name now
         self._stored.append(entry)
         self._seen[entry.sha256] = entry
@@ -546,7 +547,7 @@ def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id
                 photo_q.retry(conn, existing["id"])
             outcomes.append((existing["id"], True, None))
             continue
-        if not storage.original_path(key).exists():
+        if not storage.has_original(key):
             # Checked under the write lock that the reconciler also takes before it removes an orphan: a file
             # that waited too long for its row (a very slow upload) was removed, and this says so instead of
             # answering 202 for a photo without its file.
@@ -599,4 +600,4 @@ def _remove_photo_files(storage: Storage, keys: list[str]) -> None:
 
 def _remove_originals(storage: Storage, keys: list[str]) -> None:
     for key in keys:
-        remove_quietly(storage.original_path(key))
+        storage.remove_original(key)

@@ -16,11 +16,11 @@ The first pass runs before ``started()``: when the server says it is ready, reco
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import trio
 
+from picpeak_lite.errors import StorageUnavailable
 from picpeak_lite.pipeline import intake, transitions
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection
@@ -48,15 +48,21 @@ class Janitor:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self.requeue_expired()
-        await self.reconcile()
+        await self._reconcile()
         task_status.started()
         last_reconcile = trio.current_time()
         while True:
             await trio.sleep(self.interval)
             await self.requeue_expired()
             if trio.current_time() - last_reconcile >= self.reconcile_every:
-                await self.reconcile()
+                await self._reconcile()
                 last_reconcile = trio.current_time()
+
+    async def _reconcile(self) -> None:
+        try:
+            await self.reconcile()
+        except StorageUnavailable:  # the bucket is down: nothing was changed half; tried again next round
+            log.warning("reconciler: the photo storage did not answer; trying again later")
 
     async def renew_and_abandon_uploads(self) -> int:
         """Renew the leases of this process's requests still arriving; take back those nobody renews. Returns
@@ -123,8 +129,8 @@ class Janitor:
         return candidates
 
     def _rows_missing_original(self, rows: list[dict[str, Any]]) -> list[int]:
-        return [r["id"] for r in rows if r["status"] != PhotoStatus.FAILED
-                and not os.path.exists(self.storage.original_path(r["storage_key"]))]
+        stored = {key for key, _ in self.storage.iter_original_keys()}  # one listing, not a look-up per row
+        return [r["id"] for r in rows if r["status"] != PhotoStatus.FAILED and r["storage_key"] not in stored]
 
 
 def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[str]:
@@ -141,7 +147,7 @@ def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[st
 def _fail_if_still_missing(conn: Connection, storage: Storage, endpoints: Any, photo_id: int, now: float) -> bool:
     """Checked again inside the write transaction: a delete may have raced the scan."""
     row = photo_q.get(conn, photo_id)
-    if row is None or storage.original_path(row["storage_key"]).exists():
+    if row is None or storage.has_original(row["storage_key"]):
         return False
     return transitions.fail_missing_original(conn, endpoints, photo_id, now) is not None
 

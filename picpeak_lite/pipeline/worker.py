@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from picpeak_lite.domain import admin_settings
-from picpeak_lite.errors import InsufficientStorage
+from picpeak_lite.errors import InsufficientStorage, StorageUnavailable
 from picpeak_lite.media import exif, images
 from picpeak_lite.pipeline import attempts, transitions
 from picpeak_lite.pipeline.imagethreads import ImageThreads
@@ -29,11 +29,14 @@ from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.storage import original_name
 
 log = logging.getLogger(__name__)
 
 SAFETY_POLL_SECONDS = 5.0
 DISK_FULL = "disk full"  # what _process returns when the thumbnails did not fit: the photo is handed back
+STORAGE_DOWN = "storage unavailable"  # the bucket did not answer: handed back too, the attempt not counted
+BACKOFF_MAX_SECONDS = 60.0
 
 
 class WorkerPool:
@@ -56,6 +59,7 @@ class WorkerPool:
 
     async def _work(self, index: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        backoff = 0.0
         while True:
             wakeup = self.svc.workers_bell.listen()  # before claiming, so a ring during the claim is not lost
             try:
@@ -63,6 +67,14 @@ class WorkerPool:
             except InsufficientStorage:
                 log.error("worker %d: the disk is full; pausing before the next photo", index)
                 busy = False
+            except StorageUnavailable:
+                # Not the photo's fault: it was handed back. Wait longer each time (up to a minute) instead of
+                # asking a dead bucket again at every bell.
+                backoff = min(BACKOFF_MAX_SECONDS, backoff * 2) if backoff else self.poll_seconds
+                log.error("worker %d: the photo storage did not answer; trying again in %.0f s", index, backoff)
+                await trio.sleep(backoff)
+                continue
+            backoff = 0.0
             if busy:
                 self.svc.trimmer.freed()  # a decode's small buffers stay in this thread's heap (memory.py)
             else:
@@ -102,6 +114,9 @@ class WorkerPool:
             # space is freed instead of failing for good. Raised here, outside the nursery, as itself.
             await svc.db.write(claims.release, row["id"], token)
             raise InsufficientStorage("The server's disk is full; the thumbnails were not saved.")
+        if outcome is STORAGE_DOWN and not claim.lost:
+            await svc.db.write(claims.release, row["id"], token)
+            raise StorageUnavailable()
         if claim.lost or outcome is None:
             log.warning("photo %s: lost its claim while processing; result discarded", row["id"])
             return True
@@ -129,6 +144,10 @@ class WorkerPool:
         if row is None:
             return False
         rendered = await self._render(row)
+        if rendered is STORAGE_DOWN:
+            raise StorageUnavailable()
+        if rendered is DISK_FULL:
+            raise InsufficientStorage("The server's disk is full; the images were not made again.")
         if isinstance(rendered, str):  # it was made before, so the file went (deleted?): keep the old images
             log.warning("photo %s: could not make its images again: %s", row["id"], rendered)
             await svc.db.write(photo_q.views_refreshed, row["id"], row["views_stale"])
@@ -161,6 +180,8 @@ class WorkerPool:
             await run(self.storage.write_derivative, row["storage_key"], "grid", rendered.grid_jpeg)
         except InsufficientStorage:
             return DISK_FULL
+        except StorageUnavailable:
+            return STORAGE_DOWN
         except OSError as error:
             log.error("photo %s: could not save derivatives: %s", row["id"], error)
             return "Could not save the thumbnails: a storage error."
@@ -173,10 +194,22 @@ class WorkerPool:
         before the decode until the last encode, so that all workers and downloads together stay within
         ``decode_memory_mb``; a photo that does not fit waits for its turn, one that could never fit fails with
         its size (an upload refuses those, but a lowered setting or an import from an older version may not).
+
+        The original is read from a local copy (the stored file itself, or a temp copy of the bucket's object
+        that ``LocalCopy.close`` removes on every way out, cancellation included).
         """
-        path = self.storage.original_path(row["storage_key"])
-        if not path.exists():
+        try:
+            copy = await self._in_thread(self.storage.local_copy, original_name(row["storage_key"]))
+        except FileNotFoundError:
             return photo_q.ORIGINAL_MISSING
+        except StorageUnavailable:
+            return STORAGE_DOWN
+        except InsufficientStorage:  # no room for the temp copy: handed back like thumbnails that did not fit
+            return DISK_FULL
+        with copy:
+            return await self._render_from(copy.path, row)
+
+    async def _render_from(self, path: Any, row: dict[str, Any]) -> _Rendered | str:
         spec = await self._spec(row["gallery_id"])
         budget = self.svc.decode_budget
         run = self._in_thread

@@ -2,18 +2,28 @@
 
 Every route that answers with a file (photo images, originals, watermarked downloads) goes through here, so the
 headers that keep a hostile original from running in the browser are set in one place.
+
+:func:`send_stored` sends an object by its storage name: a local file through ``send_file`` as ever; an object
+in a bucket streamed through the server in ranged reads, with the object's ETag and Last-Modified, Range and
+If-None-Match handled the same way; or, with ``s3_presigned_redirects``, a redirect to a short-lived signed URL.
+Callers make their access checks first and call this last, so a URL is only ever given to who may see the file.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
-from typing import Any
+from types import TracebackType
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
-from quart import Response, send_file
+import trio
+from quart import Response, request, send_file
+from quart.wrappers.response import ResponseBody
 
 from picpeak_lite.errors import NotFound
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.storage import Storage, original_name
 from picpeak_lite.web.auth import services
 
 MIME = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp", "heif": "image/heif"}
@@ -30,13 +40,94 @@ async def send_path(path: Any, mimetype: str) -> Response:
     return response
 
 
+_READ_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("picpeak_storage_reads")
+
+
+def read_limiter() -> trio.CapacityLimiter:
+    """The threads that read objects from a bucket for responses: one limiter per trio run."""
+    try:
+        return _READ_LIMITER.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(16)
+        _READ_LIMITER.set(limiter)
+        return limiter
+
+
+async def send_stored(name: str, mimetype: str, *, disposition: str | None = None) -> Response:
+    """A stored object (see the module docstring). Raises FileNotFoundError when it is missing."""
+    storage = services().storage
+    path = storage.local_path(name)
+    if path is not None:
+        if not path.exists():
+            raise FileNotFoundError(name)
+        return await send_path(path, mimetype)
+    url = storage.presigned_url(name, content_type=mimetype, disposition=disposition)
+    if url is not None:
+        # The URL expires: the redirect is never cached.
+        return Response("", status=302, headers={"Location": url, "Cache-Control": "private, no-store"})
+    info = await trio.to_thread.run_sync(storage.stat, name, limiter=read_limiter())
+    streamed = Response(_ObjectBody(storage, name, info.size), mimetype=mimetype)
+    streamed.content_length = info.size
+    streamed.set_etag(info.etag.strip('"'))
+    streamed.last_modified = dt.datetime.fromtimestamp(info.mtime, dt.UTC)
+    streamed.cache_control.public = True
+    return await streamed.make_conditional(request, accept_ranges=True, complete_length=info.size)
+
+
+class _ObjectBody(ResponseBody):
+    """A bucket object as a response body: one streamed GET of the requested range, read in large steps in
+    threads; closed when the response ends or the client goes."""
+
+    def __init__(self, storage: Storage, name: str, size: int) -> None:
+        self.storage, self.name, self.size = storage, name, size
+        self.begin, self.end = 0, size
+        self._reader: BinaryIO | None = None
+
+    async def make_conditional(self, begin: int, end: int | None) -> int:
+        self.begin = begin
+        self.end = self.size if end is None else min(self.size, end)
+        if self.begin >= self.end or abs(self.begin) > self.size:
+            from werkzeug.exceptions import RequestedRangeNotSatisfiable
+
+            raise RequestedRangeNotSatisfiable()
+        return self.size
+
+    async def __aenter__(self) -> _ObjectBody:
+        self._reader = await trio.to_thread.run_sync(self.storage.open, self.name, self.begin, self.end,
+                                                     limiter=read_limiter())
+        self._left = self.end - self.begin
+        return self
+
+    async def __aexit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __aiter__(self) -> _ObjectBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._reader is None or self._left <= 0:
+            raise StopAsyncIteration()
+        chunk = await trio.to_thread.run_sync(self._reader.read, min(FILE_CHUNK_BYTES, self._left),
+                                              limiter=read_limiter())
+        if not chunk:
+            raise StopAsyncIteration()
+        self._left -= len(chunk)
+        return chunk
+
+
 async def send_original(photo: dict[str, Any]) -> Response:
     """The original bytes, always as an attachment, with the type we detected (never the client's)."""
-    path = services().storage.original_path(photo["storage_key"])
-    if not path.exists():
-        raise NotFound(photo_q.ORIGINAL_MISSING)
-    response = await send_path(path, MIME[photo["format"]])
-    response.headers["Content-Disposition"] = attachment_header(photo["display_name"], photo["format"])
+    disposition = attachment_header(photo["display_name"], photo["format"])
+    try:
+        response = await send_stored(original_name(photo["storage_key"]), MIME[photo["format"]],
+                                     disposition=disposition)
+    except FileNotFoundError:
+        raise NotFound(photo_q.ORIGINAL_MISSING) from None
+    if response.status_code == 302:
+        return response
+    response.headers["Content-Disposition"] = disposition
     response.headers["Content-Security-Policy"] = "default-src 'none'; sandbox"
     response.headers["Cache-Control"] = "private, no-cache"
     return response

@@ -24,7 +24,6 @@ import unicodedata
 import zipfile
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import trio
@@ -40,11 +39,11 @@ ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 @dataclass(frozen=True)
 class Entry:
-    """One file of the archive: either stream ``path`` as it is, or store what ``render()`` returns (a
-    watermarked copy, made in a worker thread)."""
+    """One file of the archive: either stream what ``open()`` returns (a stored file or object, opened in a
+    worker thread) as it is, or store what ``render()`` returns (a watermarked copy, made in a worker thread)."""
 
     name: str
-    path: Path
+    open: Callable[[], BinaryIO]
     date_time: tuple[int, int, int, int, int, int] = ZIP_EPOCH
     render: Callable[[], bytes] | None = None
 
@@ -93,7 +92,7 @@ async def stream_zip(entries: Iterable[Entry], *, limiter: trio.CapacityLimiter 
             yield sink.drain()
             continue
         try:
-            source: BinaryIO = await in_thread(open, entry.path, "rb")
+            source: BinaryIO = await in_thread(entry.open)
         except FileNotFoundError:
             continue
         try:
@@ -122,7 +121,8 @@ def _open_entry(archive: zipfile.ZipFile, entry: Entry, source: BinaryIO) -> Any
 
 
 def _size_of(source: BinaryIO) -> int:
-    return os.fstat(source.fileno()).st_size
+    size = getattr(source, "size", None)  # a bucket object's reader knows its length
+    return size if isinstance(size, int) else os.fstat(source.fileno()).st_size
 
 
 def _copy_step(source: BinaryIO, writer: Any) -> bool:

@@ -3,10 +3,8 @@ bulk uploader), QR codes for sharing."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import math
-import os
 import re
 from typing import Any
 
@@ -95,7 +93,7 @@ async def dashboard() -> str:
 
     rows, extras, original_bytes, chosen = await svc.db.read(read)
     storage = svc.storage
-    derived_bytes, usage = await trio.to_thread.run_sync(lambda: (_tree_bytes(storage.root / "derived"),
+    derived_bytes, usage = await trio.to_thread.run_sync(lambda: (storage.used_bytes("derived/"),
                                                                   storage.disk_usage()))
     now = svc.clock()
     cards = []
@@ -295,15 +293,6 @@ def _expiry(expires_at: float | None, now: float) -> dict[str, Any] | None:
     days = math.ceil((expires_at - now) / 86400)
     return {"days": days, "expired": expires_at <= now, "warn": expires_at <= now or days <= EXPIRY_WARNING_DAYS,
             "on": dt.datetime.fromtimestamp(expires_at, dt.UTC).date().isoformat()}
-
-
-def _tree_bytes(path: Any) -> int:
-    total = 0
-    for folder, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):  # removed while we walk
-                total += os.stat(os.path.join(folder, name)).st_size
-    return total
 
 
 def human_size(n: float) -> str:

@@ -7,9 +7,9 @@ in single downloads and in zips alike; the others get the original bytes. Zips a
 
 A watermarked copy decodes the whole original (up to ``max_pixels``, hundreds of MB of pixels), so it is made
 once per photo and watermark, one at a time (``WebLimits.watermark_limiter``), and kept on disk next to the
-derivatives (``Storage.watermarked_path``); every later download of it, single or zipped, streams that file. The
-tag in its name is a hash of the watermark's parameters, so a changed watermark makes new copies (and
-``Storage.write_watermarked`` removes the old ones).
+derivatives (``storage.watermarked_name``; in the bucket with S3 storage); every later download of it, single or
+zipped, streams that file. The tag in its name is a hash of the watermark's parameters, so a changed watermark
+makes new copies (and ``Storage.write_watermarked`` removes the old ones).
 
 Making a copy takes its estimated bytes from the process's decode budget first (``pipeline/budget.py``), as the
 workers do: a guest's download waits for memory instead of adding a full decode on top of theirs. A JPEG too big
@@ -37,10 +37,10 @@ from picpeak_lite.media import images
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import listing
 from picpeak_lite.store.queries import photos as photo_q
-from picpeak_lite.store.storage import WATERMARK_TAG_CHARS
+from picpeak_lite.store.storage import WATERMARK_TAG_CHARS, original_name, watermarked_name
 from picpeak_lite.web import zipstream
 from picpeak_lite.web.auth import current_guest, limits, services
-from picpeak_lite.web.files import attachment_header, send_original, send_path
+from picpeak_lite.web.files import attachment_header, send_original, send_stored
 from picpeak_lite.web.views.common import load_gallery
 
 blueprint = Blueprint("downloads", __name__)
@@ -64,33 +64,37 @@ def watermark_tag(watermark: images.Watermark) -> str:
 
 
 async def watermarked_copy(svc: Services, key: str, watermark: images.Watermark, tag: str,
-                           limiter: trio.CapacityLimiter) -> Path | bytes:
-    """The cached watermarked copy of a photo, made first if need be (at most ``limiter`` at once: the app's
-    ``WebLimits.watermark_limiter``). Raises FileNotFoundError without an original.
+                           limiter: trio.CapacityLimiter) -> str | bytes:
+    """The cached watermarked copy of a photo (its storage name), made first if need be (at most ``limiter``
+    at once: the app's ``WebLimits.watermark_limiter``). Raises FileNotFoundError without an original.
 
-    Returns the bytes instead of a path only when the disk is too full to keep the copy.
+    Returns the bytes instead of a name only when the disk is too full to keep the copy.
     """
-    cached = svc.storage.watermarked_path(key, tag)
-    if cached.exists():
+    storage = svc.storage
+    cached = watermarked_name(key, tag)
+    if await trio.to_thread.run_sync(storage.exists, cached, limiter=limiter):
         return cached
     budget = svc.decode_budget
-    plan = partial(images.plan_watermark, svc.storage.original_path(key), watermark,
-                   max_pixels=svc.settings.max_pixels, max_bytes=budget.total)
-    try:
-        cost = await trio.to_thread.run_sync(plan, limiter=limiter)
-    except images.InvalidImage as error:
-        raise Unprocessable(f"This photo cannot be downloaded with its watermark. {error.reason}") from None
-    async with budget.hold(cost):
-        return await trio.to_thread.run_sync(_make_watermarked, svc, key, watermark, tag,
-                                             limiter=limiter)
+    # The original as a local file for the decoder: itself, or a temp copy of the bucket's object.
+    with await trio.to_thread.run_sync(storage.local_copy, original_name(key), limiter=limiter) as original:
+        plan = partial(images.plan_watermark, original.path, watermark,
+                       max_pixels=svc.settings.max_pixels, max_bytes=budget.total)
+        try:
+            cost = await trio.to_thread.run_sync(plan, limiter=limiter)
+        except images.InvalidImage as error:
+            raise Unprocessable(f"This photo cannot be downloaded with its watermark. {error.reason}") from None
+        async with budget.hold(cost):
+            return await trio.to_thread.run_sync(_make_watermarked, svc, original.path, key, watermark, tag,
+                                                 limiter=limiter)
 
 
-def _make_watermarked(svc: Services, key: str, watermark: images.Watermark, tag: str) -> Path | bytes:
+def _make_watermarked(svc: Services, original: Path, key: str, watermark: images.Watermark, tag: str
+                      ) -> str | bytes:
     storage = svc.storage
-    cached = storage.watermarked_path(key, tag)
-    if cached.exists():  # made by another download while this one waited for its turn
+    cached = watermarked_name(key, tag)
+    if storage.exists(cached):  # made by another download while this one waited for its turn
         return cached
-    data = images.apply_watermark(storage.original_path(key), watermark, quality=WATERMARK_QUALITY,
+    data = images.apply_watermark(original, watermark, quality=WATERMARK_QUALITY,
                                   max_pixels=svc.settings.max_pixels, max_bytes=svc.decode_budget.total)
     try:
         return storage.write_watermarked(key, tag, data)
@@ -119,11 +123,14 @@ async def photo(slug: str, photo_id: int) -> Response:
                                           limits().watermark_limiter)
         except FileNotFoundError:
             raise NotFound(photo_q.ORIGINAL_MISSING) from None
-        if isinstance(made, Path):
-            response = await send_path(made, "image/jpeg")
+        disposition = attachment_header(_as_jpeg_name(row["display_name"]), "jpeg")
+        if isinstance(made, str):
+            response = await send_stored(made, "image/jpeg", disposition=disposition)
         else:
             response = Response(made, mimetype="image/jpeg")
-        response.headers["Content-Disposition"] = attachment_header(_as_jpeg_name(row["display_name"]), "jpeg")
+        if response.status_code == 302:
+            return response
+        response.headers["Content-Disposition"] = disposition
         response.headers["Content-Security-Policy"] = SANDBOX_CSP
         response.headers["Cache-Control"] = "private, no-cache"
     response.headers["X-Content-Type-Options"] = "nosniff"
@@ -178,11 +185,12 @@ def _zip_entries(svc: Services, rows: list[dict[str, Any]], names: list[str], wa
         key = row["storage_key"]
         date_time = zipstream.zip_date(row["taken_at"], svc.clock())
         if watermark is None:
-            yield zipstream.Entry(name=name, path=storage.original_path(key), date_time=date_time)
-        elif storage.watermarked_path(key, tag).exists():
-            yield zipstream.Entry(name=name, path=storage.watermarked_path(key, tag), date_time=date_time)
-        else:
-            yield zipstream.Entry(name=name, path=storage.original_path(key), date_time=date_time,
+            yield zipstream.Entry(name=name, open=partial(storage.open, original_name(key)), date_time=date_time)
+        elif (cached := storage.local_path(watermarked_name(key, tag))) is not None and cached.exists():
+            yield zipstream.Entry(name=name, open=partial(storage.open, watermarked_name(key, tag)),
+                                  date_time=date_time)
+        else:  # not made yet, or in a bucket (where asking would block here): the renderer reads the cache
+            yield zipstream.Entry(name=name, open=partial(storage.open, original_name(key)), date_time=date_time,
                                   render=_cached_renderer(svc, key, watermark, tag, limiter))
 
 
@@ -197,7 +205,7 @@ def _cached_renderer(svc: Services, key: str, watermark: images.Watermark, tag: 
             # Too big to watermark within the decode budget: the zip leaves it out, as it does a photo whose
             # file is gone (zipstream skips on FileNotFoundError), rather than break off half-way.
             raise FileNotFoundError(error.message) from None
-        return made.read_bytes() if isinstance(made, Path) else made
+        return svc.storage.read_bytes(made) if isinstance(made, str) else made
 
     return render
 

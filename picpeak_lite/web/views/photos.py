@@ -17,8 +17,9 @@ from picpeak_lite.errors import Conflict, NotFound, NotReady, Unprocessable
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
+from picpeak_lite.store.storage import derived_name
 from picpeak_lite.web.auth import admin_api, current_guest, services
-from picpeak_lite.web.files import send_original, send_path
+from picpeak_lite.web.files import send_original, send_stored
 from picpeak_lite.web.views.common import admin_image_url, guest_image_url, load_gallery, read_upload, upload_status
 
 blueprint = Blueprint("photos", __name__)
@@ -124,11 +125,13 @@ async def send_derivative(photo: dict[str, Any], kind: str) -> Response:
         raise NotReady("This photo is still being processed.", retry_after=5)
     if photo["status"] == PhotoStatus.FAILED:
         raise Unprocessable(photo["error"] or "This photo could not be processed.")
-    path = services().storage.derived_path(photo["storage_key"], kind)
-    if not path.exists():
-        raise NotFound("The image file is missing; the photo can be reprocessed with `picpeak-lite check --repair`.")
-    response = await send_path(path, "image/jpeg")
-    response.headers["Cache-Control"] = f"private, max-age={CACHE_SECONDS[kind]}"
+    try:
+        response = await send_stored(derived_name(photo["storage_key"], kind), "image/jpeg")
+    except FileNotFoundError:
+        raise NotFound("The image file is missing; the photo can be reprocessed with `picpeak-lite check --repair`."
+                       ) from None
+    if response.status_code != 302:  # a redirect to a signed URL is never cached (it expires)
+        response.headers["Cache-Control"] = f"private, max-age={CACHE_SECONDS[kind]}"
     return response
 
 
