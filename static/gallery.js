@@ -210,7 +210,8 @@
   // ---- Live: new photos and removals -------------------------------------------------------------------------
   var notice = document.getElementById("new-photos");
   var newCount = 0;
-  if (window.PicpeakLive && typeof window.PicpeakLive.watchGallery === "function" && !favouritesOnly) {
+  if (window.PicpeakLive && typeof window.PicpeakLive.watchGallery === "function" && !favouritesOnly &&
+      grid.dataset.wsPath) {  // no path: the photographer's preview, which the guest feed would refuse
     window.PicpeakLive.watchGallery({
       wsPath: grid.dataset.wsPath,
       onPhoto: function (delta) {

@@ -43,13 +43,21 @@ class GalleryExpired(Gone):
     page = "guest/expired.html"
 
 
-def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now: float) -> Row:
-    """The gallery at ``slug`` if this guest may see it; raises otherwise."""
+def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now: float, *,
+                  admin_preview: bool = False) -> Row:
+    """The gallery at ``slug`` if this guest may see it; raises otherwise.
+
+    ``admin_preview``: the photographer (a live admin session, checked by the caller) looks at the page as a
+    guest would, before publishing or without the client's password; drafts and the password are passed,
+    an expired gallery stays gone (that page is what guests see, so it is the preview too).
+    """
     gallery = gallery_q.get_by_slug(conn, slug)
-    if gallery is None or gallery["is_draft"]:
+    if gallery is None or (gallery["is_draft"] and not admin_preview):
         raise NotFound("There is no gallery at this address.")
     if is_expired(gallery, now):
         raise GalleryExpired("This gallery has expired. Please contact your photographer.")
+    if admin_preview:
+        return gallery
     if gallery["password_hash"] is not None and not (
         guest_session_id is not None
         and guest_q.has_access(conn, guest_session_id, gallery["id"], gallery["password_version"])
