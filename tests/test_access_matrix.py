@@ -145,6 +145,7 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "admin_photos.retry_form": ("admin_page", {}),
     "admin_settings.page": ("admin_page", {}),
     "admin_settings.save_defaults": ("admin_page", {}),
+    "admin_settings.save_contact": ("admin_page", {}),
     "admin_settings.save_watermark": ("admin_page", {}),
     # Without the form's values in the query the preview is 400: the admin got past the check.
     "admin_settings.watermark_preview": ("admin_page", {"admin": {200, 400}}),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import AppError, Gone, NotFound
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -38,9 +39,18 @@ class PasswordRequired(AppError):
 
 
 class GalleryExpired(Gone):
-    """Shown in the guest look, on the gallery's own page."""
+    """Shown in the guest look, on the gallery's own page, with the photographer's contact (from the admin
+    settings) so that the guest has somewhere to turn."""
 
     page = "guest/expired.html"
+    MESSAGE = "This gallery has expired. Please contact your photographer."
+
+    def __init__(self, contact: dict[str, str] | None = None) -> None:
+        super().__init__(self.MESSAGE)
+        self.contact = contact or {}
+
+    def page_context(self) -> dict[str, Any]:
+        return {"error": self, "contact": self.contact}
 
 
 def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now: float, *,
@@ -55,7 +65,7 @@ def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now
     if gallery is None or (gallery["is_draft"] and not admin_preview):
         raise NotFound("There is no gallery at this address.")
     if is_expired(gallery, now):
-        raise GalleryExpired("This gallery has expired. Please contact your photographer.")
+        raise GalleryExpired(admin_settings.contact(conn))
     if admin_preview:
         return gallery
     if gallery["password_hash"] is not None and not (
@@ -72,7 +82,7 @@ def gallery_for_password_form(conn: Connection, slug: str, now: float) -> Row:
     if gallery is None or gallery["is_draft"]:
         raise NotFound("There is no gallery at this address.")
     if is_expired(gallery, now):
-        raise GalleryExpired("This gallery has expired. Please contact your photographer.")
+        raise GalleryExpired(admin_settings.contact(conn))
     return gallery
 
 
