@@ -15,7 +15,7 @@
       button.textContent = "Copied";
       setTimeout(() => { button.textContent = label; }, 1500);
     } catch {
-      const input = button.parentElement && button.parentElement.querySelector("input[readonly]");
+      const input = button.parentElement && button.parentElement.querySelector("[readonly]");
       if (input) input.select();
     }
   });
