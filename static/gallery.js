@@ -15,6 +15,7 @@
   function tileFor(photo) {
     var li = tileTemplate.content.firstElementChild.cloneNode(true);
     li.dataset.id = String(photo.id);
+    li.classList.replace("r20", photo.ratio_class);  // the justified grid's aspect class (guest.css)
     li.classList.toggle("is-favourite", !!photo.favourite);
     var link = li.querySelector(".tile-link");
     link.href = photo.view_url;

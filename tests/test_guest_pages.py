@@ -349,3 +349,17 @@ async def test_the_admin_previews_drafts_and_password_galleries_as_a_guest(app: 
     # The photographer's gallery page links the draft's preview.
     admin_page = await (await admin.client.get(f"/admin/galleries/{draft['id']}")).get_data(as_text=True)
     assert 'id="preview-link"' in admin_page
+
+
+def test_every_aspect_class_the_grid_can_get_is_in_the_stylesheet() -> None:
+    """Issue 12, point 18: the justified grid's tiles carry their ratio as a class (no style attributes under
+    the CSP); each class the server can give must be declared in guest.css, or that tile would be square."""
+    from pathlib import Path
+
+    from picpeak_lite.web.views.guest import RATIO_MAX, RATIO_MIN, RATIO_STEPS, ratio_class
+
+    css = (Path(__file__).resolve().parents[1] / "static" / "guest.css").read_text()
+    for n in range(RATIO_MIN, RATIO_MAX + 1):
+        assert f".r{n}{{--r:{n / RATIO_STEPS:g}}}" in css
+    assert [ratio_class(*size) for size in ((600, 400), (400, 600), (1, 1), (None, None), (10_000, 10), (1, 900))] \
+        == ["r30", "r13", "r20", "r20", "r80", "r5"]

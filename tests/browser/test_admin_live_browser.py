@@ -60,8 +60,8 @@ def test_photo_counts_follow_the_live_feed(server: LiveServer, api: httpx.Client
              for i in range(2)]
     bad = ("photos", ("bad.png", imagefactory.save(imagefactory.photo(300, 200, seed=9), "png")[:200]))
     api.post(f"/api/admin/galleries/{gallery['id']}/upload", files=[*files, bad])
-    page.wait_for_function("document.getElementById('gallery-counts').textContent.startsWith('2 ready')",
+    page.wait_for_function("() => document.getElementById('gallery-counts').textContent.startsWith('2 ready')",
                            timeout=PATIENCE_MS)
-    page.wait_for_function("!document.getElementById('gallery-counts').textContent.includes('waiting')",
+    page.wait_for_function("() => !document.getElementById('gallery-counts').textContent.includes('waiting')",
                            timeout=PATIENCE_MS)
     page.screenshot("counts")

@@ -59,6 +59,18 @@ def taken_label(taken_at: str | None) -> str:
     return f"{moment.day} {moment:%B %Y, %H:%M}"
 
 
+# The justified grid (guest.css): each tile's flex-grow and basis are its aspect ratio, given as a class because
+# the CSP allows no style attributes. Ratios are in steps of 1/20 from 1/4 to 4: at most 2.5 % is cropped.
+RATIO_STEPS = 20
+RATIO_MIN, RATIO_MAX = 5, 80
+
+
+def ratio_class(width: int | None, height: int | None) -> str:
+    """'r30' for a 3:2 photo (1.5 = 30/20); unknown sizes count as square."""
+    ratio = (width or 1) / (height or 1)
+    return f"r{min(RATIO_MAX, max(RATIO_MIN, round(ratio * RATIO_STEPS)))}"
+
+
 def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | None = None) -> dict[str, Any]:
     """What the page and the JSON listing know of one photo."""
     slug, pid = gallery["slug"], photo["id"]
@@ -68,6 +80,7 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
         "id": pid,
         "width": photo["width"] or 1,
         "height": photo["height"] or 1,
+        "ratio_class": ratio_class(photo["width"], photo["height"]),
         "grid_url": url_for("photos.guest_image", slug=slug, photo_id=pid, kind="grid"),
         "view_url": url_for("photos.guest_image", slug=slug, photo_id=pid, kind="view"),
         "download_url": (url_for("downloads.photo", slug=slug, photo_id=pid)
