@@ -26,6 +26,7 @@
     link.dataset.taken = photo.taken || "";
     link.dataset.camera = photo.camera || "";
     link.dataset.download = photo.download_url || "";
+    link.dataset.downloadWeb = photo.web_download_url || "";
     link.dataset.alt = photo.alt || "";
     li.querySelector("source").srcset = photo.grid_url + " 400w";
     var img = li.querySelector("img");
@@ -134,9 +135,12 @@
     boxImg.alt = link.dataset.alt;
     box.querySelector(".lb-date").textContent = link.dataset.taken;
     box.querySelector(".lb-camera").textContent = link.dataset.camera;
-    var download = box.querySelector(".lb-download");
+    var download = box.querySelector(".lb-download:not(.lb-download-web)");
     download.hidden = !link.dataset.download;
     if (link.dataset.download) download.href = link.dataset.download;
+    var web = box.querySelector(".lb-download-web");
+    web.hidden = !link.dataset.downloadWeb;
+    if (link.dataset.downloadWeb) web.href = link.dataset.downloadWeb;
     syncLightboxHeart();
     var all = tiles();
     var index = all.indexOf(tile);
