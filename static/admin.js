@@ -15,7 +15,7 @@
       button.textContent = "Copied";
       setTimeout(() => { button.textContent = label; }, 1500);
     } catch {
-      const input = button.parentElement && button.parentElement.querySelector("input[readonly]");
+      const input = button.parentElement && button.parentElement.querySelector("[readonly]");
       if (input) input.select();
     }
   });
@@ -128,6 +128,29 @@
       const empty = document.getElementById("no-photos");
       if (empty && grid.children.length) empty.remove();
       updateSelection();
+      refreshCounts();
+    }
+
+    // "Photos: N ready, M waiting" above follows the same feed. A filtered grid holds only some photos, so the
+    // counts are asked of the server (the gallery's JSON has them), once per burst of changes, never two at once.
+    const counts = document.getElementById("gallery-counts");
+    let countsBusy = false, countsAgain = false;
+    async function refreshCounts() {
+      if (!counts) return;
+      if (countsBusy) { countsAgain = true; return; }
+      countsBusy = true;
+      const answer = await window.PicpeakHttp.json(`/api/admin/galleries/${section.dataset.galleryId}`);
+      if (answer.ok && answer.data.counts) counts.textContent = countsText(answer.data.counts);
+      countsBusy = false;
+      if (countsAgain) { countsAgain = false; refreshCounts(); }
+    }
+    function countsText(c) {
+      // The same words as the server's template (admin/gallery.html).
+      let text = `${c.complete} ready`;
+      if (c.waiting) text += `, ${c.waiting} waiting`;
+      if (c.failed) text += `, ${c.failed} failed`;
+      if (c.guest) text += `, ${c.guest} from guests`;
+      return text;
     }
     function updateTile(p) {
       let tile = grid.querySelector(`li[data-id="${p.id}"]`);

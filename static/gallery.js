@@ -15,6 +15,7 @@
   function tileFor(photo) {
     var li = tileTemplate.content.firstElementChild.cloneNode(true);
     li.dataset.id = String(photo.id);
+    li.classList.replace("r20", photo.ratio_class);  // the justified grid's aspect class (guest.css)
     li.classList.toggle("is-favourite", !!photo.favourite);
     var link = li.querySelector(".tile-link");
     link.href = photo.view_url;
@@ -25,6 +26,7 @@
     link.dataset.taken = photo.taken || "";
     link.dataset.camera = photo.camera || "";
     link.dataset.download = photo.download_url || "";
+    link.dataset.downloadWeb = photo.web_download_url || "";
     link.dataset.alt = photo.alt || "";
     li.querySelector("source").srcset = photo.grid_url + " 400w";
     var img = li.querySelector("img");
@@ -133,9 +135,12 @@
     boxImg.alt = link.dataset.alt;
     box.querySelector(".lb-date").textContent = link.dataset.taken;
     box.querySelector(".lb-camera").textContent = link.dataset.camera;
-    var download = box.querySelector(".lb-download");
+    var download = box.querySelector(".lb-download:not(.lb-download-web)");
     download.hidden = !link.dataset.download;
     if (link.dataset.download) download.href = link.dataset.download;
+    var web = box.querySelector(".lb-download-web");
+    web.hidden = !link.dataset.downloadWeb;
+    if (link.dataset.downloadWeb) web.href = link.dataset.downloadWeb;
     syncLightboxHeart();
     var all = tiles();
     var index = all.indexOf(tile);
@@ -210,7 +215,8 @@
   // ---- Live: new photos and removals -------------------------------------------------------------------------
   var notice = document.getElementById("new-photos");
   var newCount = 0;
-  if (window.PicpeakLive && typeof window.PicpeakLive.watchGallery === "function" && !favouritesOnly) {
+  if (window.PicpeakLive && typeof window.PicpeakLive.watchGallery === "function" && !favouritesOnly &&
+      grid.dataset.wsPath) {  // no path: the photographer's preview, which the guest feed would refuse
     window.PicpeakLive.watchGallery({
       wsPath: grid.dataset.wsPath,
       onPhoto: function (delta) {

@@ -8,9 +8,11 @@ fails :func:`test_every_route_is_classified` until someone decides who may call 
   revoked), ``admin``, and ``guest_access`` (a guest who entered this gallery's password);
 
 against a password-protected, published gallery with a complete photo and an upload, and (for guest routes) again
-against the expired gallery. The answers are compared with what :data:`CATEGORIES` declares, by status code.
-Admin calls that change things use ids that do not exist, so they prove the check passed (404) without
-deleting the world the other calls need.
+against the expired gallery and against a draft (with the admin's own photo and upload). The admin's browser
+session previews guest pages (issue 12, point 11): it reads the password gallery and the draft as a guest with
+access would, but changes nothing there and opens no guest feed; every other visitor still gets 401 or 404.
+The answers are compared with what :data:`CATEGORIES` declares, by status code. Admin calls that change things
+use ids that do not exist, so they prove the check passed (404) without deleting the world the other calls need.
 """
 
 from __future__ import annotations
@@ -55,38 +57,46 @@ def _admin_api(method: str, variant: str) -> dict[str, set[int]]:
 
 
 def _guest(method: str, variant: str) -> dict[str, set[int]]:
-    """Guest reads and guest changes of one gallery: only its guests; an expired gallery is gone for all."""
+    """Guest reads and guest changes of one gallery: only its guests; an expired gallery is gone for all, a draft
+    is there for nobody. The admin's session reads both (the preview), and changes neither."""
+    preview = {"admin": {200}} if method == "GET" else {}
     if variant == "expired":
         return _all({410})
-    return _all({401}, guest_access={200})
+    if variant == "draft":
+        return _all({404}, **preview)
+    return _all({401}, guest_access={200}, **preview)
 
 
 def _guest_upload(method: str, variant: str) -> dict[str, set[int]]:
     no_session = {role: {403} for role in NO_GUEST_SESSION}  # no guest session: refused before the gallery is read
     if variant == "expired":
         return _all({410}, **no_session)
+    if variant == "draft":
+        return _all({404}, **no_session)
     return _all({401}, guest_access={202}, **no_session)
 
 
 def _password_form(method: str, variant: str) -> dict[str, set[int]]:
     """Public by design (it is how one gets in); a wrong password is 401, without a session 403."""
     no_session = {role: {403} for role in NO_GUEST_SESSION}
-    return _all({410} if variant == "expired" else {401}, **no_session)
+    return _all({410} if variant == "expired" else {404} if variant == "draft" else {401}, **no_session)
 
 
 def _live(method: str, variant: str) -> dict[str, set[int]]:
     """Upload feeds are their uploader's, while the gallery is open, and the admin's. In the expired gallery the
-    upload is ``guest_expired``'s own, which no longer entitles them to it."""
-    if variant == "expired":
+    upload is ``guest_expired``'s own, which no longer entitles them to it; the draft's upload is the admin's."""
+    if variant in ("expired", "draft"):
         return _all({403}, admin={101})
     return _all({403}, admin={101}, guest_access={101})
 
 
 def _live_guest(method: str, variant: str) -> dict[str, set[int]]:
-    """The guest's gallery feed, by slug, answers as the gallery page does (the admin's cookie counts for
-    nothing there, as on the page)."""
+    """The guest's gallery feed, by slug, answers as the gallery page does for guests (the admin's cookie counts
+    for nothing there: the preview page opens no feed)."""
     if variant == "expired":
         return _all({410})
+    if variant == "draft":
+        return _all({404})
     return _all({401}, guest_access={101})
 
 
@@ -110,7 +120,7 @@ CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
 }
 GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_guest", "live_admin")
 
-# endpoint -> (category, {role: statuses} overrides for the main gallery)
+# endpoint -> (category, {role: statuses} overrides for the main gallery and the draft)
 ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "static": ("public", {}),
     "favicon": ("public", {}),
@@ -135,6 +145,7 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "admin_photos.retry_form": ("admin_page", {}),
     "admin_settings.page": ("admin_page", {}),
     "admin_settings.save_defaults": ("admin_page", {}),
+    "admin_settings.save_contact": ("admin_page", {}),
     "admin_settings.save_watermark": ("admin_page", {}),
     # Without the form's values in the query the preview is 400: the admin got past the check.
     "admin_settings.watermark_preview": ("admin_page", {"admin": {200, 400}}),
@@ -162,11 +173,13 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "guest.upload_page": ("guest", {}),
     "guest.password_submit": ("password_form", {}),
     "photos.guest_image": ("guest", {}),
-    "photos.guest_upload_status": ("guest", {}),
+    # An upload's status is its uploader's: the admin's preview gets past the gallery, not into a guest's upload.
+    "photos.guest_upload_status": ("guest", {"admin": {404}}),
     "downloads.photo": ("guest", {}),
     "downloads.gallery_zip": ("guest", {}),
     # No favourites yet is 404 for the guest with access; the favourites call may or may not have run first.
-    "downloads.favourites_zip": ("guest", {"guest_access": {200, 404}}),
+    # The admin's preview session has no favourites: 404 past the gallery's check.
+    "downloads.favourites_zip": ("guest", {"guest_access": {200, 404}, "admin": {404}}),
     "favourites.favourite": ("guest", {}),
     "favourites.set_guest_name": ("guest", {}),
     "upload.guest_upload": ("guest_upload", {}),
@@ -213,6 +226,8 @@ async def build_world(app: Any, services: Any, admin: AuthActions) -> World:
     other = await published(admin, name="Other", password="other-pass")
     expired = await published(admin, name="Expired", password="old-pass", allow_guest_uploads=True,
                               allow_downloads=True)
+    draft = await admin.create_gallery(name="Draft", password="draft-pass", allow_guest_uploads=True,
+                                       allow_downloads=True)
     for role in ROLES:
         world.clients[role] = admin.client if role == "admin" else app.test_client()
     world.csrf["admin"] = admin.csrf
@@ -228,6 +243,11 @@ async def build_world(app: Any, services: Any, admin: AuthActions) -> World:
             f"/api/g/{gallery['slug']}/upload", data=body, headers={**headers, "X-CSRF-Token": world.csrf[role]})
         assert answer.status_code == 202
         uploads[variant] = await answer.get_json()
+    body, headers = multipart([("draft.jpg", _jpeg(5))])
+    answer = await admin.client.post(f"/api/admin/galleries/{draft['id']}/upload", data=body,
+                                     headers={**headers, "X-CSRF-Token": admin.csrf})
+    assert answer.status_code == 202
+    uploads["draft"] = await answer.get_json()
     await run_pool_until_idle(services)
     # A second admin login whose session is then revoked; its cookie stays in that browser.
     revoked = AuthActions(world.clients["revoked"])
@@ -237,7 +257,7 @@ async def build_world(app: Any, services: Any, admin: AuthActions) -> World:
     await services.db.write(admin_q.revoke_session, security.token_hash(cookie), services.clock())
     await services.db.write(lambda conn: conn.execute("UPDATE galleries SET expires_at = 1000 WHERE id = ?",
                                                       (expired["id"],)))
-    for variant, gallery in (("main", main), ("expired", expired)):
+    for variant, gallery in (("main", main), ("expired", expired), ("draft", draft)):
         world.values[variant] = {
             "slug": gallery["slug"], "gallery_id": gallery["id"], "photo_id": uploads[variant]["photo_ids"][0],
             "upload_id": uploads[variant]["upload_id"], "endpoint_id": MISSING, "filename": "app.css",
@@ -299,10 +319,10 @@ async def test_access_matrix(app: Any, services: Any, admin: AuthActions, capsys
     for role in ROLES:
         for rule, method in calls:
             category, overrides = ROUTES[rule.endpoint]
-            variants = ("main", "expired") if category in GUEST_CATEGORIES else ("main",)
+            variants = ("main", "expired", "draft") if category in GUEST_CATEGORIES else ("main",)
             for variant in variants:
                 expected = CATEGORIES[category](method, variant)[role]
-                if variant == "main":
+                if variant != "expired":
                     expected = overrides.get(role, expected)
                 status = await call(world, rule, method, role, world.values[variant])
                 count += 1

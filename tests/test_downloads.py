@@ -253,3 +253,42 @@ async def test_watermarked_zip_uses_and_fills_the_same_cache(guest: Any, admin: 
     assert _watermarked(services, keys) == made
     assert [second.read(n) for n in second.namelist()] == [first.read(n) for n in first.namelist()]
     assert Image.open(io.BytesIO(second.read("p2.jpg"))).size == (200, 150)
+
+
+async def test_web_size_downloads_single_and_zipped(guest: Any, admin: AuthActions, services: Services) -> None:
+    """Issue 12, point 19: ``?size=web`` gives a ~2048 px JPEG with the photographer's rights and no GPS, for
+    one photo and as a zip; "Download all" says how many photos and how many bytes before it starts."""
+    from .test_images import photo_with_rights
+
+    gallery = await published(admin, name="Web", allow_downloads=True)
+    data = photo_with_rights((3000, 2000))
+    photo = add_photo(services, gallery["id"], name="IMG_1.jpg", data=data)
+    await services.db.write(lambda c: c.execute("UPDATE photos SET width = 3000, height = 2000"))
+    response = await guest.get(f"/g/{gallery['slug']}/photos/{photo}/download?size=web")
+    assert response.status_code == 200
+    assert "filename*=UTF-8''IMG_1%20%28web%29.jpg" in response.headers["Content-Disposition"]
+    assert response.headers["Content-Security-Policy"] == "default-src 'none'; sandbox"
+    web = Image.open(io.BytesIO(await response.get_data()))
+    assert web.size == (2048, 1365)
+    assert dict(web.getexif()) == {0x013B: "Ana Photo", 0x8298: "(c) 2026 Ana Photo"}
+    assert web.getexif().get_ifd(0x8825) == {} and b"All rights reserved" in web.info["xmp"]
+    original = await guest.get(f"/g/{gallery['slug']}/photos/{photo}/download?size=original")
+    assert await original.get_data() == data
+    bad = await guest.get(f"/g/{gallery['slug']}/photos/{photo}/download?size=huge")
+    assert bad.status_code == 400 and "size must be" in await bad.get_data(as_text=True)
+
+    zipped = await guest.get(f"/g/{gallery['slug']}/download?size=web")
+    assert zipped.status_code == 200 and "Web%20%28web%20size%29.zip" in zipped.headers["Content-Disposition"]
+    with zipfile.ZipFile(io.BytesIO(await zipped.get_data())) as archive:
+        [name] = archive.namelist()
+        assert name == "IMG_1.jpg"
+        assert Image.open(io.BytesIO(archive.read(name))).size == (2048, 1365)
+
+    page = await (await guest.get(f"/g/{gallery['slug']}")).get_data(as_text=True)
+    from picpeak_lite.web.views.guest import size_label
+
+    web_estimate = len(data) * (2048 / 3000) ** 2
+    assert (f'id="download-all-size">1 photo: {size_label(len(data))} (web size about {size_label(web_estimate)})'
+            in page)
+    assert [size_label(n) for n in (800, 48e6, 1.23e9)] == ["1 KB", "48 MB", "1.2 GB"]
+    assert 'id="download-all-web"' in page and "size=web" in page

@@ -106,3 +106,29 @@ async def test_password_form_for_draft_is_404(guest: Any, admin: AuthActions) ->
     assert page.status_code == 200
     response = await guest.post(f"/g/{draft['slug']}/password", form={"password": "letmein"})
     assert response.status_code in (403, 404)
+
+
+async def test_lock_and_expired_pages_use_no_emoji_and_show_the_contact(guest: Any, admin: AuthActions,
+                                                                         services: Any) -> None:
+    """Issue 12, point 17: the icons are inline SVG (no emoji font needed), "expired" is said once, and the
+    photographer's contact from the settings page is on the expired page."""
+    old = await expired(admin, services, name="Old party")
+    html = await (await guest.get(f"/g/{old['slug']}")).get_data(as_text=True)
+    assert html.lower().count("expired") == 2  # the tab title and the heading, nothing else
+    assert "<svg" in html and not any(ord(ch) > 0x2FFF for ch in html)
+    assert "contact your photographer." in html and "mailto:" not in html
+    csrf = admin.csrf
+    bad = await admin.client.post("/admin/settings/contact", form={
+        "csrf_token": csrf, "contact_name": "Ana Studio", "contact_email": "not an address", "contact_phone": ""})
+    assert bad.status_code == 400
+    assert "An email address like name@example.com" in await bad.get_data(as_text=True)
+    saved = await admin.client.post("/admin/settings/contact", form={
+        "csrf_token": csrf, "contact_name": "Ana Studio", "contact_email": "ana@example.com",
+        "contact_phone": "+49 30 1234"})
+    assert saved.status_code == 302
+    html = await (await guest.get(f"/g/{old['slug']}")).get_data(as_text=True)
+    assert "Ana Studio" in html and 'href="mailto:ana@example.com"' in html and 'href="tel:+49301234"' in html
+    assert html.lower().count("expired") == 2
+    locked = await published(admin, name="Locked", password="secret")
+    html = await (await guest.get(f"/g/{locked['slug']}")).get_data(as_text=True)
+    assert "<svg" in html and not any(ord(ch) > 0x2FFF for ch in html)

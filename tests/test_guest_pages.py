@@ -317,3 +317,49 @@ def test_which_hosts_name_the_server() -> None:
     for bad in ("", " ", "evil.example@127.0.0.1:8080", "127.0.0.1:8080/x", "127.0.0.1:0", "127.0.0.1:99999",
                 "127.0.0.1:８０８０", "http://127.0.0.1:8080", "[::1", "[nope]:8080", "a\r\nb"):
         assert not host_trusted(bad, "http", ("127.0.0.1",), bind, ("127.0.0.1", 8080)), repr(bad)
+
+
+async def test_the_admin_previews_drafts_and_password_galleries_as_a_guest(app: Any, services: Services,
+                                                                          admin: AuthActions) -> None:
+    """Issue 12, point 11: "Open" on a password gallery, or a draft, shows the photographer the guest's page
+    (with a note that guests do not see it this way), without the client's password; guests still cannot."""
+    locked = await published(admin, name="Locked", password="client-pass")
+    draft = await admin.create_gallery(name="Not yet")
+    for gallery, words in ((locked, "Guests need the gallery's password."),
+                           (draft, "Guests cannot open this draft yet.")):
+        page = await admin.client.get(f"/g/{gallery['slug']}")
+        html = await page.get_data(as_text=True)
+        assert page.status_code == 200, html
+        assert words in html and 'name="password"' not in html
+        assert 'data-ws-path=""' in html  # the preview opens no guest feed (which refuses the admin's cookie)
+        stranger = await app.test_client().get(f"/g/{gallery['slug']}")
+        assert stranger.status_code == (401 if gallery is locked else 404)
+        assert "Preview:" not in await stranger.get_data(as_text=True)
+    # A reading request only: the admin session does not favourite in a guest's name.
+    heart = await admin.client.put(f"/api/g/{locked['slug']}/favourites/1", headers=admin.headers())
+    assert heart.status_code == 401
+    # An API token is not a browser preview, and a stray Authorization header on a guest page is not judged.
+    conn = db.connect(services.settings.database_path)
+    with db.transaction(conn):
+        token = bootstrap.create_api_token(conn, "script", time.time())
+    conn.close()
+    for header in (f"Bearer {token}", "Bearer nonsense"):
+        answer = await app.test_client().get(f"/g/{locked['slug']}", headers={"Authorization": header})
+        assert answer.status_code == 401
+    # The photographer's gallery page links the draft's preview.
+    admin_page = await (await admin.client.get(f"/admin/galleries/{draft['id']}")).get_data(as_text=True)
+    assert 'id="preview-link"' in admin_page
+
+
+def test_every_aspect_class_the_grid_can_get_is_in_the_stylesheet() -> None:
+    """Issue 12, point 18: the justified grid's tiles carry their ratio as a class (no style attributes under
+    the CSP); each class the server can give must be declared in guest.css, or that tile would be square."""
+    from pathlib import Path
+
+    from picpeak_lite.web.views.guest import RATIO_MAX, RATIO_MIN, RATIO_STEPS, ratio_class
+
+    css = (Path(__file__).resolve().parents[1] / "static" / "guest.css").read_text()
+    for n in range(RATIO_MIN, RATIO_MAX + 1):
+        assert f".r{n}{{--r:{n / RATIO_STEPS:g}}}" in css
+    assert [ratio_class(*size) for size in ((600, 400), (400, 600), (1, 1), (None, None), (10_000, 10), (1, 900))] \
+        == ["r30", "r13", "r20", "r20", "r80", "r5"]

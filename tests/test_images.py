@@ -527,3 +527,57 @@ def test_the_view_is_turned_upright_after_shrinking() -> None:
 def test_a_logo_may_take_a_quarter_of_the_decode_budget() -> None:
     assert images.logo_max_pixels(BUDGET) == BUDGET // 4 // images.LOGO_BYTES_PER_PIXEL  # about 5.6 MP
     assert images.logo_max_pixels(64 * 1024 * images.MB) == images.LOGO_MAX_PIXELS
+
+
+XMP_RIGHTS = (b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+              b'<rdf:Description rdf:about="" xmlns:dc="http://purl.org/dc/elements/1.1/" '
+              b'xmlns:xmp="http://ns.adobe.com/xap/1.0/"><xmp:CreatorTool>Editor 9</xmp:CreatorTool>'
+              b'<dc:creator><rdf:Seq><rdf:li>Ana &amp; Co</rdf:li></rdf:Seq></dc:creator>'
+              b'<dc:rights><rdf:Alt><rdf:li xml:lang="x-default">All rights reserved</rdf:li></rdf:Alt></dc:rights>'
+              b'</rdf:Description></rdf:RDF></x:xmpmeta>')
+
+
+def photo_with_rights(size: tuple[int, int] = (3000, 2000), *, xmp: bytes = XMP_RIGHTS, orientation: int = 1) -> bytes:
+    """A camera-like JPEG with Artist, Copyright, a camera make, GPS and an XMP packet with dc:creator/rights."""
+    exif = Image.Exif()
+    exif[0x013B], exif[0x8298], exif[0x010F], exif[0x0112] = "Ana Photo", "(c) 2026 Ana Photo", "Canon", orientation
+    gps = exif.get_ifd(0x8825)
+    gps[1], gps[2] = "N", (52.0, 31.0, 12.5)
+    out = io.BytesIO()
+    photo(*size, seed=11).save(out, "JPEG", quality=85, exif=exif.tobytes(), xmp=xmp)
+    return out.getvalue()
+
+
+def test_web_copy_is_2048_px_and_keeps_only_the_photographers_rights() -> None:
+    """Issue 12, point 19: the web size download keeps Artist, Copyright, dc:creator and dc:rights, and drops
+    everything else of the original's metadata (GPS, camera, other XMP)."""
+    web = opened(images.web_copy(photo_with_rights(orientation=6), None))
+    assert web.size == (1365, 2048)  # upright (orientation 6 turns 3000x2000 to portrait), long edge 2048
+    exif = web.getexif()
+    assert dict(exif) == {0x013B: "Ana Photo", 0x8298: "(c) 2026 Ana Photo"}
+    assert exif.get_ifd(0x8825) == {}
+    xmp = web.info["xmp"]
+    assert b"<rdf:li>Ana &amp; Co</rdf:li>" in xmp and b"All rights reserved" in xmp and b"Editor 9" not in xmp
+    # The watermarked full-size copy carries the same rights.
+    copy = opened(images.apply_watermark(photo_with_rights((800, 600)), Watermark(text="Ana")))
+    assert dict(copy.getexif()) == {0x013B: "Ana Photo", 0x8298: "(c) 2026 Ana Photo"}
+    assert b"All rights reserved" in copy.info["xmp"]
+    # Smaller than 2048: never enlarged.
+    assert opened(images.web_copy(photo_with_rights((900, 600)), None)).size == (900, 600)
+
+
+@pytest.mark.parametrize("xmp", [b"<not xml", b"\x00" * 10, b'<!DOCTYPE x [<!ENTITY a "aaaa">]><x>&a;</x>', b""])
+def test_rights_survive_a_broken_xmp_packet(xmp: bytes) -> None:
+    rights = images.rights_of(photo_with_rights((300, 200), xmp=xmp))
+    assert (rights.artist, rights.copyright, rights.creators, rights.rights) == \
+        ("Ana Photo", "(c) 2026 Ana Photo", (), "")
+    assert opened(images.web_copy(photo_with_rights((300, 200), xmp=xmp), None)).info.get("xmp") in (None, b"")
+    # No metadata at all: the copy has none either.
+    plain = opened(images.web_copy(jpeg_bytes_plain(), None))
+    assert dict(plain.getexif()) == {} and not plain.info.get("xmp")
+
+
+def jpeg_bytes_plain() -> bytes:
+    out = io.BytesIO()
+    photo(300, 200, seed=2).save(out, "JPEG")
+    return out.getvalue()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import AppError, Gone, NotFound
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -38,18 +39,35 @@ class PasswordRequired(AppError):
 
 
 class GalleryExpired(Gone):
-    """Shown in the guest look, on the gallery's own page."""
+    """Shown in the guest look, on the gallery's own page, with the photographer's contact (from the admin
+    settings) so that the guest has somewhere to turn."""
 
     page = "guest/expired.html"
+    MESSAGE = "This gallery has expired. Please contact your photographer."
+
+    def __init__(self, contact: dict[str, str] | None = None) -> None:
+        super().__init__(self.MESSAGE)
+        self.contact = contact or {}
+
+    def page_context(self) -> dict[str, Any]:
+        return {"error": self, "contact": self.contact}
 
 
-def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now: float) -> Row:
-    """The gallery at ``slug`` if this guest may see it; raises otherwise."""
+def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now: float, *,
+                  admin_preview: bool = False) -> Row:
+    """The gallery at ``slug`` if this guest may see it; raises otherwise.
+
+    ``admin_preview``: the photographer (a live admin session, checked by the caller) looks at the page as a
+    guest would, before publishing or without the client's password; drafts and the password are passed,
+    an expired gallery stays gone (that page is what guests see, so it is the preview too).
+    """
     gallery = gallery_q.get_by_slug(conn, slug)
-    if gallery is None or gallery["is_draft"]:
+    if gallery is None or (gallery["is_draft"] and not admin_preview):
         raise NotFound("There is no gallery at this address.")
     if is_expired(gallery, now):
-        raise GalleryExpired("This gallery has expired. Please contact your photographer.")
+        raise GalleryExpired(admin_settings.contact(conn))
+    if admin_preview:
+        return gallery
     if gallery["password_hash"] is not None and not (
         guest_session_id is not None
         and guest_q.has_access(conn, guest_session_id, gallery["id"], gallery["password_version"])
@@ -64,7 +82,7 @@ def gallery_for_password_form(conn: Connection, slug: str, now: float) -> Row:
     if gallery is None or gallery["is_draft"]:
         raise NotFound("There is no gallery at this address.")
     if is_expired(gallery, now):
-        raise GalleryExpired("This gallery has expired. Please contact your photographer.")
+        raise GalleryExpired(admin_settings.contact(conn))
     return gallery
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +30,14 @@ from picpeak_lite.store.queries import settings as settings_q
 
 LOGO_FILE = "watermark-logo.png"
 LOGO_MAX_BYTES = 5 * 1024 * 1024
+# One '@', something on each side, a dot in the domain, no spaces: enough to catch a typo; the guest's mail
+# program is the real judge.
+EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 
 @dataclass(frozen=True)
 class Key:
-    kind: str  # 'str', 'bool', 'int', 'float', 'choice', 'optional_int'
+    kind: str  # 'str', 'email', 'bool', 'int', 'float', 'choice', 'optional_int'
     default_from: str | None  # the Settings field that gives the default, or None for ``literal``
     help: str
     literal: Any = None
@@ -61,6 +65,10 @@ KEYS: dict[str, Key] = {
                              "the server's limit.", literal=None, low=1, high=1_000_000),
     "low_disk_mb": Key("int", "low_disk_mb", "Warn on the dashboard below this much free disk space, in MB.",
                        low=0, high=10_000_000),
+    # Shown to guests where a gallery is closed to them (the expired page), so they can reach the photographer.
+    "contact_name": Key("str", None, "Your name or studio, as guests should read it.", literal="", max_length=100),
+    "contact_email": Key("email", None, "An email address guests may write to.", literal="", max_length=200),
+    "contact_phone": Key("str", None, "A phone number guests may call.", literal="", max_length=40),
 }
 
 SECTIONS = {
@@ -68,7 +76,9 @@ SECTIONS = {
                   "watermark_size"),
     "defaults": ("default_expiry_days", "default_allow_downloads", "default_allow_guest_uploads",
                  "default_watermark", "default_photo_cap", "low_disk_mb"),
+    "contact": ("contact_name", "contact_email", "contact_phone"),
 }
+CONTACT_KEYS = SECTIONS["contact"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,9 @@ class AdminSettings:
     default_watermark: bool
     default_photo_cap: int | None
     low_disk_mb: int
+    contact_name: str = ""
+    contact_email: str = ""
+    contact_phone: str = ""
     logo_path: str = ""  # the logo in use when watermark_use_logo: the uploaded one, else the config's
 
     def watermark(self, gallery_name: str) -> images.Watermark:
@@ -120,6 +133,19 @@ def load(conn: Connection, settings: Settings) -> AdminSettings:
     uploaded = logo_path(settings)
     logo = str(uploaded) if uploaded.exists() else settings.watermark_logo
     return AdminSettings(**values, logo_path=logo)
+
+
+def contact(conn: Connection) -> dict[str, str]:
+    """The photographer's contact for guest pages ({} when none is set). Needs no ``Settings``: these keys
+    have no default in the config file, so the guest-access rules can read them inside their own transaction."""
+    stored = settings_q.get_all(conn)
+    found: dict[str, str] = {}
+    for name in CONTACT_KEYS:
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            value = _coerce(KEYS[name], json.loads(stored[name]))
+            if value:
+                found[name.removeprefix("contact_")] = value
+    return found
 
 
 def gallery_watermark(conn: Connection, settings: Settings, gallery: Mapping[str, Any]) -> images.Watermark | None:
@@ -196,10 +222,12 @@ def _parse(key: Key, raw: Any) -> Any:
     if key.kind == "bool":
         return raw is not None and str(raw).lower() in ("1", "on", "true", "yes")
     text = "" if raw is None else str(raw).strip()
-    if key.kind == "str":
+    if key.kind in ("str", "email"):
         text = " ".join(text.split())
         if len(text) > key.max_length:
             raise ValueError(f"At most {key.max_length} characters.")
+        if key.kind == "email" and text and not EMAIL.fullmatch(text):
+            raise ValueError("An email address like name@example.com, or empty.")
         return text
     if key.kind == "choice":
         if text not in key.choices:
@@ -231,6 +259,10 @@ def _coerce(key: Key, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ValueError
         return value
+    if key.kind == "email":
+        if not isinstance(value, str):
+            raise ValueError
+        return _parse(key, value)
     if key.kind in ("str", "choice"):
         if not isinstance(value, str) or (key.kind == "choice" and value not in key.choices):
             raise ValueError

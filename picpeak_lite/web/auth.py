@@ -62,6 +62,16 @@ async def current_admin() -> Admin | None:
     return g.admin
 
 
+async def admin_from_cookie() -> Admin | None:
+    """The admin's browser session on a guest page (for the photographer's preview), or None.
+
+    Only the session cookie counts: an ``Authorization`` header on a guest page is not ours to judge (a guest
+    sending a stray one must not get a 401), and a preview is something a person looks at in a browser.
+    """
+    cookie = request.cookies.get(ADMIN_COOKIE)
+    return await _load_admin(None, cookie) if cookie else None
+
+
 async def admin_from_handshake(authorization: str | None, cookie: str | None) -> Admin | None:
     """The same check for a WebSocket handshake, which has headers and cookies but no ``request``."""
     return await _load_admin(authorization, cookie)

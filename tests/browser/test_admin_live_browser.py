@@ -41,3 +41,27 @@ def test_live_grid_shows_hide_and_show_of_a_complete_photo(server: LiveServer, a
     page.wait_for_selector(f"{tile}:not(.is-hidden)", timeout=PATIENCE_MS)
     assert page.locator(f"{tile} .meta .badge", has_text="Hidden").count() == 0
     assert page.locator(f"{tile} img.thumb").count() == 1
+
+
+def test_photo_counts_follow_the_live_feed(server: LiveServer, api: httpx.Client, page: Page) -> None:
+    """Issue 12, point 8: "Photos: 0 ready" becomes "2 ready" without a reload, as the grid does."""
+    gallery = api.post("/api/admin/galleries", json={"name": "Counts"}).json()
+    admin_login(page, server)
+    frames: list[Any] = []
+    page.on("websocket", lambda socket: socket.on("framereceived", lambda frame: frames.append(frame)))
+    page.goto(f"{server.url}/admin/galleries/{gallery['id']}")
+    assert page.text_content("#gallery-counts") == "0 ready"
+    deadline = time.monotonic() + PATIENCE_S
+    while not frames:
+        assert time.monotonic() < deadline, "the live connection did not open"
+        page.wait_for_timeout(50)
+
+    files = [("photos", (f"p{i}.jpg", imagefactory.save(imagefactory.photo(500, 400, seed=i), "jpeg")))
+             for i in range(2)]
+    bad = ("photos", ("bad.png", imagefactory.save(imagefactory.photo(300, 200, seed=9), "png")[:200]))
+    api.post(f"/api/admin/galleries/{gallery['id']}/upload", files=[*files, bad])
+    page.wait_for_function("() => document.getElementById('gallery-counts').textContent.startsWith('2 ready')",
+                           timeout=PATIENCE_MS)
+    page.wait_for_function("() => !document.getElementById('gallery-counts').textContent.includes('waiting')",
+                           timeout=PATIENCE_MS)
+    page.screenshot("counts")

@@ -106,6 +106,18 @@ def count_visible(conn: Connection, gallery_id: int) -> int:
     ).fetchall()[0]["n"]
 
 
+def download_totals(conn: Connection, gallery_id: int, web_px: int) -> Row:
+    """What "Download all" will send: ``count`` photos, ``bytes`` of originals, and ``web_bytes``, the web size's
+    estimate (each original's bytes scaled by the pixel share left at ``web_px`` on the long edge)."""
+    return conn.execute(
+        "SELECT count(*) AS count, coalesce(sum(size), 0) AS bytes, "
+        "coalesce(sum(size * min(1.0, (? * 1.0 / max(coalesce(width, 1), coalesce(height, 1), 1)) "
+        "  * (? * 1.0 / max(coalesce(width, 1), coalesce(height, 1), 1)))), 0) AS web_bytes "
+        f"FROM photos WHERE gallery_id = ? AND {GUEST_VISIBLE_PHOTO}",
+        (web_px, web_px, gallery_id),
+    ).fetchall()[0]
+
+
 def cover_photo(conn: Connection, gallery: Row) -> Row | None:
     """The gallery's chosen cover if a guest may see it, else its first visible photo by capture time."""
     if gallery.get("cover_photo_id"):

@@ -112,6 +112,17 @@ async def save_defaults() -> Any:
     return redirect(url_for("admin_settings.page", saved="defaults") + "#defaults")
 
 
+@blueprint.post("/contact")
+@admin_page
+async def save_contact() -> Any:
+    """The photographer's contact, shown to guests on the expired page."""
+    values, errors = admin_settings.parse_section("contact", await request.form)
+    if errors:
+        return await settings_page(status=400, section_errors={"contact": errors}, values=values)
+    await services().db.write(admin_settings.save, values)
+    return redirect(url_for("admin_settings.page", saved="contact") + "#contact")
+
+
 @blueprint.get("/watermark-preview.jpg")
 @admin_page
 async def watermark_preview() -> Response:

@@ -10,15 +10,16 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from quart import request, url_for
+from quart import g, request, url_for
 
 from picpeak_lite.config import Settings, split_host
 from picpeak_lite.domain import access
+from picpeak_lite.errors import NotFound
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
-from picpeak_lite.web.auth import current_guest, services
+from picpeak_lite.web.auth import SAFE_METHODS, admin_from_cookie, current_guest, services
 
 
 def client_ip() -> str:
@@ -147,10 +148,24 @@ def share_url(slug: str) -> str:
 
 
 async def load_gallery(slug: str) -> dict[str, Any]:
-    """The gallery if this guest may see it (raises NotFound, Gone or PasswordRequired otherwise)."""
+    """The gallery if this guest may see it (raises NotFound, Gone or PasswordRequired otherwise).
+
+    The photographer's preview: when the guest rule says no (a draft, or no password entered), a reading
+    request (GET/HEAD) from a browser holding a live admin session gets the gallery anyway, and
+    ``g.admin_preview`` is set so the page can say that guests do not see it this way. Nothing that changes
+    state (hearts, names, uploads) and no WebSocket feed is opened by the admin session.
+    """
     svc = services()
     guest = await current_guest(create=False)
-    return await svc.db.read(access.guest_gallery, slug, guest.id if guest else None, svc.clock())
+    try:
+        return await svc.db.read(access.guest_gallery, slug, guest.id if guest else None, svc.clock())
+    except (NotFound, access.PasswordRequired):
+        if request.method not in SAFE_METHODS or await admin_from_cookie() is None:
+            raise
+    now = svc.clock()
+    row = await svc.db.read(lambda conn: access.guest_gallery(conn, slug, None, now, admin_preview=True))
+    g.admin_preview = True
+    return row
 
 
 UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")

@@ -1,4 +1,7 @@
-"""Guest downloads: one photo, the whole gallery as a zip, and the guest's favourites as a zip.
+"""Guest downloads: one photo, the whole gallery as a zip, and the guest's favourites as a zip, each in two sizes:
+the original (``?size=original``, the default) and the web size (``?size=web``: ~2048 px on the long edge,
+``media/images.web_copy``, watermarked when the gallery is). Copies we make keep the photographer's Artist,
+Copyright, dc:creator and dc:rights and nothing else of the original's metadata (no GPS).
 
 All of them go through ``access.guest_gallery`` and list only ``queries.photos.GUEST_VISIBLE_PHOTO`` photos,
 and all respect the gallery's ``allow_downloads``. A gallery that watermarks downloads gets watermarked full-size JPEGs,
@@ -29,10 +32,10 @@ from typing import Any
 from urllib.parse import quote
 
 import trio
-from quart import Blueprint, Response
+from quart import Blueprint, Response, request
 
 from picpeak_lite.domain import access, admin_settings
-from picpeak_lite.errors import Forbidden, InsufficientStorage, NotFound, Unprocessable
+from picpeak_lite.errors import BadRequest, Forbidden, InsufficientStorage, NotFound, Unprocessable
 from picpeak_lite.media import images
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import listing
@@ -48,6 +51,18 @@ blueprint = Blueprint("downloads", __name__)
 NO_DOWNLOADS = "The photographer has turned off downloads for this gallery."
 SANDBOX_CSP = "default-src 'none'; sandbox"
 WATERMARK_QUALITY = 92  # JPEG quality of watermarked downloads; part of the cached copy's tag
+WEB_QUALITY = 88
+# Bumped when what a watermarked copy carries changes (2: the photographer's rights metadata), so copies cached
+# before are made again rather than served.
+COPY_VERSION = 2
+SIZES = ("original", "web")
+
+
+def size_arg() -> str:
+    size = request.args.get("size", "original")
+    if size not in SIZES:
+        raise BadRequest("size must be 'original' or 'web'.")
+    return size
 
 
 async def watermark_for(gallery: dict[str, Any]) -> images.Watermark | None:
@@ -59,7 +74,7 @@ async def watermark_for(gallery: dict[str, Any]) -> images.Watermark | None:
 def watermark_tag(watermark: images.Watermark) -> str:
     """A short hash of what a watermarked copy depends on besides the original: the watermark (its parameters
     and logo file, ``admin_settings.watermark_fingerprint``) and the JPEG quality."""
-    text = json.dumps([admin_settings.watermark_fingerprint(watermark), WATERMARK_QUALITY])
+    text = json.dumps([admin_settings.watermark_fingerprint(watermark), WATERMARK_QUALITY, COPY_VERSION])
     return hashlib.sha256(text.encode()).hexdigest()[:WATERMARK_TAG_CHARS]
 
 
@@ -88,6 +103,25 @@ async def watermarked_copy(svc: Services, key: str, watermark: images.Watermark,
                                                  limiter=limiter)
 
 
+async def web_copy(svc: Services, key: str, watermark: images.Watermark | None,
+                   limiter: trio.CapacityLimiter) -> bytes:
+    """The web size of a photo, made for this download (a ~2048 px JPEG is quick to make and not kept), holding
+    its decode's bytes from the budget as a watermarked copy does. Raises FileNotFoundError without an original."""
+    budget = svc.decode_budget
+    # The original as a local file for the decoder: itself, or a temp copy of the bucket's object.
+    with await trio.to_thread.run_sync(svc.storage.local_copy, original_name(key), limiter=limiter) as original:
+        plan = partial(images.plan_web, original.path, watermark, max_pixels=svc.settings.max_pixels,
+                       max_bytes=budget.total)
+        try:
+            cost = await trio.to_thread.run_sync(plan, limiter=limiter)
+        except images.InvalidImage as error:
+            raise Unprocessable(f"This photo cannot be downloaded in the web size. {error.reason}") from None
+        async with budget.hold(cost):
+            make = partial(images.web_copy, original.path, watermark, quality=WEB_QUALITY,
+                           max_pixels=svc.settings.max_pixels)
+            return await trio.to_thread.run_sync(make, limiter=limiter)
+
+
 def _make_watermarked(svc: Services, original: Path, key: str, watermark: images.Watermark, tag: str
                       ) -> str | bytes:
     storage = svc.storage
@@ -113,9 +147,19 @@ async def _downloadable_gallery(slug: str) -> dict[str, Any]:
 async def photo(slug: str, photo_id: int) -> Response:
     svc = services()
     gallery = await _downloadable_gallery(slug)
+    size = size_arg()
     row = await svc.db.read(access.visible_photo, gallery, photo_id)
     watermark = await watermark_for(gallery)
-    if watermark is None:
+    if size == "web":
+        try:
+            data = await web_copy(svc, row["storage_key"], watermark, limits().watermark_limiter)
+        except FileNotFoundError:
+            raise NotFound(photo_q.ORIGINAL_MISSING) from None
+        response = Response(data, mimetype="image/jpeg")
+        response.headers["Content-Disposition"] = attachment_header(_web_name(row["display_name"]), "jpeg")
+        response.headers["Content-Security-Policy"] = SANDBOX_CSP
+        response.headers["Cache-Control"] = "private, no-cache"
+    elif watermark is None:
         response = await send_original(row)
     else:
         try:
@@ -152,6 +196,7 @@ async def favourites_zip(slug: str) -> Response:
 
 async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Response:
     svc = services()
+    web = size_arg() == "web"
     guest = await current_guest(create=False)
     if favourites_only and guest is None:
         raise NotFound("You have not marked any favourites in this gallery yet.")
@@ -162,9 +207,12 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
                        else "There are no photos in this gallery yet.")
     watermark = await watermark_for(gallery)
     names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
-                                  force_extension=".jpg" if watermark else None)
-    entries = _zip_entries(svc, rows, names, watermark, limits().watermark_limiter)
-    filename = _zip_name(gallery["name"], favourites_only)
+                                  force_extension=".jpg" if watermark or web else None)
+    if web:
+        entries = _web_entries(svc, rows, names, watermark, limits().watermark_limiter)
+    else:
+        entries = _zip_entries(svc, rows, names, watermark, limits().watermark_limiter)
+    filename = _zip_name(gallery["name"], favourites_only, web=web)
     response = Response(zipstream.stream_zip(entries, limiter=limits().download_limiter),
                         mimetype="application/zip")
     response.headers["Content-Disposition"] = (
@@ -194,6 +242,23 @@ def _zip_entries(svc: Services, rows: list[dict[str, Any]], names: list[str], wa
                                   render=_cached_renderer(svc, key, watermark, tag, limiter))
 
 
+def _web_entries(svc: Services, rows: list[dict[str, Any]], names: list[str], watermark: images.Watermark | None,
+                 limiter: trio.CapacityLimiter) -> Iterator[zipstream.Entry]:
+    """The web size of each photo, made as the zip reaches it (in the zip's thread, through the event loop, so
+    the limiter and the decode budget are the single download's)."""
+    for row, name in zip(rows, names, strict=True):
+        key = row["storage_key"]
+
+        def render(key: str = key) -> bytes:
+            try:
+                return trio.from_thread.run(web_copy, svc, key, watermark, limiter)
+            except Unprocessable as error:
+                raise FileNotFoundError(error.message) from None  # left out, as a photo whose file is gone
+
+        yield zipstream.Entry(name=name, open=partial(svc.storage.open, original_name(key)),
+                              date_time=zipstream.zip_date(row["taken_at"], svc.clock()), render=render)
+
+
 def _cached_renderer(svc: Services, key: str, watermark: images.Watermark, tag: str,
                      limiter: trio.CapacityLimiter) -> Any:
     """Runs in the zip's worker thread: has the event loop make the copy the way a single download does (same
@@ -214,9 +279,15 @@ def _as_jpeg_name(display_name: str) -> str:
     return zipstream.safe_name(display_name, "jpeg", force_extension=".jpg")
 
 
-def _zip_name(gallery_name: str, favourites_only: bool) -> str:
+def _web_name(display_name: str) -> str:
+    base = _as_jpeg_name(display_name)[: -len(".jpg")]
+    return f"{base} (web).jpg"
+
+
+def _zip_name(gallery_name: str, favourites_only: bool, *, web: bool = False) -> str:
     base = zipstream.safe_name(gallery_name, "jpeg", force_extension=".zip")[: -len(".zip")]
-    return f"{base} - favourites.zip" if favourites_only else f"{base}.zip"
+    base += " - favourites" if favourites_only else ""
+    return f"{base} (web size).zip" if web else f"{base}.zip"
 
 
 def _ascii(name: str) -> str:

@@ -13,6 +13,7 @@ from quart import Blueprint, redirect, render_template, request, url_for
 
 from picpeak_lite.domain import access
 from picpeak_lite.errors import BadRequest, Forbidden
+from picpeak_lite.media import images
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import listing
@@ -59,6 +60,27 @@ def taken_label(taken_at: str | None) -> str:
     return f"{moment.day} {moment:%B %Y, %H:%M}"
 
 
+# The justified grid (guest.css): each tile's flex-grow and basis are its aspect ratio, given as a class because
+# the CSP allows no style attributes. Ratios are in steps of 1/20 from 1/4 to 4: at most 2.5 % is cropped.
+RATIO_STEPS = 20
+RATIO_MIN, RATIO_MAX = 5, 80
+
+
+def ratio_class(width: int | None, height: int | None) -> str:
+    """'r30' for a 3:2 photo (1.5 = 30/20); unknown sizes count as square."""
+    ratio = (width or 1) / (height or 1)
+    return f"r{min(RATIO_MAX, max(RATIO_MIN, round(ratio * RATIO_STEPS)))}"
+
+
+def size_label(size: float) -> str:
+    """'48 MB', '1.2 GB', '800 KB': what "Download all" says it will send before it starts."""
+    if size >= 1e9:
+        return f"{size / 1e9:.1f} GB"
+    if size >= 1e6:
+        return f"{size / 1e6:.0f} MB"
+    return f"{max(1, round(size / 1e3))} KB"
+
+
 def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | None = None) -> dict[str, Any]:
     """What the page and the JSON listing know of one photo."""
     slug, pid = gallery["slug"], photo["id"]
@@ -68,10 +90,13 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
         "id": pid,
         "width": photo["width"] or 1,
         "height": photo["height"] or 1,
+        "ratio_class": ratio_class(photo["width"], photo["height"]),
         "grid_url": url_for("photos.guest_image", slug=slug, photo_id=pid, kind="grid"),
         "view_url": url_for("photos.guest_image", slug=slug, photo_id=pid, kind="view"),
         "download_url": (url_for("downloads.photo", slug=slug, photo_id=pid)
                          if gallery["allow_downloads"] else None),
+        "web_download_url": (url_for("downloads.photo", slug=slug, photo_id=pid, size="web")
+                             if gallery["allow_downloads"] else None),
         "favourite": bool(photo.get("favourite")),
         "taken": taken,
         "camera": camera_line(photo),
@@ -109,16 +134,17 @@ async def gallery(slug: str) -> Any:
     favourites_only = request.args.get("favourites") == "1"
     page = await _page(row, guest, sort=sort, after=None, favourites_only=favourites_only)
 
-    def counts(conn: Any) -> tuple[int, int, dict[str, Any] | None]:
+    def counts(conn: Any) -> tuple[int, int, dict[str, Any] | None, dict[str, Any]]:
         return (listing.count_visible(conn, row["id"]),
                 favourite_q.count_for_guest(conn, guest.id, row["id"]) if guest else 0,
-                listing.cover_photo(conn, row))
+                listing.cover_photo(conn, row), listing.download_totals(conn, row["id"], images.WEB_PX))
 
-    total, favourite_count, cover = await svc.db.read(counts)
+    total, favourite_count, cover, totals = await svc.db.read(counts)
     cover_url = (url_for("photos.guest_image", slug=slug, photo_id=cover["id"], kind="view") if cover else None)
     return await render_template(
         "guest/gallery.html", gallery=row, page=page, total=total, sort=sort, favourites_only=favourites_only,
         favourite_count=favourite_count, cover=cover, cover_url=cover_url, guest=guest,
+        download_sizes={"original": size_label(totals["bytes"]), "web": size_label(totals["web_bytes"])},
         og_image=f"{base_url()}{cover_url}" if cover_url and row["password_hash"] is None else None,
         og_url=f"{base_url()}/g/{slug}",
     )
