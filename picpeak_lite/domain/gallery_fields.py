@@ -160,6 +160,8 @@ FIELDS: tuple[Field, ...] = (
     Field("allow_guest_uploads", _switch(False), "Guests may add their own photos."),
     Field("allow_downloads", _switch(True), "Guests may download originals and zips."),
     Field("watermark", _switch(False), "Guests see watermarked photos."),
+    Field("guest_photos_need_approval", _switch(False),
+          "Guests' photos wait for the admin's approval before other guests (and the wall) see them."),
     Field("photo_cap", _photo_cap, "Most photos in this gallery, guests' included; empty: the server's limit."),
     Field("password", _password, f"Guests must enter it (at least {MIN_GALLERY_PASSWORD_LENGTH} characters).",
           always=True),

@@ -246,6 +246,7 @@ def _delta(change: Change, image_url: Callable[[int, str], str]) -> dict[str, An
         "id": change.photo_id,
         "status": change.status,
         "hidden": change.hidden,
+        "awaiting_approval": change.awaiting_approval,
         "error": change.error if change.status == PhotoStatus.FAILED else None,
         "filename": change.filename,
         "width": change.width,
@@ -340,6 +341,10 @@ def _gallery_delta(change: Change, viewer: Viewer, image_url: Callable[[int, str
     """Admins see every change; guests only photos becoming visible or going away."""
     if viewer.is_admin:
         return _delta(change, image_url)
+    if change.awaiting_approval:
+        # Held back for the admin's review: never seen by guests, so nothing to add or remove (approval arrives
+        # as a change of its own, without the mark).
+        return None
     if change.status == PhotoStatus.COMPLETE and not change.hidden:
         # Not the file name: it may be another guest's, and the guest listing does not show names either.
         return {**_delta(change, image_url), "filename": None}
