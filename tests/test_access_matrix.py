@@ -176,6 +176,8 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "review.queue_api": ("admin_api", {}),
     "review.review_api": ("admin_api", {}),
     "review.review_form": ("admin_page", {}),
+    # No favourites chosen yet is 404 (with its sentence) for the admin; the favourites call may have run first.
+    "proofing.export": ("admin_page", {"admin": {200, 404}}),
 }
 # Arguments a rule's converters cannot tell: a choice for each ``any(...)`` and the file for ``static``.
 CHOICES = {"kind": {"admin.qr_image": "png", "photos.admin_image": "original"}, "target": {}, "filename": {}}
@@ -244,7 +246,7 @@ async def build_world(app: Any, services: Any, admin: AuthActions) -> World:
         world.values[variant] = {
             "slug": gallery["slug"], "gallery_id": gallery["id"], "photo_id": uploads[variant]["photo_ids"][0],
             "upload_id": uploads[variant]["upload_id"], "endpoint_id": MISSING, "filename": "app.css",
-            "kind": "grid", "target": "gallery",
+            "kind": "grid", "target": "gallery", "fmt": "txt",
         }
     return world
 

@@ -277,6 +277,12 @@ MIGRATIONS: tuple[str, ...] = (
         UPDATE photos SET awaiting_approval = 1 WHERE id = NEW.id;
     END;
     """,
+    # Proofing (issue 16): the most favourites each guest may choose in a gallery ("choose up to 40"); NULL: no
+    # limit. The photographer exports the choices (queries.proofing), by guest name.
+    """
+    ALTER TABLE galleries ADD COLUMN favourite_limit INTEGER CHECK (favourite_limit IS NULL OR favourite_limit >= 1);
+    CREATE INDEX favourites_by_session ON favourites(guest_session_id, created_at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

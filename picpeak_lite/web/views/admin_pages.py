@@ -22,6 +22,7 @@ from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import moderation as moderation_q
+from picpeak_lite.store.queries import proofing as proofing_q
 from picpeak_lite.web import qr
 from picpeak_lite.web.auth import admin_page, check_origin, current_admin, limits, services
 from picpeak_lite.web.views.common import admin_image_url, client_ip, load_grid, read_filters, share_url
@@ -151,12 +152,14 @@ async def gallery_page(gallery_id: int, **extra: Any) -> str:
     row = await galleries.get_gallery(svc, gallery_id)
     filters = read_filters(request.args)
     photos, favourites = await load_grid(gallery_id, filters)
-    review = await svc.db.read(moderation_q.queue, gallery_id)
+    review, choosers = await svc.db.read(lambda conn: (moderation_q.queue(conn, gallery_id),
+                                                       proofing_q.guests(conn, gallery_id)))
     link = share_url(row["slug"])
     return await render_template(
         "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
         expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
-        image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), review=review, **extra,
+        image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), review=review,
+        choosers=choosers, **extra,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from quart import Blueprint, request
 
-from picpeak_lite.domain import access
+from picpeak_lite.domain import access, proofing
 from picpeak_lite.errors import BadRequest
 from picpeak_lite.pipeline.intake import clean_guest_name
 from picpeak_lite.store.queries import favourites as favourite_q
@@ -42,6 +42,7 @@ async def favourite(slug: str, photo_id: int) -> dict[str, Any]:
     def change(conn: Any) -> int:
         access.visible_photo(conn, gallery, photo_id)
         if adding:
+            proofing.check_favourite_limit(conn, gallery, guest.id, photo_id)
             favourite_q.add(conn, guest.id, photo_id, svc.clock())
         else:
             favourite_q.remove(conn, guest.id, photo_id)
