@@ -63,6 +63,7 @@
       if (old) old.replaceWith(body(p));
     }
     li.dataset.status = p.status;
+    if (p.guest_name) li.querySelector(".guest-name").textContent = p.guest_name;
     refresh();
   }
 

@@ -95,6 +95,16 @@ def _live_admin(method: str, variant: str) -> dict[str, set[int]]:
     return _all({403}, admin={101})
 
 
+def _wall(method: str, variant: str) -> dict[str, set[int]]:
+    """The live wall: the admin's, whatever the gallery's state, or a wall link's (the galleries here have none,
+    so everyone else is refused; test_wall covers the links)."""
+    return _all({403}, admin={200})
+
+
+def _live_wall(method: str, variant: str) -> dict[str, set[int]]:
+    return _all({403}, admin={101})
+
+
 CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
     "public": lambda method, variant: _all({200}),
     "login_page": lambda method, variant: _all({200}, admin={302}),
@@ -107,8 +117,11 @@ CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
     "live": _live,
     "live_guest": _live_guest,
     "live_admin": _live_admin,
+    "wall": _wall,
+    "live_wall": _live_wall,
 }
-GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_guest", "live_admin")
+GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_guest", "live_admin", "wall",
+                    "live_wall")
 
 # endpoint -> (category, {role: statuses} overrides for the main gallery)
 ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
@@ -178,6 +191,13 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "review.review_form": ("admin_page", {}),
     # No favourites chosen yet is 404 (with its sentence) for the admin; the favourites call may have run first.
     "proofing.export": ("admin_page", {"admin": {200, 404}}),
+    "wall.page": ("wall", {}),
+    "wall.photos": ("wall", {}),
+    "wall.image": ("wall", {}),
+    "wall.qr_code": ("wall", {}),
+    "wall.new_link": ("admin_page", {}),
+    "wall.remove_link": ("admin_page", {}),
+    "live.wall_feed": ("live_wall", {}),
 }
 # Arguments a rule's converters cannot tell: a choice for each ``any(...)`` and the file for ``static``.
 CHOICES = {"kind": {"admin.qr_image": "png", "photos.admin_image": "original"}, "target": {}, "filename": {}}

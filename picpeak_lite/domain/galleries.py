@@ -159,6 +159,7 @@ def to_json(row: Row, share_url: str) -> dict[str, Any]:
         "photo_cap": row["photo_cap"],
         "guest_photos_need_approval": bool(row["guest_photos_need_approval"]),
         "favourite_limit": row["favourite_limit"],
+        "wall_captions": bool(row["wall_captions"]),
         "share_url": share_url,
         "counts": {
             "complete": row.get("complete_count", 0),

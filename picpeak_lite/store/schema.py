@@ -283,6 +283,14 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE galleries ADD COLUMN favourite_limit INTEGER CHECK (favourite_limit IS NULL OR favourite_limit >= 1);
     CREATE INDEX favourites_by_session ON favourites(guest_session_id, created_at);
     """,
+    # The live wall (issue 16): a slideshow page opened by the admin, or by a link with its own token
+    # (wall_token, NULL: no link; a new one replaces it, and clearing it revokes the link), and whether it shows
+    # guests' names under their photos (wall_captions).
+    """
+    ALTER TABLE galleries ADD COLUMN wall_token TEXT;
+    CREATE UNIQUE INDEX galleries_wall_token ON galleries(wall_token) WHERE wall_token IS NOT NULL;
+    ALTER TABLE galleries ADD COLUMN wall_captions INTEGER NOT NULL DEFAULT 0 CHECK (wall_captions IN (0, 1));
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
