@@ -291,6 +291,18 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX galleries_wall_token ON galleries(wall_token) WHERE wall_token IS NOT NULL;
     ALTER TABLE galleries ADD COLUMN wall_captions INTEGER NOT NULL DEFAULT 0 CHECK (wall_captions IN (0, 1));
     """,
+    # Activity (issue 16): per gallery and UTC day, how often something happened (views, downloads of one photo
+    # or a zip, favourites given). Counted in memory and added here in batches (events/activity.py), so a busy
+    # gallery costs one small transaction every few seconds, not a write per request.
+    """
+    CREATE TABLE gallery_activity (
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        day TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('views', 'downloads_single', 'downloads_zip', 'favourites')),
+        count INTEGER NOT NULL CHECK (count >= 0),
+        PRIMARY KEY (gallery_id, day, kind)
+    ) STRICT, WITHOUT ROWID;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

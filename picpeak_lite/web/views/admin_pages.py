@@ -18,6 +18,7 @@ from picpeak_lite import security
 from picpeak_lite.domain import admin_settings, galleries
 from picpeak_lite.domain.gallery_fields import EVENT_TYPES
 from picpeak_lite.errors import NotFound, ValidationError
+from picpeak_lite.events import activity
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -91,11 +92,14 @@ async def logout() -> WerkzeugResponse:
 async def dashboard() -> str:
     svc = services()
 
-    def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], int, Any]:
-        return (gallery_q.list_all(conn), admin_photo_q.gallery_extras(conn),
-                admin_photo_q.total_original_bytes(conn), admin_settings.load(conn, svc.settings))
+    today = dt.datetime.fromtimestamp(svc.clock(), dt.UTC).date()
 
-    rows, extras, original_bytes, chosen = await svc.db.read(read)
+    def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], int, Any, dict[int, Any]]:
+        return (gallery_q.list_all(conn), admin_photo_q.gallery_extras(conn),
+                admin_photo_q.total_original_bytes(conn), admin_settings.load(conn, svc.settings),
+                activity.summary(conn, svc.activity.pending(), today))
+
+    rows, extras, original_bytes, chosen, activities = await svc.db.read(read)
     storage = svc.storage
     derived_bytes, usage = await trio.to_thread.run_sync(lambda: (_tree_bytes(storage.root / "derived"),
                                                                   storage.disk_usage()))
@@ -107,7 +111,7 @@ async def dashboard() -> str:
         cards.append({
             **row, "favourite_count": extra.get("favourite_count", 0),
             "cover_url": admin_image_url(cover_id, "grid") if cover_id else None,
-            "expiry": _expiry(row["expires_at"], now),
+            "expiry": _expiry(row["expires_at"], now), "activity": activities.get(row["id"]),
         })
     low_disk_bytes = chosen.low_disk_mb * 1024 * 1024
     disk = {"used": original_bytes + derived_bytes, "free": usage.free, "total": usage.total,

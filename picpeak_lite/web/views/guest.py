@@ -115,6 +115,7 @@ async def gallery(slug: str) -> Any:
                 listing.cover_photo(conn, row))
 
     total, favourite_count, cover = await svc.db.read(counts)
+    svc.activity.count(row["id"], "views")
     cover_url = (url_for("photos.guest_image", slug=slug, photo_id=cover["id"], kind="view") if cover else None)
     return await render_template(
         "guest/gallery.html", gallery=row, page=page, total=total, sort=sort, favourites_only=favourites_only,
