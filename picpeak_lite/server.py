@@ -4,8 +4,8 @@ The listening socket is bound first (``bind``: the CLI does it before any first-
 one line and not a traceback printed after the new admin password). ``run`` then does the first-start work in a
 thread (``first_start``: data directory, schema, admin account, database connections), opens our own nursery
 for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed, activity counters),
-starts each with
-``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with ``hypercorn.trio.serve``.
+starts each with ``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with
+``hypercorn.trio.serve``.
 On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight requests get
 ``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their photos back)
 and the database is closed cleanly.

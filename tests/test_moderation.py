@@ -86,6 +86,11 @@ async def test_guest_photos_wait_and_only_their_uploader_sees_them(admin: AuthAc
     assert (await guest.get(f"/g/{slug}/photos/{photo_id}/grid")).status_code == 200
     status = await (await guest.get(f"/api/g/{slug}/uploads/{answer['upload_id']}")).get_json()
     assert status["photos"][0]["awaiting_approval"] is True
+    # On the gallery page too, for the uploader alone.
+    own_page = await (await guest.get(f"/g/{slug}")).get_data(as_text=True)
+    assert "Your photos, waiting for approval" in own_page and f"/g/{slug}/photos/{photo_id}/grid" in own_page
+    other_page = await (await other.get(f"/g/{slug}")).get_data(as_text=True)
+    assert "waiting for approval" not in other_page and f"/photos/{photo_id}/" not in other_page
 
     # The admin sees it in the queue, on the page and as JSON.
     queue = await (await admin.client.get(f"/api/admin/galleries/{gallery['id']}/review")).get_json()

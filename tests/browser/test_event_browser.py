@@ -141,6 +141,9 @@ def test_approved_in_the_admins_tab_it_appears_in_a_guests_tab(server: LiveServe
         # The uploader sees its own photo; the queue shows it live.
         phone.wait_for_function("() => { const i = document.querySelector('#files .file-thumb img');"
                                 " return i && i.complete && i.naturalWidth > 0; }", timeout=PATIENCE_MS)
+        phone.goto(gallery["share_url"])  # the gallery page shows the uploader its waiting photo, alone
+        phone.wait_for_function("() => { const i = document.querySelector('#own-waiting img');"
+                                " return i && i.complete && i.naturalWidth > 0; }", timeout=PATIENCE_MS)
         item = page.locator("#review-list li.review-item").first
         item.wait_for(timeout=PATIENCE_MS)
         assert "Aunt Sue" in item.inner_text()

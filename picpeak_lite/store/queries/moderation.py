@@ -60,3 +60,14 @@ def own_awaiting(conn: Connection, gallery_id: int, photo_id: int, guest_session
         (photo_id, gallery_id, guest_session_id),
     ).fetchall()
     return rows[0] if rows else None
+
+
+def own_waiting(conn: Connection, gallery_id: int, guest_session_id: int, limit: int = 100) -> list[Row]:
+    """This guest session's photos in the gallery that wait for review (complete, so that they can be shown to
+    it), newest first."""
+    return conn.execute(
+        "SELECT p.id, p.width, p.height FROM photos p JOIN uploads u ON u.id = p.upload_id "
+        "WHERE p.gallery_id = ? AND p.awaiting_approval = 1 AND p.hidden = 0 AND p.status = 'complete' "
+        "AND u.guest_session_id = ? ORDER BY p.id DESC LIMIT ?",
+        (gallery_id, guest_session_id, limit),
+    ).fetchall()
