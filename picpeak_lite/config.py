@@ -23,7 +23,8 @@ from picpeak_lite.errors import ConfigError
 from picpeak_lite.targets import TargetRefused, check_target_offline
 
 ENV_PREFIX = "PICPEAK_"
-WEBHOOK_EVENTS = ("photo.uploaded", "photo.failed", "photo.deleted", "upload.completed")
+WEBHOOK_EVENTS = ("photo.uploaded", "photo.failed", "photo.deleted", "upload.completed", "photo.approved",
+                  "photo.rejected")
 WATERMARK_POSITIONS = ("top-left", "top-right", "bottom-left", "bottom-right", "center")
 
 

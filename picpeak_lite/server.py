@@ -3,8 +3,9 @@
 The listening socket is bound first (``bind``: the CLI does it before any first-start work, so a port in use is
 one line and not a traceback printed after the new admin password). ``run`` then does the first-start work in a
 thread (``first_start``: data directory, schema, admin account, database connections), opens our own nursery
-for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed), starts each with
-``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with ``hypercorn.trio.serve``.
+for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed, activity counters),
+starts each with ``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with
+``hypercorn.trio.serve``.
 On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight requests get
 ``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their photos back)
 and the database is closed cleanly.
@@ -134,6 +135,7 @@ async def run(
                 nursery.start_soon(_record_loop_lag, os.environ[LAG_LOG_ENV])
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled)
             await nursery.start(ChangeFeed(svc, svc.broker).run)
+            await nursery.start(svc.activity.run)  # stores the last counts when the server stops
             binds = await nursery.start(_serve, svc, listener, shutdown, nursery.cancel_scope)
             task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown,
                                               admin_password=password))

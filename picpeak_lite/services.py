@@ -17,6 +17,7 @@ import trio
 
 from picpeak_lite import security
 from picpeak_lite.config import Settings
+from picpeak_lite.events.activity import Activity
 from picpeak_lite.events.bell import Bell
 from picpeak_lite.events.broker import Broker
 from picpeak_lite.pipeline.budget import MemoryBudget
@@ -48,6 +49,8 @@ class Services:
     # settings preview all take their estimated bytes from before they decode (pipeline/budget.py).
     decode_budget: MemoryBudget = field(init=False)
     storage: Storage = field(init=False)
+    # Views, downloads and favourites counted in memory, stored in batches by its task (events/activity.py).
+    activity: Activity = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -55,6 +58,7 @@ class Services:
             self.bind_url = f"http://{s.listen_address}"
         self.storage = open_storage(s)
         self.decode_budget = MemoryBudget.megabytes(s.decode_memory_mb)
+        self.activity = Activity(self.db, lambda: self.clock())
 
     async def hash_password(self, password: str) -> str:
         return await trio.to_thread.run_sync(security.hash_password, password, limiter=self.hash_limiter)

@@ -73,6 +73,8 @@
   function setFavourite(id, on) {
     var tile = grid.querySelector('.tile[data-id="' + id + '"]');
     return window.PicpeakHttp.json(grid.dataset.favouriteUrl + id, {method: on ? "PUT" : "DELETE"}).then(function (r) {
+      var said = document.getElementById("favourite-error");  // the limit's sentence (guest/_favourite_limit.html)
+      if (said) { said.textContent = r.ok ? "" : (r.data && r.data.error) || ""; said.hidden = r.ok; }
       if (!r.ok) throw new Error("HTTP " + r.status);
       return r.data;
     }).then(function (result) {

@@ -45,7 +45,7 @@
       case "sending": return `Uploading… ${Math.round(100 * item.sent)} %`;
       case "pending": return "Uploaded · processing…";
       case "processing": return "Processing…";
-      case "complete": return "Done";
+      case "complete": return item.photo && item.photo.awaiting_approval ? "Done · waiting for approval" : "Done";
       case "duplicate": return "Already in the gallery.";
       case "refused": return `Refused: ${item.error}`;
       default: return item.error || item.state;

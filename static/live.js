@@ -1,7 +1,10 @@
 // Live progress from the server, shared by every page that shows photos changing (see docs/live.md).
 //
 //   PicpeakLive.watchUpload({wsPath, statusUrl, onSnapshot, onPhoto, onDone}) -> {close()}
-//   PicpeakLive.watchGallery({wsPath, onPhoto, onResync}) -> {close()}
+//   PicpeakLive.watchGallery({wsPath, onPhoto, onResync, onSnapshot, persistent}) -> {close()}
+//     persistent: never give up (a wall in the hall reconnects for as long as it runs, however long the server
+//     or the Wi-Fi was away); onSnapshot(msg): a fresh snapshot arrived (first connect, or resume impossible);
+//     onDisconnect(code): the connection dropped (a reconnect follows)
 //
 // Reconnects with backoff and resumes with ?since=<seq>, so nothing is missed; falls back to polling the
 // status endpoint when WebSockets are unavailable (or keep failing). No build step; needs http.js before it.
@@ -34,7 +37,7 @@
 
     function open() {
       if (closed) return;
-      if (!("WebSocket" in window) || failures >= FAILURES_BEFORE_POLLING) {
+      if (!handlers.persistent && (!("WebSocket" in window) || failures >= FAILURES_BEFORE_POLLING)) {
         if (handlers.onFallback) { handlers.onFallback(); return; }
       }
       let opened = false;
@@ -56,6 +59,7 @@
       socket.onclose = (event) => {
         socket = null;
         if (closed) return;
+        if (handlers.onDisconnect) handlers.onDisconnect(event.code);
         if (event.code === 1000 || event.code === 4404) { finish(); return; }
         if (!opened) failures += 1;
         schedule(open, backoff());
@@ -115,7 +119,10 @@
 
   function watchGallery(options) {
     return connect(options.wsPath, {
+      persistent: Boolean(options.persistent),
+      onDisconnect: options.onDisconnect,
       onMessage(msg) {
+        if (msg.type === "snapshot") options.onSnapshot && options.onSnapshot(msg);
         if (msg.type === "photo") options.onPhoto && options.onPhoto(msg);
         if (msg.type === "resync") options.onResync && options.onResync();
         return false;

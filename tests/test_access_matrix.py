@@ -105,6 +105,16 @@ def _live_admin(method: str, variant: str) -> dict[str, set[int]]:
     return _all({403}, admin={101})
 
 
+def _wall(method: str, variant: str) -> dict[str, set[int]]:
+    """The live wall: the admin's, whatever the gallery's state, or a wall link's (the galleries here have none,
+    so everyone else is refused; test_wall covers the links)."""
+    return _all({403}, admin={200})
+
+
+def _live_wall(method: str, variant: str) -> dict[str, set[int]]:
+    return _all({403}, admin={101})
+
+
 CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
     "public": lambda method, variant: _all({200}),
     "login_page": lambda method, variant: _all({200}, admin={302}),
@@ -117,8 +127,11 @@ CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
     "live": _live,
     "live_guest": _live_guest,
     "live_admin": _live_admin,
+    "wall": _wall,
+    "live_wall": _live_wall,
 }
-GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_guest", "live_admin")
+GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_guest", "live_admin", "wall",
+                    "live_wall")
 
 # endpoint -> (category, {role: statuses} overrides for the main gallery and the draft)
 ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
@@ -186,6 +199,18 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "live.upload_feed": ("live", {}),
     "live.guest_gallery_feed": ("live_guest", {}),
     "live.admin_gallery_feed": ("live_admin", {}),
+    "review.queue_api": ("admin_api", {}),
+    "review.review_api": ("admin_api", {}),
+    "review.review_form": ("admin_page", {}),
+    # No favourites chosen yet is 404 (with its sentence) for the admin; the favourites call may have run first.
+    "proofing.export": ("admin_page", {"admin": {200, 404}}),
+    "wall.page": ("wall", {}),
+    "wall.photos": ("wall", {}),
+    "wall.image": ("wall", {}),
+    "wall.qr_code": ("wall", {}),
+    "wall.new_link": ("admin_page", {}),
+    "wall.remove_link": ("admin_page", {}),
+    "live.wall_feed": ("live_wall", {}),
 }
 # Arguments a rule's converters cannot tell: a choice for each ``any(...)`` and the file for ``static``.
 CHOICES = {"kind": {"admin.qr_image": "png", "photos.admin_image": "original"}, "target": {}, "filename": {}}
@@ -261,7 +286,7 @@ async def build_world(app: Any, services: Any, admin: AuthActions) -> World:
         world.values[variant] = {
             "slug": gallery["slug"], "gallery_id": gallery["id"], "photo_id": uploads[variant]["photo_ids"][0],
             "upload_id": uploads[variant]["upload_id"], "endpoint_id": MISSING, "filename": "app.css",
-            "kind": "grid", "target": "gallery",
+            "kind": "grid", "target": "gallery", "fmt": "txt",
         }
     return world
 
@@ -391,3 +416,55 @@ async def test_the_id_bound_is_exactly_sqlites(admin: AuthActions) -> None:
     assert (await past.get_json())["error"] != "There is no such gallery."
     leading_zeros = await admin.client.get("/api/admin/galleries/0000000000000000001")
     assert (await leading_zeros.get_json())["error"] == "There is no such gallery."
+
+
+# --- moderation: a photo waiting for approval -------------------------------------------------------------------
+
+# What the uploader of a waiting photo may do with it, by endpoint: see its images; nothing else.
+UPLOADER_MAY = {"photos.guest_image": {200}}
+
+
+async def test_a_photo_waiting_for_approval_is_its_uploaders_alone(app: Any, services: Any, admin: AuthActions,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Every guest route that names a photo, in a gallery whose guest photos need approval, as the uploader and
+    as another guest with access: 404 for the other guest on all of them, and for the uploader on all but its
+    images; after approval the other guest gets what the matrix above gives a visible photo. The feed is covered
+    in test_moderation."""
+    gallery = await published(admin, name="Moderated", password="mod-pass", allow_guest_uploads=True,
+                              allow_downloads=True, guest_photos_need_approval=True)
+    clients = {"uploader": app.test_client(), "other": app.test_client()}
+    csrf = {role: await enter(client, gallery["slug"], "mod-pass") for role, client in clients.items()}
+    body, headers = multipart([("waiting.jpg", _jpeg(5))])
+    answer = await clients["uploader"].post(f"/api/g/{gallery['slug']}/upload", data=body,
+                                            headers={**headers, "X-CSRF-Token": csrf["uploader"]})
+    assert answer.status_code == 202
+    photo_id = (await answer.get_json())["photo_ids"][0]
+    await run_pool_until_idle(services)
+    photo_rules = [rule for rule in rules(app) if ROUTES[rule.endpoint][0] == "guest" and "photo_id" in rule.rule]
+    values = {"slug": gallery["slug"], "photo_id": photo_id, "kind": "grid"}
+    mismatches: list[str] = []
+    count = 0
+
+    async def walk(expect: Callable[[str, str, Any], set[int]]) -> None:
+        nonlocal count
+        for rule in photo_rules:
+            for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+                for role, client in clients.items():
+                    for kind in ("grid", "view") if rule.endpoint == "photos.guest_image" else ("grid",):
+                        path = url_for_rule(rule, {**values, "kind": kind})
+                        response = await client.open(path, method=method, headers={"X-CSRF-Token": csrf[role]})
+                        await response.get_data()
+                        count += 1
+                        expected = expect(role, method, rule)
+                        if response.status_code not in expected:
+                            mismatches.append(f"{role} {method} {path}: {response.status_code}, "
+                                              f"expected {sorted(expected)}")
+
+    await walk(lambda role, method, rule: UPLOADER_MAY.get(rule.endpoint, {404}) if role == "uploader" else {404})
+    approved = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/review",
+                                       json={"action": "approve", "ids": [photo_id]}, headers=admin.headers())
+    assert approved.status_code == 200
+    await walk(lambda role, method, rule: {200})
+    figures(capsys, f"access_matrix_awaiting: photo_routes={len(photo_rules)} calls={count} "
+                    f"mismatches={len(mismatches)}")
+    assert mismatches == [], "\n".join(mismatches)

@@ -1,6 +1,8 @@
 """What a guest may see. Every guest route goes through :func:`guest_gallery` (and, for photos,
 :func:`visible_photo`): drafts and unknown slugs are 404, expired galleries 410, password galleries need a grant
-for the current password, and only complete, unhidden photos exist for guests.
+for the current password, and only complete, unhidden photos exist for guests. In a gallery whose guest photos
+need approval, a guest's photo exists for guests only once the admin approved it; until then its uploader alone
+sees it (:func:`own_awaiting_photo`), to be told it is waiting for approval.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from picpeak_lite.errors import AppError, Gone, NotFound
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import guests as guest_q
+from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.store.queries import photos as photo_q
 
 
@@ -92,6 +95,17 @@ def is_expired(gallery: Row, now: float) -> bool:
 
 def visible_photo(conn: Connection, gallery: Row, photo_id: int) -> Row:
     photo = photo_q.get_visible(conn, gallery["id"], photo_id)
+    if photo is None:
+        raise NotFound("There is no such photo in this gallery.")
+    return photo
+
+
+def own_awaiting_photo(conn: Connection, gallery: Row, photo_id: int, guest_session_id: int | None) -> Row:
+    """A photo waiting for the admin's approval, for the guest session that uploaded it (its images only: it
+    is in no listing, zip, favourite or feed). Anyone else gets the same 404 as for a photo that does not exist."""
+    photo = None
+    if guest_session_id is not None:
+        photo = moderation_q.own_awaiting(conn, gallery["id"], photo_id, guest_session_id)
     if photo is None:
         raise NotFound("There is no such photo in this gallery.")
     return photo

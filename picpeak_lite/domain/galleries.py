@@ -157,6 +157,9 @@ def to_json(row: Row, share_url: str) -> dict[str, Any]:
         "allow_downloads": bool(row["allow_downloads"]),
         "watermark": bool(row["watermark"]),
         "photo_cap": row["photo_cap"],
+        "guest_photos_need_approval": bool(row["guest_photos_need_approval"]),
+        "favourite_limit": row["favourite_limit"],
+        "wall_captions": bool(row["wall_captions"]),
         "share_url": share_url,
         "counts": {
             "complete": row.get("complete_count", 0),

@@ -131,6 +131,18 @@ def _photo_cap(value: Any, missing: bool, context: Context) -> int | None:
     return cap
 
 
+def _favourite_limit(value: Any, missing: bool, context: Context) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        limit = int(value)
+    except (TypeError, ValueError):
+        limit = 0
+    if limit < 1 or isinstance(value, bool) or not fits_integer(limit):
+        raise Invalid("A whole number of favourites, at least 1, or empty for no limit.")
+    return limit
+
+
 def _password(value: Any, missing: bool, context: Context) -> str | Omit:
     """Returned plain, for the caller to hash; empty or absent keeps the current password."""
     if value in (None, ""):
@@ -160,7 +172,11 @@ FIELDS: tuple[Field, ...] = (
     Field("allow_guest_uploads", _switch(False), "Guests may add their own photos."),
     Field("allow_downloads", _switch(True), "Guests may download originals and zips."),
     Field("watermark", _switch(False), "Guests see watermarked photos."),
+    Field("guest_photos_need_approval", _switch(False),
+          "Guests' photos wait for the admin's approval before other guests (and the wall) see them."),
     Field("photo_cap", _photo_cap, "Most photos in this gallery, guests' included; empty: the server's limit."),
+    Field("wall_captions", _switch(False), "The live wall shows guests' names under their photos."),
+    Field("favourite_limit", _favourite_limit, "Most favourites each guest may choose; empty: no limit."),
     Field("password", _password, f"Guests must enter it (at least {MIN_GALLERY_PASSWORD_LENGTH} characters).",
           always=True),
     Field("clear_password", _clear_password, "Remove the password.", always=True),

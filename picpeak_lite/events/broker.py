@@ -32,6 +32,9 @@ class Change:
     error: str | None = None
     width: int | None = None
     height: int | None = None
+    # Held back for the admin's review (moderation); guests are told nothing of it until it is approved.
+    awaiting_approval: bool = False
+    guest_name: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Change:
@@ -39,6 +42,7 @@ class Change:
             seq=row["seq"], photo_id=row["photo_id"], gallery_id=row["gallery_id"], upload_id=row["upload_id"],
             status=row["status"], hidden=bool(row["hidden"]), filename=row.get("display_name"),
             error=row.get("error"), width=row.get("width"), height=row.get("height"),
+            awaiting_approval=bool(row.get("awaiting_approval")), guest_name=row.get("guest_name"),
         )
 
 

@@ -241,6 +241,68 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX uploads_receiving ON uploads(receiving_until) WHERE receiving_until IS NOT NULL;
     ALTER TABLE photos ADD COLUMN provisional INTEGER NOT NULL DEFAULT 0 CHECK (provisional IN (0, 1));
     """,
+    # Moderation (issue 16): a gallery may hold guests' photos back until the admin approves them. The rule is
+    # in the schema, so that every way a guest photo arrives (multipart, resumable uploads, another process)
+    # obeys it: a trigger marks a guest's photo awaiting_approval when it is inserted into such a gallery; only
+    # the admin's review clears the mark (approve, or hide / delete: rejected). Guests see no marked photo
+    # (queries.photos.GUEST_VISIBLE_PHOTO), but the change log carries the mark, so the feeds can tell. The
+    # change triggers are made again to record it; they are otherwise as in step 3.
+    """
+    ALTER TABLE galleries ADD COLUMN guest_photos_need_approval INTEGER NOT NULL DEFAULT 0
+        CHECK (guest_photos_need_approval IN (0, 1));
+    ALTER TABLE photos ADD COLUMN awaiting_approval INTEGER NOT NULL DEFAULT 0 CHECK (awaiting_approval IN (0, 1));
+    ALTER TABLE photo_changes ADD COLUMN awaiting_approval INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX photos_awaiting_approval ON photos(gallery_id, id) WHERE awaiting_approval = 1;
+
+    DROP TRIGGER photos_change_insert;
+    DROP TRIGGER photos_change_update;
+    DROP TRIGGER photos_change_delete;
+    CREATE TRIGGER photos_change_insert AFTER INSERT ON photos BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval)
+        VALUES (NEW.id, NEW.gallery_id, NEW.upload_id, NEW.status, NEW.hidden, NEW.awaiting_approval);
+    END;
+    CREATE TRIGGER photos_change_update AFTER UPDATE OF status, hidden, awaiting_approval ON photos
+        WHEN OLD.status IS NOT NEW.status OR OLD.hidden IS NOT NEW.hidden
+            OR OLD.awaiting_approval IS NOT NEW.awaiting_approval BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval)
+        VALUES (NEW.id, NEW.gallery_id, NEW.upload_id, NEW.status, NEW.hidden, NEW.awaiting_approval);
+    END;
+    CREATE TRIGGER photos_change_delete AFTER DELETE ON photos BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval)
+        VALUES (OLD.id, OLD.gallery_id, OLD.upload_id, 'deleted', OLD.hidden, OLD.awaiting_approval);
+    END;
+    CREATE TRIGGER photos_await_approval AFTER INSERT ON photos
+        WHEN NEW.uploaded_by = 'guest'
+            AND (SELECT guest_photos_need_approval FROM galleries WHERE id = NEW.gallery_id) = 1 BEGIN
+        UPDATE photos SET awaiting_approval = 1 WHERE id = NEW.id;
+    END;
+    """,
+    # Proofing (issue 16): the most favourites each guest may choose in a gallery ("choose up to 40"); NULL: no
+    # limit. The photographer exports the choices (queries.proofing), by guest name.
+    """
+    ALTER TABLE galleries ADD COLUMN favourite_limit INTEGER CHECK (favourite_limit IS NULL OR favourite_limit >= 1);
+    CREATE INDEX favourites_by_session ON favourites(guest_session_id, created_at);
+    """,
+    # The live wall (issue 16): a slideshow page opened by the admin, or by a link with its own token
+    # (wall_token, NULL: no link; a new one replaces it, and clearing it revokes the link), and whether it shows
+    # guests' names under their photos (wall_captions).
+    """
+    ALTER TABLE galleries ADD COLUMN wall_token TEXT;
+    CREATE UNIQUE INDEX galleries_wall_token ON galleries(wall_token) WHERE wall_token IS NOT NULL;
+    ALTER TABLE galleries ADD COLUMN wall_captions INTEGER NOT NULL DEFAULT 0 CHECK (wall_captions IN (0, 1));
+    """,
+    # Activity (issue 16): per gallery and UTC day, how often something happened (views, downloads of one photo
+    # or a zip, favourites given). Counted in memory and added here in batches (events/activity.py), so a busy
+    # gallery costs one small transaction every few seconds, not a write per request.
+    """
+    CREATE TABLE gallery_activity (
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        day TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('views', 'downloads_single', 'downloads_zip', 'favourites')),
+        count INTEGER NOT NULL CHECK (count >= 0),
+        PRIMARY KEY (gallery_id, day, kind)
+    ) STRICT, WITHOUT ROWID;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

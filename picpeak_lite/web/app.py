@@ -112,6 +112,12 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.register_blueprint(live.blueprint)
     app.register_blueprint(admin_photos.blueprint)
     app.register_blueprint(admin_settings.blueprint)
+    # The event itself (issue 16): the review queue, the proofing export, the live wall.
+    from picpeak_lite.web.views import proofing, review, wall
+
+    app.register_blueprint(review.blueprint)
+    app.register_blueprint(proofing.blueprint)
+    app.register_blueprint(wall.blueprint)
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)

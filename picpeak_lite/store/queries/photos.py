@@ -27,7 +27,9 @@ TERMINAL = (PhotoStatus.COMPLETE, PhotoStatus.FAILED)
 
 # The SQL condition for a photo a guest may see; used by every query that lists photos for guests. Here rather
 # than in ``access`` (which re-exports it) so that ``access`` can call these functions without an import cycle.
-GUEST_VISIBLE_PHOTO = "status = 'complete' AND hidden = 0"
+# A guest's photo in a gallery whose guest photos need approval is awaiting_approval until the admin's review
+# (schema: the moderation step); the uploader alone still sees it (``access.own_awaiting_photo``).
+GUEST_VISIBLE_PHOTO = "status = 'complete' AND hidden = 0 AND awaiting_approval = 0"
 
 
 def create_upload(conn: Connection, upload_id: str, gallery_id: int, uploaded_by: str,
@@ -254,7 +256,8 @@ def upload_counts(conn: Connection, upload_id: str) -> Row:
 
 def upload_photos(conn: Connection, upload_id: str) -> list[Row]:
     return conn.execute(
-        "SELECT id, display_name, status, error, width, height, size FROM photos WHERE upload_id = ? ORDER BY id",
+        "SELECT id, display_name, status, error, width, height, size, awaiting_approval FROM photos "
+        "WHERE upload_id = ? ORDER BY id",
         (upload_id,),
     ).fetchall()
 

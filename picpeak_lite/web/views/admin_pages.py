@@ -16,9 +16,12 @@ from picpeak_lite import security
 from picpeak_lite.domain import admin_settings, galleries
 from picpeak_lite.domain.gallery_fields import EVENT_TYPES
 from picpeak_lite.errors import NotFound, ValidationError
+from picpeak_lite.events import activity
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
+from picpeak_lite.store.queries import moderation as moderation_q
+from picpeak_lite.store.queries import proofing as proofing_q
 from picpeak_lite.web import qr
 from picpeak_lite.web.auth import admin_page, check_origin, current_admin, limits, services
 from picpeak_lite.web.views.common import admin_image_url, client_ip, load_grid, read_filters, share_url
@@ -87,11 +90,14 @@ async def logout() -> WerkzeugResponse:
 async def dashboard() -> str:
     svc = services()
 
-    def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], int, Any]:
-        return (gallery_q.list_all(conn), admin_photo_q.gallery_extras(conn),
-                admin_photo_q.total_original_bytes(conn), admin_settings.load(conn, svc.settings))
+    today = dt.datetime.fromtimestamp(svc.clock(), dt.UTC).date()
 
-    rows, extras, original_bytes, chosen = await svc.db.read(read)
+    def read(conn: Any) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], int, Any, dict[int, Any]]:
+        return (gallery_q.list_all(conn), admin_photo_q.gallery_extras(conn),
+                admin_photo_q.total_original_bytes(conn), admin_settings.load(conn, svc.settings),
+                activity.summary(conn, svc.activity.pending(), today))
+
+    rows, extras, original_bytes, chosen, activities = await svc.db.read(read)
     storage = svc.storage
     derived_bytes, usage = await trio.to_thread.run_sync(lambda: (storage.used_bytes("derived/"),
                                                                   storage.disk_usage()))
@@ -103,7 +109,7 @@ async def dashboard() -> str:
         cards.append({
             **row, "favourite_count": extra.get("favourite_count", 0),
             "cover_url": admin_image_url(cover_id, "grid") if cover_id else None,
-            "expiry": _expiry(row["expires_at"], now),
+            "expiry": _expiry(row["expires_at"], now), "activity": activities.get(row["id"]),
         })
     low_disk_bytes = chosen.low_disk_mb * 1024 * 1024
     disk = {"used": original_bytes + derived_bytes, "free": usage.free, "total": usage.total,
@@ -148,11 +154,14 @@ async def gallery_page(gallery_id: int, **extra: Any) -> str:
     row = await galleries.get_gallery(svc, gallery_id)
     filters = read_filters(request.args)
     photos, favourites = await load_grid(gallery_id, filters)
+    review, choosers = await svc.db.read(lambda conn: (moderation_q.queue(conn, gallery_id),
+                                                       proofing_q.guests(conn, gallery_id)))
     link = share_url(row["slug"])
     return await render_template(
         "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
         expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
-        image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), **extra,
+        image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), review=review,
+        choosers=choosers, **extra,
     )
 
 

@@ -214,6 +214,8 @@ def photo_status(photo: Row, image_url: ImageUrl) -> dict[str, Any]:
         "height": photo["height"],
         "thumb_url": image_url(photo["id"], "grid") if complete else None,
         "view_url": image_url(photo["id"], "view") if complete else None,
+        # Held back until the admin approves it (moderation): the uploader is told so.
+        "awaiting_approval": bool(photo.get("awaiting_approval")),
     }
 
 

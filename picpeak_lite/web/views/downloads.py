@@ -149,6 +149,7 @@ async def photo(slug: str, photo_id: int) -> Response:
     gallery = await _downloadable_gallery(slug)
     size = size_arg()
     row = await svc.db.read(access.visible_photo, gallery, photo_id)
+    svc.activity.count(gallery["id"], "downloads_single")
     watermark = await watermark_for(gallery)
     if size == "web":
         try:
@@ -205,6 +206,7 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
     if not rows:
         raise NotFound("You have not marked any favourites in this gallery yet." if favourites_only
                        else "There are no photos in this gallery yet.")
+    svc.activity.count(gallery["id"], "downloads_zip")
     watermark = await watermark_for(gallery)
     names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
                                   force_extension=".jpg" if watermark or web else None)

@@ -13,7 +13,7 @@ from typing import Any
 
 from quart import Blueprint, request
 
-from picpeak_lite.domain import access
+from picpeak_lite.domain import access, proofing
 from picpeak_lite.errors import BadRequest
 from picpeak_lite.pipeline.intake import clean_guest_name
 from picpeak_lite.store.queries import favourites as favourite_q
@@ -39,15 +39,19 @@ async def favourite(slug: str, photo_id: int) -> dict[str, Any]:
     gallery, guest = await _guest_change(slug)
     adding = request.method == "PUT"
 
-    def change(conn: Any) -> int:
+    def change(conn: Any) -> tuple[int, bool]:
         access.visible_photo(conn, gallery, photo_id)
+        added = False
         if adding:
-            favourite_q.add(conn, guest.id, photo_id, svc.clock())
+            proofing.check_favourite_limit(conn, gallery, guest.id, photo_id)
+            added = favourite_q.add(conn, guest.id, photo_id, svc.clock())
         else:
             favourite_q.remove(conn, guest.id, photo_id)
-        return favourite_q.count_for_guest(conn, guest.id, gallery["id"])
+        return favourite_q.count_for_guest(conn, guest.id, gallery["id"]), added
 
-    count = await svc.db.write(change)
+    count, added = await svc.db.write(change)
+    if added:
+        svc.activity.count(gallery["id"], "favourites")
     return {"id": photo_id, "favourite": adding, "count": count}
 
 

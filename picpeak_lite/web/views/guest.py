@@ -17,6 +17,7 @@ from picpeak_lite.media import images
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import listing
+from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, limits, services
 from picpeak_lite.web.views.common import base_url, client_ip, load_gallery
 
@@ -134,19 +135,21 @@ async def gallery(slug: str) -> Any:
     favourites_only = request.args.get("favourites") == "1"
     page = await _page(row, guest, sort=sort, after=None, favourites_only=favourites_only)
 
-    def counts(conn: Any) -> tuple[int, int, dict[str, Any] | None, dict[str, Any]]:
+    def counts(conn: Any) -> tuple[int, int, dict[str, Any] | None, dict[str, Any], list[dict[str, Any]]]:
         return (listing.count_visible(conn, row["id"]),
                 favourite_q.count_for_guest(conn, guest.id, row["id"]) if guest else 0,
-                listing.cover_photo(conn, row), listing.download_totals(conn, row["id"], images.WEB_PX))
+                listing.cover_photo(conn, row), listing.download_totals(conn, row["id"], images.WEB_PX),
+                moderation_q.own_waiting(conn, row["id"], guest.id) if guest else [])
 
-    total, favourite_count, cover, totals = await svc.db.read(counts)
+    total, favourite_count, cover, totals, own_waiting = await svc.db.read(counts)
+    svc.activity.count(row["id"], "views")
     cover_url = (url_for("photos.guest_image", slug=slug, photo_id=cover["id"], kind="view") if cover else None)
     return await render_template(
         "guest/gallery.html", gallery=row, page=page, total=total, sort=sort, favourites_only=favourites_only,
         favourite_count=favourite_count, cover=cover, cover_url=cover_url, guest=guest,
         download_sizes={"original": size_label(totals["bytes"]), "web": size_label(totals["web_bytes"])},
         og_image=f"{base_url()}{cover_url}" if cover_url and row["password_hash"] is None else None,
-        og_url=f"{base_url()}/g/{slug}",
+        og_url=f"{base_url()}/g/{slug}", own_waiting=own_waiting,
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 from quart import Blueprint, Response, websocket
 
-from picpeak_lite.domain import access
+from picpeak_lite.domain import access, wall
 from picpeak_lite.errors import AppError
 from picpeak_lite.events.broker import Change, Subscription
 from picpeak_lite.store.db import Connection, fits_integer
@@ -52,9 +52,19 @@ MAX_CLIENT_MESSAGE = 4096
 
 
 @dataclass(frozen=True)
+class Wall:
+    """A live wall's connection (``web/views/wall.py``): by the admin's session or the wall link's key."""
+
+    key: str | None
+    by_admin: bool
+    captions: bool
+
+
+@dataclass(frozen=True)
 class Viewer:
     is_admin: bool
     guest_id: int | None
+    wall: Wall | None = None  # a wall sees what guests see, with its own image URLs (and captions if chosen)
 
 
 async def _viewer() -> Viewer | None:
@@ -119,7 +129,11 @@ class GuestAccess:
             return True
         svc = services()
         try:
-            await svc.db.read(access.guest_gallery, self.slug, self.viewer.guest_id, svc.clock())
+            if self.viewer.wall is not None:  # a replaced or removed wall link ends its walls' feeds
+                await svc.db.read(wall.wall_gallery, self.slug, self.viewer.wall.key, self.viewer.wall.by_admin,
+                                  svc.clock())
+            else:
+                await svc.db.read(access.guest_gallery, self.slug, self.viewer.guest_id, svc.clock())
         except AppError:
             await websocket.close(4403, "no longer allowed")
             return False
@@ -233,6 +247,9 @@ async def _next_change(subscription: Subscription) -> Change | Resync | None:
 
 
 def _image_url(viewer: Viewer, slug: str) -> Callable[[int, str], str]:
+    if viewer.wall is not None:
+        query = f"?key={viewer.wall.key}" if viewer.wall.key else ""
+        return lambda photo_id, kind: f"/g/{slug}/wall/photos/{photo_id}.jpg{query}"
     if viewer.is_admin:
         return lambda photo_id, kind: f"/api/admin/photos/{photo_id}/{kind}"
     return lambda photo_id, kind: f"/g/{slug}/photos/{photo_id}/{kind}"
@@ -246,8 +263,10 @@ def _delta(change: Change, image_url: Callable[[int, str], str]) -> dict[str, An
         "id": change.photo_id,
         "status": change.status,
         "hidden": change.hidden,
+        "awaiting_approval": change.awaiting_approval,
         "error": change.error if change.status == PhotoStatus.FAILED else None,
         "filename": change.filename,
+        "guest_name": change.guest_name,
         "width": change.width,
         "height": change.height,
         "thumb_url": image_url(change.photo_id, "grid") if complete else None,
@@ -273,6 +292,23 @@ async def guest_gallery_feed(slug: str) -> Response | None:
         # The page's answer, by status: 404 unknown or draft, 410 expired, 401 password not entered yet.
         return _refuse(error.message, error.status)
     return await _serve_gallery(gallery, viewer)
+
+
+@blueprint.websocket("/ws/g/<slug>/wall")
+async def wall_feed(slug: str) -> Response | None:
+    """The live wall's feed: what the guest feed sends, with the wall's image URLs and, if the gallery shows
+    them, guests' names. Opened with the admin's session or the wall link's ``key`` (``domain/wall.py``)."""
+    svc = services()
+    if not _origin_ok():
+        return _refuse("This page is from another site.")
+    admin = await _viewer()
+    by_admin = admin is not None and admin.is_admin
+    key = websocket.args.get("key") or None
+    try:
+        gallery = await svc.db.read(wall.wall_gallery, slug, key, by_admin, svc.clock())
+    except AppError as error:
+        return _refuse(error.message, error.status)
+    return await _serve_gallery(gallery, Viewer(False, None, Wall(key, by_admin, bool(gallery["wall_captions"]))))
 
 
 @blueprint.websocket("/ws/admin/galleries/<int:gallery_id>")
@@ -340,9 +376,16 @@ def _gallery_delta(change: Change, viewer: Viewer, image_url: Callable[[int, str
     """Admins see every change; guests only photos becoming visible or going away."""
     if viewer.is_admin:
         return _delta(change, image_url)
+    if change.awaiting_approval:
+        # Held back for the admin's review: never seen by guests, so nothing to add or remove (approval arrives
+        # as a change of its own, without the mark).
+        return None
     if change.status == PhotoStatus.COMPLETE and not change.hidden:
         # Not the file name: it may be another guest's, and the guest listing does not show names either.
-        return {**_delta(change, image_url), "filename": None}
+        message = {**_delta(change, image_url), "filename": None, "guest_name": None}
+        if viewer.wall is not None:
+            message["caption"] = change.guest_name if viewer.wall.captions else None
+        return message
     if change.status == "deleted" or change.hidden:
         return {"type": "photo", "seq": change.seq, "id": change.photo_id, "status": "removed"}
     return None

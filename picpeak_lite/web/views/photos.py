@@ -116,7 +116,12 @@ async def admin_image(photo_id: int, kind: str) -> Response:
 @blueprint.get("/g/<slug>/photos/<int:photo_id>/<any(grid, view):kind>")
 async def guest_image(slug: str, photo_id: int, kind: str) -> Response:
     gallery = await load_gallery(slug)
-    photo = await services().db.read(access.visible_photo, gallery, photo_id)
+    try:
+        photo = await services().db.read(access.visible_photo, gallery, photo_id)
+    except NotFound:
+        # Its uploader still sees a photo that waits for the admin's approval (only then is the session read).
+        guest = await current_guest(create=False)
+        photo = await services().db.read(access.own_awaiting_photo, gallery, photo_id, guest.id if guest else None)
     return await send_derivative(photo, kind)
 
 

@@ -1,0 +1,44 @@
+"""Who may open a gallery's live wall, and what it shows.
+
+The wall is a slideshow for a projector or TV in the hall: the admin opens it from the gallery page, or gives
+the machine that runs it a wall link, ``/g/<slug>/wall?key=<token>``, whose token is the wall's alone (not the
+share link, not the password: a wall link opens the wall and nothing else) and is revoked by making a new one or
+removing it. With the admin's session the wall opens whatever the gallery's state; with a link only while
+guests could open the gallery (published, not expired), but without its password: the wall is in the hall.
+
+It shows what guests see (``GUEST_VISIBLE_PHOTO``: complete, not hidden, approved), as preview images only.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from picpeak_lite.domain import access
+from picpeak_lite.errors import Forbidden, NotFound
+from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.queries import galleries as gallery_q
+
+BAD_LINK = "This wall link is not valid (it may have been replaced or removed). Ask the photographer for the new one."
+
+
+def new_token() -> str:
+    """128 random bits, URL-safe."""
+    return secrets.token_urlsafe(16)
+
+
+def wall_gallery(conn: Connection, slug: str, key: str | None, is_admin: bool, now: float) -> Row:
+    """The gallery whose wall this visitor may open; raises otherwise (404 unknown, 403 a bad link, and for a
+    link 404 a draft, 410 expired, as guests are told)."""
+    gallery = gallery_q.get_by_slug(conn, slug)
+    if gallery is None:
+        raise NotFound("There is no gallery at this address.")
+    if is_admin:
+        return gallery
+    token = gallery["wall_token"]
+    if not key or token is None or not secrets.compare_digest(key.encode(), token.encode()):
+        raise Forbidden(BAD_LINK)
+    if gallery["is_draft"]:
+        raise NotFound("There is no gallery at this address.")
+    if access.is_expired(gallery, now):
+        raise access.GalleryExpired()
+    return gallery

@@ -1,0 +1,89 @@
+"""The admin's review queue (moderation): guests' photos that wait for approval, approved, hidden or deleted
+one by one or many at once.
+
+As with the photo grid, each action exists as JSON under ``/api/admin`` (for the page's script, ``review.js``,
+and for tools) and as a plain form post under ``/admin`` that redirects back, so the queue works without script.
+The units of work and their webhooks are ``pipeline/moderation.py``; the queue updates itself live over the
+admin's gallery feed, whose ``photo`` messages carry ``awaiting_approval``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from quart import Blueprint, redirect, request, url_for
+
+from picpeak_lite.domain import galleries
+from picpeak_lite.errors import BadRequest
+from picpeak_lite.pipeline import moderation
+from picpeak_lite.store.db import fits_integer
+from picpeak_lite.store.queries import moderation as moderation_q
+from picpeak_lite.web.auth import admin_api, admin_page, services
+from picpeak_lite.web.views.common import admin_image_url, photo_status
+
+blueprint = Blueprint("review", __name__)
+
+MAX_IDS = 5000
+
+
+def queue_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**photo_status(row, admin_image_url), "awaiting_approval": True, "guest_name": row["guest_name"]}
+            for row in rows]
+
+
+@blueprint.get("/api/admin/galleries/<int:gallery_id>/review")
+@admin_api
+async def queue_api(gallery_id: int) -> dict[str, Any]:
+    gallery = await galleries.get_gallery(services(), gallery_id)
+    rows = await services().db.read(moderation_q.queue, gallery_id)
+    return {"gallery_id": gallery_id, "enabled": bool(gallery["guest_photos_need_approval"]),
+            "photos": queue_json(rows)}
+
+
+@blueprint.post("/api/admin/galleries/<int:gallery_id>/review")
+@admin_api
+async def review_api(gallery_id: int) -> dict[str, Any]:
+    data = await request.get_json(force=True, silent=True)
+    if not isinstance(data, dict):
+        raise BadRequest("Send a JSON object: {\"action\": \"approve\", \"ids\": [...]}.")
+    ids = data.get("ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and fits_integer(i)
+                                            for i in ids):
+        raise BadRequest("'ids' must be a list of photo ids.")
+    done = await apply_review(gallery_id, data.get("action"), ids)
+    return {"action": data.get("action"), "changed": done, "ids": done}
+
+
+@blueprint.post("/admin/galleries/<int:gallery_id>/review")
+@admin_page
+async def review_form(gallery_id: int) -> Any:
+    form = await request.form
+    raw = [request.args["only"]] if "only" in request.args else form.getlist("ids")
+    try:
+        ids = [int(v) for v in raw]
+        if not all(fits_integer(i) for i in ids):
+            raise ValueError
+    except ValueError:
+        raise BadRequest("The selection is not valid; reload the page and try again.") from None
+    await apply_review(gallery_id, form.get("action"), ids)
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#review")
+
+
+async def apply_review(gallery_id: int, action: Any, ids: list[int]) -> list[int]:
+    """Approve, hide or delete those of ``ids`` that still wait in this gallery; returns their ids."""
+    svc = services()
+    if action not in moderation.ACTIONS:
+        raise BadRequest("Choose one of: " + ", ".join(moderation.ACTIONS) + ".")
+    if not ids:
+        raise BadRequest("Select at least one photo.")
+    if len(ids) > MAX_IDS:
+        raise BadRequest(f"At most {MAX_IDS} photos at once.")
+    await galleries.get_gallery(svc, gallery_id)
+    rows = await svc.db.write(moderation.review, svc.settings.webhooks, gallery_id, action, ids, svc.clock())
+    if action == "delete" and rows:
+        keys = [row["storage_key"] for row in rows]
+        await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
+    if rows:
+        svc.webhooks_bell.ring()
+    return [row["id"] for row in rows]
