@@ -32,6 +32,8 @@ class Change:
     error: str | None = None
     width: int | None = None
     height: int | None = None
+    media_type: str = "photo"  # or 'video'
+    duration: float | None = None  # a video's seconds
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Change:
@@ -39,6 +41,7 @@ class Change:
             seq=row["seq"], photo_id=row["photo_id"], gallery_id=row["gallery_id"], upload_id=row["upload_id"],
             status=row["status"], hidden=bool(row["hidden"]), filename=row.get("display_name"),
             error=row.get("error"), width=row.get("width"), height=row.get("height"),
+            media_type=row.get("media_type") or "photo", duration=row.get("duration"),
         )
 
 
