@@ -155,6 +155,7 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "upload.admin_upload": ("admin_api", {}),
     "photos.admin_upload_status": ("admin_api", {}),
     "photos.admin_image": ("admin_api", {}),
+    "video.admin_play": ("admin_api", {"admin": {404}}),
     "photos.retry": ("admin_api", {}),
     "photos.delete": ("admin_api", {}),
     "guest.gallery": ("guest", {}),
@@ -162,6 +163,8 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "guest.upload_page": ("guest", {}),
     "guest.password_submit": ("password_form", {}),
     "photos.guest_image": ("guest", {}),
+    # The world's photo is a JPEG: playing it is a 404 ("not a video") for those who may see it.
+    "video.guest_play": ("guest", {"guest_access": {404}}),
     "photos.guest_upload_status": ("guest", {}),
     "downloads.photo": ("guest", {}),
     "downloads.gallery_zip": ("guest", {}),

@@ -7,6 +7,7 @@ Layout under the data directory::
     derived/ab/<key>.grid.jpg
     derived/ab/<key>.view.jpg
     derived/ab/<key>.wm-<tag>.jpg  a full-size watermarked download, cached; <tag> names the watermark it carries
+    derived/ab/<key>.play.mp4  a video's playable H.264 preview, when browsers cannot play its original (HEVC)
 
 Durability rule: a file is written to ``tmp/``, fsynced, renamed into place atomically, and its directory is
 fsynced, all before the database row that points at it is committed. A crash between the rename and the commit
@@ -75,6 +76,11 @@ class Storage:
             raise ValueError(f"not a watermark tag: {tag!r}")
         return self.root / "derived" / key[:2] / f"{key}.wm-{tag}.jpg"
 
+    def preview_path(self, key: str) -> Path:
+        """A video's playable preview (pipeline/video_previews.py makes it)."""
+        _check_key(key)
+        return self.root / "derived" / key[:2] / f"{key}.play.mp4"
+
     def new_temp_path(self) -> Path:
         return self.tmp_dir / f"{TEMP_PREFIX}{secrets.token_hex(12)}"
 
@@ -130,6 +136,7 @@ class Storage:
             remove_quietly(self.derived_path(key, kind))
         for path in self._watermarked_files(key):
             remove_quietly(path)
+        remove_quietly(self.preview_path(key))
 
     def remove_files_of(self, keys: Iterable[str]) -> None:
         """:meth:`remove_photo_files` for each key: one thread hop for a gallery or a selection."""

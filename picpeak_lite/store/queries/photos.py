@@ -25,6 +25,7 @@ class PhotoStatus(StrEnum):
 # Video codecs Chromium and Firefox play as they are (media/video.py BROWSER_CODECS; kept here as data, SQL
 # needs no media import)
 BROWSER_CODECS = frozenset({"h264", "vp8", "vp9", "av1"})
+VIDEO_MIME = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm"}
 MAX_ERROR_LENGTH = 1000
 ORIGINAL_MISSING = "The original file is missing from storage."  # the reason a photo without its file fails
 TERMINAL = (PhotoStatus.COMPLETE, PhotoStatus.FAILED)

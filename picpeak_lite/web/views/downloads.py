@@ -111,7 +111,7 @@ async def photo(slug: str, photo_id: int) -> Response:
     gallery = await _downloadable_gallery(slug)
     row = await svc.db.read(access.visible_photo, gallery, photo_id)
     watermark = await watermark_for(gallery)
-    if watermark is None:
+    if watermark is None or row.get("media_type") == "video":  # a video's original: no watermark in its frames
         response = await send_original(row)
     else:
         try:
@@ -154,8 +154,13 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
         raise NotFound("You have not marked any favourites in this gallery yet." if favourites_only
                        else "There are no photos in this gallery yet.")
     watermark = await watermark_for(gallery)
-    names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
-                                  force_extension=".jpg" if watermark else None)
+    if watermark and any(r.get("media_type") == "video" for r in rows):
+        # Videos go in as their originals, photos as watermarked JPEGs: each named for what it is.
+        names = zipstream.entry_names([(r["display_name"], r["format"] if r.get("media_type") == "video" else "jpeg")
+                                       for r in rows])
+    else:
+        names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
+                                      force_extension=".jpg" if watermark else None)
     entries = _zip_entries(svc, rows, names, watermark, limits().watermark_limiter)
     filename = _zip_name(gallery["name"], favourites_only)
     response = Response(zipstream.stream_zip(entries, limiter=limits().download_limiter),
@@ -177,7 +182,7 @@ def _zip_entries(svc: Services, rows: list[dict[str, Any]], names: list[str], wa
     for row, name in zip(rows, names, strict=True):
         key = row["storage_key"]
         date_time = zipstream.zip_date(row["taken_at"], svc.clock())
-        if watermark is None:
+        if watermark is None or row.get("media_type") == "video":
             yield zipstream.Entry(name=name, path=storage.original_path(key), date_time=date_time)
         elif storage.watermarked_path(key, tag).exists():
             yield zipstream.Entry(name=name, path=storage.watermarked_path(key, tag), date_time=date_time)

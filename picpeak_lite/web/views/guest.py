@@ -17,6 +17,7 @@ from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import listing
 from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, limits, services
+from picpeak_lite.web.playback import video_fields
 from picpeak_lite.web.views.common import base_url, client_ip, load_gallery
 
 blueprint = Blueprint("guest", __name__)
@@ -63,7 +64,8 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
     """What the page and the JSON listing know of one photo."""
     slug, pid = gallery["slug"], photo["id"]
     taken = taken_label(photo.get("taken_at"))
-    alt = f"Photo taken {taken}" if taken else f"Photo {position}" if position else "Photo"
+    kind = "Video" if photo.get("media_type") == "video" else "Photo"
+    alt = f"{kind} taken {taken}" if taken else f"{kind} {position}" if position else kind
     return {
         "id": pid,
         "width": photo["width"] or 1,
@@ -76,6 +78,7 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
         "taken": taken,
         "camera": camera_line(photo),
         "alt": alt,
+        **video_fields(photo, url_for("video.guest_play", slug=slug, photo_id=pid)),
     }
 
 
