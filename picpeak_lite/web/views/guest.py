@@ -17,7 +17,7 @@ from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import listing
 from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, limits, services
-from picpeak_lite.web.playback import video_fields
+from picpeak_lite.web.playback import duration_label, video_fields
 from picpeak_lite.web.views.common import base_url, client_ip, load_gallery
 
 blueprint = Blueprint("guest", __name__)
@@ -149,7 +149,8 @@ async def upload_page(slug: str) -> Any:
     settings = services().settings
     return await render_template(
         "guest/upload.html", gallery=row, guest=guest, max_file_mb=settings.guest_max_file_mb,
-        max_files=settings.guest_max_files,
+        max_files=settings.guest_max_files, max_video_mb=settings.guest_max_video_mb,
+        max_video_length=duration_label(settings.guest_max_video_seconds),
     )
 
 
