@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 from dataclasses import asdict, dataclass
@@ -309,6 +310,49 @@ def _text(value: str | None) -> str | None:
     return text[:100] or None
 
 
+def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) -> None:
+    """A playable copy for browsers that cannot play the original (HEVC in Chromium): H.264 (yuv420p, CRF 23,
+    veryfast) and AAC in an MP4 whose index is at the front (so it starts playing before it has all arrived),
+    fitted inside ``box`` (1080p, either orientation), the display matrix kept so a portrait clip stays
+    portrait. Timestamps are the source's, so sound and picture stay together. No metadata is copied."""
+    import av
+
+    with _open(source) as inp, av.open(target, "w", format="mp4", options={"movflags": "+faststart"}) as out:
+        vin = _video_stream(inp)
+        vin.thread_type = "AUTO"
+        ain = inp.streams.audio[0] if inp.streams.audio and inp.streams.audio[0].codec_context else None
+        first = _first_frame(inp, vin)
+        rotation = _rotation(first)
+        inp.seek(0)
+        long_edge, short_edge = max(box), min(box)
+        scale = min(1.0, long_edge / max(first.width, first.height), short_edge / min(first.width, first.height))
+        width, height = (max(2, round(first.width * scale / 2) * 2), max(2, round(first.height * scale / 2) * 2))
+        vout = out.add_stream("libx264", rate=vin.average_rate or 30)
+        vout.width, vout.height, vout.pix_fmt = width, height, "yuv420p"
+        vout.time_base = vin.time_base
+        vout.options = {"preset": "veryfast", "crf": "23"}
+        vout.codec_context.thread_count = 2
+        if rotation:
+            vout.set_display_rotation(rotation)
+        aout = None
+        if ain is not None:
+            aout = out.add_stream("aac", rate=ain.codec_context.sample_rate or 48000)
+            aout.layout = ain.codec_context.layout.name if ain.codec_context.layout else "stereo"
+        streams = [vin] if ain is None else [vin, ain]
+        for packet in inp.demux(*streams):
+            for frame in packet.decode():
+                if packet.stream is vin:
+                    picture = frame.reformat(width=width, height=height, format="yuv420p")
+                    picture.pts, picture.time_base = frame.pts, frame.time_base
+                    out.mux(vout.encode(picture))
+                elif aout is not None:
+                    frame.pts = None  # the encoder numbers audio samples itself: gaps would break AAC
+                    out.mux(aout.encode(frame))
+        out.mux(vout.encode(None))
+        if aout is not None:
+            out.mux(aout.encode(None))
+
+
 # --- the child process -------------------------------------------------------------------------------------
 # stdout: one JSON line ({"info": ..., "poster": {"width", "height", "bytes"}} or {"error", "detail",
 # "too_large"}), then, for a poster, its RGB bytes (width * height * 3). Exit 0 for a good or a bad video; any
@@ -316,15 +360,26 @@ def _text(value: str | None) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    """``MODE PATH [VIEW_PX [MAX_PIXELS [MEMORY_BYTES]]]``; MODE is ``probe`` or ``inspect`` (probe and poster)."""
+    """``probe|inspect PATH [VIEW_PX [MAX_PIXELS [MEMORY_BYTES]]]`` (inspect: probe and poster) or
+    ``transcode PATH TARGET [MAX_PIXELS [MEMORY_BYTES]]``."""
     mode, path = argv[0], argv[1]
-    view_px = int(argv[2]) if len(argv) > 2 else 1600
+    view_px = int(argv[2]) if len(argv) > 2 and mode != "transcode" else 1600
     max_pixels = int(argv[3]) if len(argv) > 3 else MAX_FRAME_PIXELS
     if len(argv) > 4:  # before FFmpeg is loaded: a runaway allocation fails here, not in the server
         memory = int(argv[4])
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash leaves no core file behind
     out = sys.stdout.buffer
+    if mode == "transcode":  # PATH TARGET: lowest CPU priority, so that photos' workers go first
+        os.nice(19)
+        try:
+            transcode(path, argv[2])
+        except InvalidVideo as error:
+            out.write(json.dumps({"error": error.reason, "detail": error.detail}).encode() + b"\n")
+        else:
+            out.write(b'{"done": true}\n')
+        out.flush()
+        return 0
     try:
         info = probe(path, max_pixels=max_pixels)
         head: dict[str, Any] = {"info": info.to_json()}

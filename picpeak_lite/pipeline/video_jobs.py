@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from os import fspath
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import trio
 
+from picpeak_lite.media import video
 from picpeak_lite.media.video import InvalidVideo, VideoInfo
 
 MB = 1024 * 1024
@@ -42,6 +44,12 @@ class Inspected:
     poster_rgb: bytes = b""
 
 
+async def _kill(process: trio.Process) -> None:
+    """At the deadline: SIGKILL at once. The child holds nothing to clean up (its output is a temp file the
+    caller removes), and a decoder stuck in a loop or a blocking read need not be asked twice."""
+    process.kill()
+
+
 async def probe(path: Path, *, deadline: float, max_pixels: int) -> VideoInfo:
     """The header facts of a video (and proof that its first frame decodes). Raises InvalidVideo."""
     return (await _run("probe", path, deadline=deadline, view_px=0, max_pixels=max_pixels)).info
@@ -52,17 +60,41 @@ async def inspect(path: Path, *, deadline: float, view_px: int, max_pixels: int)
     return await _run("inspect", path, deadline=deadline, view_px=view_px, max_pixels=max_pixels)
 
 
-async def _run(mode: str, path: Path, *, deadline: float, view_px: int, max_pixels: int) -> Inspected:
-    command = [sys.executable, "-m", "picpeak_lite.media.video", mode, fspath(path), str(view_px), str(max_pixels),
-               str(CHILD_MEMORY)]
+async def transcode(source: Path, target: Path, *, deadline: float) -> None:
+    """The playable H.264/AAC preview (media/video.py ``transcode``), at nice 19, twice the probe's memory."""
+    command = [sys.executable, "-m", "picpeak_lite.media.video", "transcode", fspath(source), fspath(target),
+               str(video.MAX_FRAME_PIXELS), str(2 * CHILD_MEMORY)]
     with trio.move_on_after(deadline) as scope:
-        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False)
+        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False,
+                                      deliver_cancel=_kill)
     if scope.cancelled_caught:
         raise InvalidVideo(TOO_SLOW.format(seconds=deadline))
+    _check_exit(done)
+    line = done.stdout.partition(b"\n")[0]
+    try:
+        head = json.loads(line)
+    except ValueError as exc:
+        raise InvalidVideo(CRASHED.format(how="no answer"), repr(done.stdout[:200])) from exc
+    if "error" in head:
+        raise InvalidVideo(head["error"], head.get("detail", ""))
+
+
+def _check_exit(done: subprocess.CompletedProcess[bytes]) -> None:
     if done.returncode != 0:
         how = (f"signal {signal.Signals(-done.returncode).name}" if done.returncode < 0
                else f"exit status {done.returncode}")
         raise InvalidVideo(CRASHED.format(how=how), done.stderr[-500:].decode(errors="replace"))
+
+
+async def _run(mode: str, path: Path, *, deadline: float, view_px: int, max_pixels: int) -> Inspected:
+    command = [sys.executable, "-m", "picpeak_lite.media.video", mode, fspath(path), str(view_px), str(max_pixels),
+               str(CHILD_MEMORY)]
+    with trio.move_on_after(deadline) as scope:
+        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False,
+                                      deliver_cancel=_kill)
+    if scope.cancelled_caught:
+        raise InvalidVideo(TOO_SLOW.format(seconds=deadline))
+    _check_exit(done)
     line, _, rest = done.stdout.partition(b"\n")
     try:
         head = json.loads(line)

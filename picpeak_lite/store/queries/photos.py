@@ -143,6 +143,25 @@ def set_video_facts(conn: Connection, photo_id: int, facts: dict[str, Any]) -> N
     )
 
 
+def next_preview(conn: Connection) -> Row | None:
+    """The oldest complete video still waiting for its playable preview (schema: videos)."""
+    rows = conn.execute("SELECT id, storage_key, duration FROM photos WHERE preview_status = 'pending' "
+                        "AND status = 'complete' ORDER BY id LIMIT 1").fetchall()
+    return rows[0] if rows else None
+
+
+def preview_done(conn: Connection, photo_id: int) -> bool:
+    conn.execute("UPDATE photos SET preview_status = 'complete', preview_error = NULL "
+                 "WHERE id = ? AND preview_status = 'pending'", (photo_id,))
+    return conn.changes() == 1
+
+
+def preview_failed(conn: Connection, photo_id: int, reason: str) -> bool:
+    conn.execute("UPDATE photos SET preview_status = 'failed', preview_error = ? "
+                 "WHERE id = ? AND preview_status = 'pending'", (reason[:MAX_ERROR_LENGTH], photo_id))
+    return conn.changes() == 1
+
+
 def find_by_sha(conn: Connection, gallery_id: int, sha256: str) -> Row | None:
     rows = conn.execute(
         "SELECT id, display_name, size, status FROM photos WHERE gallery_id = ? AND sha256 = ?",
