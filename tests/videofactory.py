@@ -18,7 +18,8 @@ def has_encoder(name: str) -> bool:
 
 def make_clip(path: Path, *, codec: str = "libx264", container: str | None = None, width: int = 320,
               height: int = 240, fps: int = 30, seconds: float = 2.0, frames: int | None = None, rotation: int = 0,
-              audio: bool = False, tags: dict[str, str] | None = None, crf: int = 30) -> Path:
+              audio: bool = False, tags: dict[str, str] | None = None, crf: int = 30, gop: int | None = None
+              ) -> Path:
     """Write a clip; ``rotation`` sets the display matrix (degrees counter-clockwise, as FFmpeg)."""
     options = {"movflags": "use_metadata_tags"} if path.suffix.lower() in (".mp4", ".mov", ".m4v") else {}
     count = frames if frames is not None else round(seconds * fps)
@@ -34,6 +35,8 @@ def make_clip(path: Path, *, codec: str = "libx264", container: str | None = Non
                 stream.options["x265-params"] = "log-level=error"
         elif codec == "libvpx-vp9":
             stream.options = {"crf": "40", "b:v": "0", "deadline": "realtime", "cpu-used": "8"}
+        if gop is not None:
+            stream.codec_context.gop_size = gop
         if rotation:
             stream.set_display_rotation(rotation)
         sound = None

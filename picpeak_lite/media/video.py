@@ -124,59 +124,80 @@ def sniff_container(head: bytes) -> str | None:
 def probe(path: str, *, max_pixels: int = MAX_FRAME_PIXELS) -> VideoInfo:
     """Read the container's header and decode the first frame (the rotation lives in the frame's display matrix,
     and a file whose first frame cannot be decoded is refused now rather than failing later). Sync; child only."""
-    with open(path, "rb") as fp:
-        container_name = sniff_container(fp.read(64))
-    if container_name is None:
-        raise InvalidVideo(UNSUPPORTED)
+    container_name = _container_name(path)
     with _open(path) as container:
-        stream = _video_stream(container)
-        first = _first_frame(container, stream)
-        rotation = _rotation(first)
-        width, height = _check_size(stream, first, max_pixels)
-        if rotation in (90, 270):
-            width, height = height, width
-        tags = _tags(container, stream)
-        audio = container.streams.audio[0].codec_context.name if container.streams.audio else None
-        return VideoInfo(
-            container=container_name,
-            width=width,
-            height=height,
-            duration=_duration(container, stream),
-            fps=_fps(stream),
-            video_codec=stream.codec_context.name,
-            audio_codec=audio,
-            rotation=rotation,
-            taken_at=_taken_at(tags),
-            camera_make=_text(tags.get("com.apple.quicktime.make") or tags.get("make")),
-            camera_model=_text(tags.get("com.apple.quicktime.model") or tags.get("model")),
-            has_gps=any(tags.get(key) for key in LOCATION_KEYS),
-        )
+        return _facts(container, container_name, max_pixels)
+
+
+def inspect(path: str, *, max_pixels: int = MAX_FRAME_PIXELS, view_px: int = 1600) -> tuple[VideoInfo, Any]:
+    """:func:`probe` and :func:`poster` on one opened container (the worker's call: one open, one demuxer)."""
+    container_name = _container_name(path)
+    with _open(path) as container:
+        info = _facts(container, container_name, max_pixels)
+        return info, _poster(container, info, view_px)
 
 
 def poster(path: str, info: VideoInfo, view_px: int) -> Any:
     """The poster as an upright Pillow RGB image no larger than ``view_px`` on its long edge (PyAV makes the
     Pillow image; this module never imports PIL itself). Seeks to the key frame before min(1 s, 10 %) and
     decodes on to that time (never the whole stream); one frame is converted. Typed Any: PIL is images.py's."""
-    target = min(1.0, info.duration * 0.1) if info.duration > 0 else 0.0
     with _open(path) as container:
-        stream = _video_stream(container)
-        frame = None
-        if target > 0 and stream.time_base:
-            try:
-                container.seek(int(target / stream.time_base), stream=stream, backward=True, any_frame=False)
-                frame = _frame_at(container, stream, target)
-            except Exception:  # an unseekable file (no index): its first frame below is still a poster
-                frame = None
-        if frame is None:
-            container.seek(0)
-            frame = _first_frame(container, stream)
-        stored_w, stored_h = frame.width, frame.height
-        rotation = _rotation(frame)
-        if rotation in (90, 270):
-            stored_w, stored_h = stored_h, stored_w
-        scale = min(1.0, view_px / max(stored_w, stored_h))
-        w, h = max(1, round(frame.width * scale)), max(1, round(frame.height * scale))
-        image = frame.reformat(width=w, height=h, format="rgb24", interpolation="AREA").to_image()
+        return _poster(container, info, view_px)
+
+
+def _container_name(path: str) -> str:
+    with open(path, "rb") as fp:
+        container_name = sniff_container(fp.read(64))
+    if container_name is None:
+        raise InvalidVideo(UNSUPPORTED)
+    return container_name
+
+
+def _facts(container: Any, container_name: str, max_pixels: int) -> VideoInfo:
+    stream = _video_stream(container)
+    first = _first_frame(container, stream)
+    rotation = _rotation(first)
+    width, height = _check_size(stream, first, max_pixels)
+    if rotation in (90, 270):
+        width, height = height, width
+    tags = _tags(container, stream)
+    audio = container.streams.audio[0].codec_context.name if container.streams.audio else None
+    return VideoInfo(
+        container=container_name,
+        width=width,
+        height=height,
+        duration=_duration(container, stream),
+        fps=_fps(stream),
+        video_codec=stream.codec_context.name,
+        audio_codec=audio,
+        rotation=rotation,
+        taken_at=_taken_at(tags),
+        camera_make=_text(tags.get("com.apple.quicktime.make") or tags.get("make")),
+        camera_model=_text(tags.get("com.apple.quicktime.model") or tags.get("model")),
+        has_gps=any(tags.get(key) for key in LOCATION_KEYS),
+    )
+
+
+def _poster(container: Any, info: VideoInfo, view_px: int) -> Any:
+    target = min(1.0, info.duration * 0.1) if info.duration > 0 else 0.0
+    stream = _video_stream(container)
+    frame = None
+    if target > 0 and stream.time_base:
+        try:
+            container.seek(int(target / stream.time_base), stream=stream, backward=True, any_frame=False)
+            frame = _frame_at(container, stream, target)
+        except Exception:  # an unseekable file (no index): its first frame below is still a poster
+            frame = None
+    if frame is None:
+        container.seek(0)
+        frame = _first_frame(container, stream)
+    stored_w, stored_h = frame.width, frame.height
+    rotation = _rotation(frame)
+    if rotation in (90, 270):
+        stored_w, stored_h = stored_h, stored_w
+    scale = min(1.0, view_px / max(stored_w, stored_h))
+    w, h = max(1, round(frame.width * scale)), max(1, round(frame.height * scale))
+    image = frame.reformat(width=w, height=h, format="rgb24", interpolation="AREA").to_image()
     turn = {90: 2, 180: 3, 270: 4}.get(rotation)  # PIL.Image.Transpose ROTATE_90 / 180 / 270 (counter-clockwise)
     if turn is not None:
         image = image.transpose(turn)
@@ -213,7 +234,8 @@ def _video_stream(container: Any) -> Any:
     if stream.codec_context is None:
         name = getattr(stream.codec, "name", None) or "unknown"
         raise InvalidVideo(f"The video uses a codec this server cannot read ({name})")
-    stream.codec_context.thread_count = 2
+    if not stream.codec_context.is_open:  # a second call on the same container (inspect) finds it open
+        stream.codec_context.thread_count = 2
     return stream
 
 
@@ -312,9 +334,10 @@ def _text(value: str | None) -> str | None:
 
 def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) -> None:
     """A playable copy for browsers that cannot play the original (HEVC in Chromium): H.264 (yuv420p, CRF 23,
-    veryfast) and AAC in an MP4 whose index is at the front (so it starts playing before it has all arrived),
-    fitted inside ``box`` (1080p, either orientation), the display matrix kept so a portrait clip stays
-    portrait. Timestamps are the source's, so sound and picture stay together. No metadata is copied."""
+    superfast: about 0.6 s of CPU per second of 1080p, bench/bench_video.py) and AAC in an MP4 whose index is at
+    the front (it starts playing before it has all arrived), fitted inside ``box`` (1080p, either orientation),
+    the display matrix kept so a portrait clip stays portrait. Timestamps are the source's, so sound and
+    picture stay together. No metadata is copied."""
     import av
 
     with _open(source) as inp, av.open(target, "w", format="mp4", options={"movflags": "+faststart"}) as out:
@@ -330,7 +353,7 @@ def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) 
         vout = out.add_stream("libx264", rate=vin.average_rate or 30)
         vout.width, vout.height, vout.pix_fmt = width, height, "yuv420p"
         vout.time_base = vin.time_base
-        vout.options = {"preset": "veryfast", "crf": "23"}
+        vout.options = {"preset": "superfast", "crf": "23"}
         vout.codec_context.thread_count = 2
         if rotation:
             vout.set_display_rotation(rotation)
@@ -381,12 +404,14 @@ def main(argv: list[str]) -> int:
         out.flush()
         return 0
     try:
-        info = probe(path, max_pixels=max_pixels)
-        head: dict[str, Any] = {"info": info.to_json()}
         pixels = b""
         if mode == "inspect":
-            image = poster(path, info, view_px)
+            info, image = inspect(path, max_pixels=max_pixels, view_px=view_px)
             pixels = image.tobytes()
+        else:
+            info = probe(path, max_pixels=max_pixels)
+        head: dict[str, Any] = {"info": info.to_json()}
+        if mode == "inspect":
             head["poster"] = {"width": image.width, "height": image.height, "bytes": len(pixels)}
     except InvalidVideo as error:
         head, pixels = {"error": error.reason, "detail": error.detail, "too_large": error.too_large}, b""
