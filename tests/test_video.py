@@ -156,15 +156,17 @@ async def test_a_hanging_decoder_is_given_up_at_its_deadline(tmp_path: Path, aut
 
 
 def _children() -> list[int]:
+    """This process's video children only (the session may have others: a browser, a server): their command
+    line names media/video.py's module."""
     me = os.getpid()
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
+                command = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me and b"picpeak_lite.media.video" in command:
                 found.append(int(entry))
     return found
-
