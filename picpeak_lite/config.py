@@ -66,6 +66,8 @@ class Settings:
     admin_max_files: int = _setting(500, "Most files in one admin upload request.")
     guest_max_file_mb: int = _setting(50, "Largest file a guest may upload, in MB.")
     guest_max_files: int = _setting(20, "Most files in one guest upload request.")
+    guest_max_video_mb: int = _setting(500, "Largest video a guest may upload, in MB.")
+    guest_max_video_seconds: int = _setting(300, "Longest video a guest may upload, in seconds.")
     gallery_photo_cap: int = _setting(10000, "Most photos in one gallery, unless the gallery sets its own cap.")
     temp_max_age_seconds: int = _setting(3600, "Temp files older than this are swept away.")
     # Processing
@@ -80,6 +82,8 @@ class Settings:
     grid_px: int = _setting(400, "Long edge of the grid image.")
     view_px: int = _setting(1600, "Long edge of the view image.")
     jpeg_quality: int = _setting(85, "JPEG quality of derivatives (60-95).")
+    video_deadline_seconds: float = _setting(120.0, "Longest a video's probe or poster may take before it fails.")
+    video_previews: bool = _setting(True, "Make a playable H.264 preview of videos browsers cannot play (HEVC).")
     # Watermark
     watermark_text: str = _setting("", "Watermark text for galleries that ask for one; empty uses the gallery name.")
     watermark_logo: str = _setting("", "Path to a PNG logo used as the watermark instead of text.")
@@ -287,7 +291,8 @@ def _validate(s: Settings) -> None:
     require(0 <= s.port <= 65535, "port", "must be between 0 and 65535")
     require(s.log_level in ("debug", "info", "warning", "error"), "log_level", "must be debug, info, warning or error")
     require(1 <= s.default_expiry_days <= 365, "default_expiry_days", "must be between 1 and 365")
-    for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files",
+    for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
+                "guest_max_video_seconds",
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
@@ -296,6 +301,7 @@ def _validate(s: Settings) -> None:
     require(s.max_pixels >= 100, "max_pixels", "must be at least 100")
     require(s.guest_max_pixels >= 100, "guest_max_pixels", "must be at least 100")
     require(s.decode_memory_mb >= 64, "decode_memory_mb", "must be at least 64")
+    require(s.video_deadline_seconds >= 5, "video_deadline_seconds", "must be at least 5")
     require(64 <= s.grid_px <= s.view_px <= 8192, "grid_px", "must be between 64 and view_px (at most 8192)")
     require(60 <= s.jpeg_quality <= 95, "jpeg_quality", "must be between 60 and 95")
     require(s.watermark_position in WATERMARK_POSITIONS, "watermark_position",

@@ -33,6 +33,7 @@ from picpeak_lite.events.webhooks import WebhookSender
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline import memory
 from picpeak_lite.pipeline.janitor import Janitor
+from picpeak_lite.pipeline.video_previews import PreviewLane
 from picpeak_lite.pipeline.worker import WorkerPool
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
@@ -154,6 +155,8 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
     await nursery.start(Janitor(svc).run)
     if workers:
         await nursery.start(WorkerPool(svc).run)
+        if svc.settings.video_previews:
+            await nursery.start(PreviewLane(svc).run)
 
 
 async def run_workers(settings: Settings, *, task_status: trio.TaskStatus[Services] = trio.TASK_STATUS_IGNORED

@@ -13,7 +13,7 @@
   const BATCH_FILES = 20;
   const BATCH_BYTES = 200 * 1024 * 1024;
   const PARALLEL = 3;
-  const IMAGE_NAME = /\.(jpe?g|png|webp|heic|heif)$/i;
+  const IMAGE_NAME = /\.(jpe?g|png|webp|heic|heif|mp4|mov|m4v|webm)$/i;
   const LABELS = {
     queued: "Queued", waiting: "Waiting", pending: "Sent · waiting to be processed", processing: "Processing…",
     complete: "Ready", failed: "Failed", duplicate: "Already in the gallery", refused: "Refused",
@@ -36,7 +36,7 @@
 
   // --- choosing files -------------------------------------------------------------------------------------
   const addFiles = (files) => {
-    const images = files.filter((f) => f.type.startsWith("image/") || IMAGE_NAME.test(f.name));
+    const images = files.filter((f) => /^(image|video)\//.test(f.type) || IMAGE_NAME.test(f.name));
     if (!images.length) return;
     summaryBox.hidden = false;
     queue.add(images);

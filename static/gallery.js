@@ -28,6 +28,11 @@
     link.dataset.download = photo.download_url || "";
     link.dataset.downloadWeb = photo.web_download_url || "";
     link.dataset.alt = photo.alt || "";
+    link.dataset.play = photo.play_url || "";
+    link.dataset.note = photo.play_note || "";
+    var badge = li.querySelector(".play-badge");
+    badge.hidden = !photo.duration;
+    badge.textContent = "\u25B6 " + (photo.duration || "");
     li.querySelector("source").srcset = photo.grid_url + " 400w";
     var img = li.querySelector("img");
     img.width = photo.width;
@@ -119,6 +124,8 @@
   // ---- Lightbox ----------------------------------------------------------------------------------------------
   var box = document.getElementById("lightbox");
   var boxImg = document.getElementById("lb-img");
+  var boxVideo = document.getElementById("lb-video");
+  var boxNote = box.querySelector(".lb-note");
   var current = null;
   var opener = null;
 
@@ -135,6 +142,16 @@
     boxImg.sizes = "100vw";
     boxImg.src = link.dataset.view;
     boxImg.alt = link.dataset.alt;
+    // A video plays its original (or playable copy) with the poster; the poster stays as an image until then.
+    stopVideo();
+    if (link.dataset.play) {
+      boxVideo.poster = link.dataset.view;
+      boxVideo.src = link.dataset.play;
+      boxVideo.hidden = false;
+      boxImg.hidden = true;
+    }
+    boxNote.textContent = link.dataset.note;
+    boxNote.hidden = !link.dataset.note;
     box.querySelector(".lb-date").textContent = link.dataset.taken;
     box.querySelector(".lb-camera").textContent = link.dataset.camera;
     var download = box.querySelector(".lb-download:not(.lb-download-web)");
@@ -153,6 +170,14 @@
       if (t) { var pre = new Image(); pre.src = t.querySelector(".tile-link").dataset.view; }
     });
     if (index >= all.length - 3) loadMore();
+  }
+
+  function stopVideo() {
+    boxVideo.pause();
+    boxVideo.removeAttribute("src");
+    boxVideo.load();
+    boxVideo.hidden = true;
+    boxImg.hidden = false;
   }
 
   function syncLightboxHeart() {
@@ -183,6 +208,7 @@
     document.documentElement.classList.remove("lb-open");
     boxImg.removeAttribute("src");
     boxImg.removeAttribute("srcset");
+    stopVideo();
     if (current) current.scrollIntoView({block: "nearest"});
     if (opener) opener.focus({preventScroll: true});
     current = null;

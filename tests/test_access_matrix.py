@@ -179,6 +179,7 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "upload.admin_upload": ("admin_api", {}),
     "photos.admin_upload_status": ("admin_api", {}),
     "photos.admin_image": ("admin_api", {}),
+    "video.admin_play": ("admin_api", {"admin": {404}}),
     "photos.retry": ("admin_api", {}),
     "photos.delete": ("admin_api", {}),
     "guest.gallery": ("guest", {}),
@@ -186,6 +187,8 @@ ROUTES: dict[str, tuple[str, dict[str, set[int]]]] = {
     "guest.upload_page": ("guest", {}),
     "guest.password_submit": ("password_form", {}),
     "photos.guest_image": ("guest", {}),
+    # The world's photo is a JPEG: playing it is a 404 ("not a video") for those who may see it.
+    "video.guest_play": ("guest", {"guest_access": {404}, "admin": {404}}),
     # An upload's status is its uploader's: the admin's preview gets past the gallery, not into a guest's upload.
     "photos.guest_upload_status": ("guest", {"admin": {404}}),
     "downloads.photo": ("guest", {}),
@@ -464,7 +467,8 @@ async def test_a_photo_waiting_for_approval_is_its_uploaders_alone(app: Any, ser
     approved = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/review",
                                        json={"action": "approve", "ids": [photo_id]}, headers=admin.headers())
     assert approved.status_code == 200
-    await walk(lambda role, method, rule: {200})
+    # The waiting photo is a JPEG: playing it is "not a video" (404) for everyone, before approval and after.
+    await walk(lambda role, method, rule: {404} if rule.endpoint == "video.guest_play" else {200})
     figures(capsys, f"access_matrix_awaiting: photo_routes={len(photo_rules)} calls={count} "
                     f"mismatches={len(mismatches)}")
     assert mismatches == [], "\n".join(mismatches)

@@ -35,6 +35,8 @@ class Change:
     # Held back for the admin's review (moderation); guests are told nothing of it until it is approved.
     awaiting_approval: bool = False
     guest_name: str | None = None
+    media_type: str = "photo"  # or 'video'
+    duration: float | None = None  # a video's seconds
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Change:
@@ -43,6 +45,7 @@ class Change:
             status=row["status"], hidden=bool(row["hidden"]), filename=row.get("display_name"),
             error=row.get("error"), width=row.get("width"), height=row.get("height"),
             awaiting_approval=bool(row.get("awaiting_approval")), guest_name=row.get("guest_name"),
+            media_type=row.get("media_type") or "photo", duration=row.get("duration"),
         )
 
 

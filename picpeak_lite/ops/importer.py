@@ -30,7 +30,7 @@ from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.storage import open_storage
 
-EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".heic", ".heif"})
+EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".heic", ".heif", ".mp4", ".mov", ".m4v", ".webm"})
 BATCH_FILES = 50
 BATCH_BYTES = 512 * MB
 READ_SIZE = MB

@@ -50,8 +50,8 @@ import trio
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import Conflict, NotFound, TooLarge
-from picpeak_lite.media import images
-from picpeak_lite.pipeline import attempts, transitions
+from picpeak_lite.media import images, video
+from picpeak_lite.pipeline import attempts, transitions, video_intake
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import Storage, disk_errors, new_key, remove_quietly
@@ -100,6 +100,8 @@ class Limits:
     max_file_bytes: int
     max_files: int | None  # None: no limit per request (the importer)
     max_pixels: int | None = None  # None: settings.max_pixels; guests may have a lower limit
+    max_video_bytes: int | None = None  # None: max_file_bytes; guests' videos may be larger than their photos
+    max_video_seconds: int | None = None  # None: any length
 
     @classmethod
     def admin(cls, s: Settings) -> Limits:
@@ -107,12 +109,22 @@ class Limits:
 
     @classmethod
     def guest(cls, s: Settings) -> Limits:
-        return cls(s.guest_max_file_mb * MB, s.guest_max_files, min(s.guest_max_pixels, s.max_pixels))
+        return cls(s.guest_max_file_mb * MB, s.guest_max_files, min(s.guest_max_pixels, s.max_pixels),
+                   s.guest_max_video_mb * MB, s.guest_max_video_seconds)
+
+    @property
+    def video_bytes(self) -> int:
+        return self.max_file_bytes if self.max_video_bytes is None else self.max_video_bytes
+
+    @property
+    def sink_bytes(self) -> int:
+        """What a file may grow to while it arrives: whether it is a video is known only once it is in."""
+        return max(self.max_file_bytes, self.video_bytes)
 
     @property
     def max_request_bytes(self) -> int:
         """The largest body a legitimate request can have: every file at the limit, plus form overhead."""
-        return (self.max_files or 1) * (self.max_file_bytes + PART_OVERHEAD) + MB
+        return (self.max_files or 1) * (self.sink_bytes + PART_OVERHEAD) + MB
 
 
 @dataclass(eq=False)
@@ -123,6 +135,7 @@ class Entry:
     size: int = 0
     sha256: str = ""
     header: images.ImageHeader | None = None
+    video: video.VideoInfo | None = None  # the probe's facts when the file is a video
     key: str | None = None  # set (before the rename starts) once the file goes into storage
     inserted: bool = False  # a committed row points at ``key``
     photo_id: int | None = None
@@ -348,7 +361,7 @@ class Intake:
         if self.limits.max_files is not None and self.files_seen > self.limits.max_files:
             raise TooLarge(f"Too many files in one upload: at most {self.limits.max_files}. "
                            "Nothing was saved; please send them in smaller batches.")
-        sink = FileSink(self.storage, raw_name, self.limits.max_file_bytes)
+        sink = FileSink(self.storage, raw_name, self.limits.sink_bytes)
         self._open.add(sink)
         return sink
 
@@ -368,7 +381,7 @@ class Intake:
         self.entries.append(entry)
         if sink.too_large:
             self._drop(sink)
-            entry.error = f"The file is larger than the limit of {self.limits.max_file_bytes // MB} MB."
+            entry.error = f"The file is larger than the limit of {self.limits.sink_bytes // MB} MB."
             entry.status = 413
             return entry
         await sink.close()
@@ -396,17 +409,34 @@ class Intake:
             entry.duplicate, entry.photo_id = True, existing["id"]
             return
         # The header decides: over the pixel limit, or needing more decode memory than the whole budget
-        # (decode_memory_mb), it is refused here with its size, never stored and never decoded.
+        # (decode_memory_mb), it is refused here with its size, never stored and never decoded. A video is
+        # known by its container's bytes and checked by its probe (pipeline/video_intake.py).
         s = self.settings
-        check = partial(images.sniff, sink.temp, max_pixels=self.limits.max_pixels or s.max_pixels,
-                        max_bytes=s.decode_memory_mb * MB, view_px=s.view_px)
-        try:
-            entry.header = await trio.to_thread.run_sync(check, limiter=io_limiter())
-        except images.InvalidImage as error:
+        if await trio.to_thread.run_sync(video_intake.container_of, sink.temp, limiter=io_limiter()):
+            try:
+                entry.header, entry.video = await video_intake.check(
+                    sink.temp, sink.size, settings=s, max_bytes=self.limits.video_bytes,
+                    max_seconds=self.limits.max_video_seconds,
+                    max_pixels=min(self.limits.max_pixels or s.max_pixels, video.MAX_FRAME_PIXELS))
+            except video_intake.Refused as refused:
+                self._drop(sink)
+                entry.error, entry.status = refused.reason, refused.status
+                return
+        elif sink.size > self.limits.max_file_bytes:
             self._drop(sink)
-            entry.error = error.reason
-            entry.status = 415 if error.reason == images.UNSUPPORTED else 413 if error.too_large else 400
+            entry.error = f"The file is larger than the limit of {self.limits.max_file_bytes // MB} MB."
+            entry.status = 413
             return
+        else:
+            check = partial(images.sniff, sink.temp, max_pixels=self.limits.max_pixels or s.max_pixels,
+                            max_bytes=s.decode_memory_mb * MB, view_px=s.view_px)
+            try:
+                entry.header = await trio.to_thread.run_sync(check, limiter=io_limiter())
+            except images.InvalidImage as error:
+                self._drop(sink)
+                entry.error = error.reason
+                entry.status = 415 if error.reason == images.UNSUPPORTED else 413 if error.too_large else 400
+                return
         if self._room is None:
             self._room = self._cap - await self.db.read(photo_q.count_in_gallery, self.gallery_id)
         if self._room <= 0:
@@ -465,7 +495,7 @@ class Intake:
                             guest_name: str | None, *, provisional: bool) -> None:
         staged, self._stored = self._stored, []
         if staged:
-            rows = [(e.key, e.sha256, e.filename, e.size, e.header) for e in staged]
+            rows = [(e.key, e.sha256, e.filename, e.size, e.header, e.video) for e in staged]
             lease = self.settings.lease_seconds if provisional else None
             upload_id, outcomes = await self.db.write(
                 _record, self.storage, authorize, self.gallery_id, rows, self.upload_id, uploaded_by,
@@ -540,7 +570,7 @@ def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id
     cap = gallery["photo_cap"] or default_cap
     count = photo_q.count_in_gallery(conn, gallery_id)
     outcomes: list[Outcome] = []
-    for key, sha256, name, size, header in rows:
+    for key, sha256, name, size, header, clip in rows:
         existing = photo_q.find_by_sha(conn, gallery_id, sha256)
         if existing is not None:
             if existing["status"] == "failed":
@@ -564,6 +594,7 @@ def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id
             conn, gallery_id=gallery_id, upload_id=upload_id, storage_key=key, sha256=sha256, display_name=name,
             size=size, format=header.format, uploaded_by=uploaded_by, guest_name=guest_name,
             width=header.width, height=header.height, now=now, provisional=lease is not None,
+            video=None if clip is None else clip.to_json(),
         )
         outcomes.append((photo_id, False, None))
         count += 1

@@ -33,6 +33,8 @@ def photo_event_data(row: Row) -> dict[str, Any]:
         "width": row["width"],
         "height": row["height"],
         "uploaded_by": row["uploaded_by"],
+        "media_type": row.get("media_type", "photo"),
+        "duration": row.get("duration"),
     }
 
 

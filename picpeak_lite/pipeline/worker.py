@@ -23,7 +23,7 @@ import trio
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import InsufficientStorage, StorageUnavailable
 from picpeak_lite.media import exif, images
-from picpeak_lite.pipeline import attempts, transitions
+from picpeak_lite.pipeline import attempts, transitions, video_work
 from picpeak_lite.pipeline.imagethreads import ImageThreads
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
@@ -213,6 +213,10 @@ class WorkerPool:
         spec = await self._spec(row["gallery_id"])
         budget = self.svc.decode_budget
         run = self._in_thread
+        if row.get("media_type") == "video":  # its poster frame, then the same steps (pipeline/video_work.py)
+            made = await video_work.render(path, row, spec, budget=budget, run=run,
+                                           deadline=self.svc.settings.video_deadline_seconds)
+            return made if isinstance(made, str) else _Rendered(*made)
         try:
             cost = await run(images.plan, path, spec, budget.total)
             async with budget.hold(cost):

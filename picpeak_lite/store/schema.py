@@ -303,6 +303,29 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (gallery_id, day, kind)
     ) STRICT, WITHOUT ROWID;
     """,
+    # videos (issue 13): a photo row is a photo or a video (media_type), with the probe's facts. format takes
+    # the containers too. Its CHECK is widened by SQLite's documented way to change a constraint in place
+    # (https://sqlite.org/lang_altertable.html, "making other kinds of table schema changes"): the table's SQL
+    # text is edited, and the ALTERs before it bump the schema cookie so every connection re-reads it. A rebuild
+    # of photos (triggers, indexes, other branches' columns) would be far more to get wrong. preview_status:
+    # NULL when the original plays in browsers; else the playable MP4 preview's state ('pending', 'complete',
+    # 'failed'), made by the preview lane (pipeline/video_previews.py). preview_error: its readable reason.
+    """
+    ALTER TABLE photos ADD COLUMN media_type TEXT NOT NULL DEFAULT 'photo' CHECK (media_type IN ('photo', 'video'));
+    ALTER TABLE photos ADD COLUMN duration REAL CHECK (duration IS NULL OR duration >= 0);
+    ALTER TABLE photos ADD COLUMN fps REAL;
+    ALTER TABLE photos ADD COLUMN video_codec TEXT;
+    ALTER TABLE photos ADD COLUMN audio_codec TEXT;
+    ALTER TABLE photos ADD COLUMN preview_status TEXT
+        CHECK (preview_status IS NULL OR preview_status IN ('pending', 'complete', 'failed'));
+    ALTER TABLE photos ADD COLUMN preview_error TEXT;
+    CREATE INDEX photos_previews ON photos(id) WHERE preview_status = 'pending';
+    PRAGMA writable_schema = ON;
+    UPDATE sqlite_schema SET sql = replace(sql, 'CHECK (format IN (''jpeg'', ''png'', ''webp'', ''heif''))',
+        'CHECK (format IN (''jpeg'', ''png'', ''webp'', ''heif'', ''mp4'', ''mov'', ''webm''))')
+        WHERE type = 'table' AND name = 'photos';
+    PRAGMA writable_schema = RESET;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -13,6 +13,7 @@ Layout (under the data directory, or under ``s3_prefix`` in the bucket)::
     derived/ab/<key>.grid.jpg
     derived/ab/<key>.view.jpg
     derived/ab/<key>.wm-<tag>.jpg  a full-size watermarked download, cached; <tag> names the watermark it carries
+    derived/ab/<key>.play.mp4  a video's playable H.264 preview, when browsers cannot play its original (HEVC)
 
 Durability rule: a file is written to ``tmp/``, fsynced, then made durable under its key (locally: renamed into
 place atomically and its directory fsynced; in a bucket: uploaded and its checksums verified), all before the
@@ -76,6 +77,12 @@ def watermarked_name(key: str, tag: str) -> str:
     if len(tag) != WATERMARK_TAG_CHARS or any(c not in "0123456789abcdef" for c in tag):
         raise ValueError(f"not a watermark tag: {tag!r}")
     return f"derived/{key[:2]}/{key}.wm-{tag}.jpg"
+
+
+def preview_name(key: str) -> str:
+    """A video's playable H.264 preview, when browsers cannot play its original."""
+    _check_key(key)
+    return f"derived/{key[:2]}/{key}.play.mp4"
 
 
 def key_of(name: str) -> str | None:
@@ -222,6 +229,7 @@ class PhotoFiles:
             self.remove(derived_name(key, kind))
         for name in self._watermarked_names(key):
             self.remove(name)
+        self.remove(preview_name(key))
 
     def remove_files_of(self, keys: Iterable[str]) -> None:
         """:meth:`remove_photo_files` for each key: one thread hop for a gallery or a selection."""
@@ -268,6 +276,10 @@ class LocalStorage(PhotoFiles):
     def check_access(self) -> None:
         """Nothing to check: the data directory is created and written at start anyway."""
 
+    def preview_path(self, key: str) -> Path:
+        """A video's playable preview as a local file (pipeline/video_previews.py makes it)."""
+        return self.root / preview_name(key)
+
     def describe(self) -> str:
         return f"local files in {self.root}"
 
@@ -279,6 +291,7 @@ class LocalStorage(PhotoFiles):
 
     def watermarked_path(self, key: str, tag: str) -> Path:
         return self.root / watermarked_name(key, tag)
+
 
     def new_temp_path(self) -> Path:
         return self.tmp_dir / f"{TEMP_PREFIX}{secrets.token_hex(12)}"

@@ -99,6 +99,7 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
         live,
         photos,
         upload,
+        video,
     )
 
     app.register_blueprint(health.blueprint)
@@ -109,6 +110,7 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.register_blueprint(favourites.blueprint)
     app.register_blueprint(upload.blueprint)
     app.register_blueprint(photos.blueprint)
+    app.register_blueprint(video.blueprint)
     app.register_blueprint(live.blueprint)
     app.register_blueprint(admin_photos.blueprint)
     app.register_blueprint(admin_settings.blueprint)

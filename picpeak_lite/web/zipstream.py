@@ -30,7 +30,8 @@ import trio
 
 CHUNK_BYTES = 256 * 1024
 MAX_NAME_CHARS = 120
-EXTENSIONS = {"jpeg": (".jpg", ".jpeg"), "png": (".png",), "webp": (".webp",), "heif": (".heic", ".heif")}
+EXTENSIONS = {"jpeg": (".jpg", ".jpeg"), "png": (".png",), "webp": (".webp",), "heif": (".heic", ".heif"),
+              "mp4": (".mp4", ".m4v"), "mov": (".mov",), "webm": (".webm",)}
 _UNSAFE = re.compile(r'[\x00-\x1f\x7f<>:"/\\|?*]')
 _RESERVED = re.compile(r"^(con|prn|aux|nul|com\d|lpt\d)(\..*)?$", re.IGNORECASE)
 # The smallest date a zip header can hold.

@@ -6,7 +6,7 @@ from picpeak_lite.store.db import Connection, Row
 
 _WITH_DETAILS = (
     "SELECT c.seq, c.photo_id, c.gallery_id, c.upload_id, c.status, c.hidden, c.awaiting_approval, "
-    "p.display_name, p.error, p.width, p.height, p.guest_name "
+    "p.display_name, p.error, p.width, p.height, p.guest_name, p.media_type, p.duration "
     "FROM photo_changes c LEFT JOIN photos p ON p.id = c.photo_id "
 )
 

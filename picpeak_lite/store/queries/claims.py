@@ -37,7 +37,7 @@ def renew_lease(conn: Connection, photo_id: int, token: str, lease_until: float)
 def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any], now: float) -> bool:
     """Record a finished photo, if ``token`` still holds its claim."""
     columns = ("width", "height", "taken_at", "camera_make", "camera_model", "lens", "focal_length", "aperture",
-               "exposure", "iso", "has_gps")
+               "exposure", "iso", "has_gps", "duration", "fps", "video_codec", "audio_codec")
     assignments = ", ".join(f"{c} = ?" for c in columns)
     conn.execute(
         f"UPDATE photos SET status = 'complete', claim_token = NULL, lease_until = NULL, error = NULL, "

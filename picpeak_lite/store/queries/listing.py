@@ -36,7 +36,7 @@ TAKEN_KEY = "coalesce(taken_at, strftime('%Y-%m-%dT%H:%M:%S', created_at, 'unixe
 
 COLUMNS = (
     "id, display_name, width, height, taken_at, camera_make, camera_model, lens, focal_length, aperture, "
-    "exposure, iso, format, size, created_at"
+    "exposure, iso, format, size, created_at, media_type, duration, preview_status"
 )
 
 
@@ -140,7 +140,7 @@ def all_visible(conn: Connection, gallery_id: int, *, guest_session_id: int | No
         where += " AND id IN (SELECT photo_id FROM favourites WHERE guest_session_id = ?)"
         params.append(guest_session_id if guest_session_id is not None else -1)
     return conn.execute(
-        f"SELECT id, display_name, format, size, storage_key, taken_at FROM photos WHERE {where} "
+        f"SELECT id, display_name, format, size, storage_key, taken_at, media_type FROM photos WHERE {where} "
         f"ORDER BY {TAKEN_KEY}, id",
         params,
     ).fetchall()

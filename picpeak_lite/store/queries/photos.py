@@ -7,6 +7,7 @@ The claim (how a worker takes a pending photo, and the token-guarded writes that
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from picpeak_lite.store.db import Connection, Row
 
@@ -21,6 +22,10 @@ class PhotoStatus(StrEnum):
     FAILED = "failed"
 
 
+# Video codecs Chromium and Firefox play as they are (media/video.py BROWSER_CODECS; kept here as data, SQL
+# needs no media import)
+BROWSER_CODECS = frozenset({"h264", "vp8", "vp9", "av1"})
+VIDEO_MIME = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm"}
 MAX_ERROR_LENGTH = 1000
 ORIGINAL_MISSING = "The original file is missing from storage."  # the reason a photo without its file fails
 TERMINAL = (PhotoStatus.COMPLETE, PhotoStatus.FAILED)
@@ -107,9 +112,11 @@ def get_upload(conn: Connection, upload_id: str) -> Row | None:
 
 def insert_photo(conn: Connection, *, gallery_id: int, upload_id: str, storage_key: str, sha256: str,
                  display_name: str, size: int, format: str, uploaded_by: str, guest_name: str | None,
-                 width: int, height: int, now: float, provisional: bool = False) -> int:
+                 width: int, height: int, now: float, provisional: bool = False,
+                 video: dict[str, Any] | None = None) -> int:
     """Insert a pending photo under a new id: one never given before, even to a photo since deleted (schema 5).
-    ``provisional``: its request is still arriving (schema 7)."""
+    ``provisional``: its request is still arriving (schema 7). ``video``: the probe's facts (VideoInfo.to_json)
+    of a video, which makes it ``media_type = 'video'``."""
     photo_id = conn.execute(
         "UPDATE photo_id_counter SET next_id = max(next_id, (SELECT coalesce(max(id), 0) FROM photos) + 1) + 1 "
         "RETURNING next_id - 1 AS id"
@@ -121,7 +128,40 @@ def insert_photo(conn: Connection, *, gallery_id: int, upload_id: str, storage_k
         (photo_id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, uploaded_by,
          guest_name, width, height, now, int(provisional)),
     )
+    if video is not None:
+        set_video_facts(conn, photo_id, video)
     return photo_id
+
+
+def set_video_facts(conn: Connection, photo_id: int, facts: dict[str, Any]) -> None:
+    """A video's probe facts (at upload, and again by the worker's own probe). A clip browsers cannot play
+    gets ``preview_status = 'pending'``: the preview lane makes a playable copy (pipeline/video_previews.py)."""
+    needs_preview = facts.get("video_codec") not in BROWSER_CODECS
+    conn.execute(
+        "UPDATE photos SET media_type = 'video', duration = ?, fps = ?, video_codec = ?, audio_codec = ?, "
+        "preview_status = CASE WHEN ? THEN coalesce(preview_status, 'pending') ELSE NULL END WHERE id = ?",
+        (facts.get("duration"), facts.get("fps"), facts.get("video_codec"), facts.get("audio_codec"),
+         int(needs_preview), photo_id),
+    )
+
+
+def next_preview(conn: Connection) -> Row | None:
+    """The oldest complete video still waiting for its playable preview (schema: videos)."""
+    rows = conn.execute("SELECT id, storage_key, duration FROM photos WHERE preview_status = 'pending' "
+                        "AND status = 'complete' ORDER BY id LIMIT 1").fetchall()
+    return rows[0] if rows else None
+
+
+def preview_done(conn: Connection, photo_id: int) -> bool:
+    conn.execute("UPDATE photos SET preview_status = 'complete', preview_error = NULL "
+                 "WHERE id = ? AND preview_status = 'pending'", (photo_id,))
+    return conn.changes() == 1
+
+
+def preview_failed(conn: Connection, photo_id: int, reason: str) -> bool:
+    conn.execute("UPDATE photos SET preview_status = 'failed', preview_error = ? "
+                 "WHERE id = ? AND preview_status = 'pending'", (reason[:MAX_ERROR_LENGTH], photo_id))
+    return conn.changes() == 1
 
 
 def find_by_sha(conn: Connection, gallery_id: int, sha256: str) -> Row | None:
@@ -256,7 +296,8 @@ def upload_counts(conn: Connection, upload_id: str) -> Row:
 
 def upload_photos(conn: Connection, upload_id: str) -> list[Row]:
     return conn.execute(
-        "SELECT id, display_name, status, error, width, height, size, awaiting_approval FROM photos "
+        "SELECT id, display_name, status, error, width, height, size, awaiting_approval, media_type, duration "
+        "FROM photos "
         "WHERE upload_id = ? ORDER BY id",
         (upload_id,),
     ).fetchall()

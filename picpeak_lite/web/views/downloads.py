@@ -151,7 +151,8 @@ async def photo(slug: str, photo_id: int) -> Response:
     row = await svc.db.read(access.visible_photo, gallery, photo_id)
     svc.activity.count(gallery["id"], "downloads_single")
     watermark = await watermark_for(gallery)
-    if size == "web":
+    video = row.get("media_type") == "video"  # a video goes as its original: no web size, no watermark
+    if size == "web" and not video:
         try:
             data = await web_copy(svc, row["storage_key"], watermark, limits().watermark_limiter)
         except FileNotFoundError:
@@ -160,7 +161,7 @@ async def photo(slug: str, photo_id: int) -> Response:
         response.headers["Content-Disposition"] = attachment_header(_web_name(row["display_name"]), "jpeg")
         response.headers["Content-Security-Policy"] = SANDBOX_CSP
         response.headers["Cache-Control"] = "private, no-cache"
-    elif watermark is None:
+    elif watermark is None or video:
         response = await send_original(row)
     else:
         try:
@@ -208,8 +209,13 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
                        else "There are no photos in this gallery yet.")
     svc.activity.count(gallery["id"], "downloads_zip")
     watermark = await watermark_for(gallery)
-    names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
-                                  force_extension=".jpg" if watermark or web else None)
+    converted = bool(watermark or web)  # photos become JPEGs; videos always go as their originals
+    if converted and any(r.get("media_type") == "video" for r in rows):
+        names = zipstream.entry_names([(r["display_name"], r["format"] if r.get("media_type") == "video" else "jpeg")
+                                       for r in rows])
+    else:
+        names = zipstream.entry_names([(r["display_name"], r["format"]) for r in rows],
+                                      force_extension=".jpg" if converted else None)
     if web:
         entries = _web_entries(svc, rows, names, watermark, limits().watermark_limiter)
     else:
@@ -234,7 +240,7 @@ def _zip_entries(svc: Services, rows: list[dict[str, Any]], names: list[str], wa
     for row, name in zip(rows, names, strict=True):
         key = row["storage_key"]
         date_time = zipstream.zip_date(row["taken_at"], svc.clock())
-        if watermark is None:
+        if watermark is None or row.get("media_type") == "video":
             yield zipstream.Entry(name=name, open=partial(storage.open, original_name(key)), date_time=date_time)
         elif (cached := storage.local_path(watermarked_name(key, tag))) is not None and cached.exists():
             yield zipstream.Entry(name=name, open=partial(storage.open, watermarked_name(key, tag)),
@@ -250,6 +256,10 @@ def _web_entries(svc: Services, rows: list[dict[str, Any]], names: list[str], wa
     the limiter and the decode budget are the single download's)."""
     for row, name in zip(rows, names, strict=True):
         key = row["storage_key"]
+        if row.get("media_type") == "video":
+            yield zipstream.Entry(name=name, open=partial(svc.storage.open, original_name(key)),
+                                  date_time=zipstream.zip_date(row["taken_at"], svc.clock()))
+            continue
 
         def render(key: str = key) -> bytes:
             try:

@@ -19,6 +19,7 @@ from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import listing
 from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, limits, services
+from picpeak_lite.web.playback import duration_label, video_fields
 from picpeak_lite.web.views.common import base_url, client_ip, load_gallery
 
 blueprint = Blueprint("guest", __name__)
@@ -86,7 +87,8 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
     """What the page and the JSON listing know of one photo."""
     slug, pid = gallery["slug"], photo["id"]
     taken = taken_label(photo.get("taken_at"))
-    alt = f"Photo taken {taken}" if taken else f"Photo {position}" if position else "Photo"
+    kind = "Video" if photo.get("media_type") == "video" else "Photo"
+    alt = f"{kind} taken {taken}" if taken else f"{kind} {position}" if position else kind
     return {
         "id": pid,
         "width": photo["width"] or 1,
@@ -97,11 +99,12 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
         "download_url": (url_for("downloads.photo", slug=slug, photo_id=pid)
                          if gallery["allow_downloads"] else None),
         "web_download_url": (url_for("downloads.photo", slug=slug, photo_id=pid, size="web")
-                             if gallery["allow_downloads"] else None),
+                             if gallery["allow_downloads"] and photo.get("media_type") != "video" else None),
         "favourite": bool(photo.get("favourite")),
         "taken": taken,
         "camera": camera_line(photo),
         "alt": alt,
+        **video_fields(photo, url_for("video.guest_play", slug=slug, photo_id=pid)),
     }
 
 
@@ -175,7 +178,8 @@ async def upload_page(slug: str) -> Any:
     settings = services().settings
     return await render_template(
         "guest/upload.html", gallery=row, guest=guest, max_file_mb=settings.guest_max_file_mb,
-        max_files=settings.guest_max_files,
+        max_files=settings.guest_max_files, max_video_mb=settings.guest_max_video_mb,
+        max_video_length=duration_label(settings.guest_max_video_seconds),
     )
 
 

@@ -269,6 +269,8 @@ def _delta(change: Change, image_url: Callable[[int, str], str]) -> dict[str, An
         "guest_name": change.guest_name,
         "width": change.width,
         "height": change.height,
+        "media_type": change.media_type,
+        "duration": change.duration,
         "thumb_url": image_url(change.photo_id, "grid") if complete else None,
         "view_url": image_url(change.photo_id, "view") if complete else None,
     }

@@ -1,0 +1,427 @@
+"""Videos: the container check from the header bytes, and the probe and poster frame made with PyAV.
+
+This is the only module that imports ``av`` (PyAV, whose wheels carry FFmpeg, so no system package is needed),
+and it imports it only inside :func:`probe` and :func:`poster`. Those two run in a child process, never in the
+server: ``python -m picpeak_lite.media.video probe|inspect PATH VIEW_PX`` (:func:`main`), started by
+``pipeline/video_jobs.py`` with a deadline and a memory limit. FFmpeg's demuxers and decoders are C code fed with
+files from strangers; a crash there (a segfault, an abort, a runaway allocation) ends the child, and the photo
+fails with a sentence, while the server and its other workers go on. A thread could not give that: a segfault
+in any thread ends the whole process. The price is the child's start (Python and FFmpeg's libraries: about
+0.1 s of CPU, ``bench/bench_video.py``), small next to a video's upload.
+
+What the server process uses from here is pure Python: :func:`sniff_container` (the magic bytes),
+:class:`VideoInfo` and :class:`InvalidVideo`.
+
+Rules, as for images (``media/images.py``): the container is recognised by its bytes, never its name; every
+failure is :class:`InvalidVideo` with a reason an uploader can read; the poster is one frame decoded alone
+(a seek to the key frame before min(1 s, 10 %), decoded on to that time, never the whole stream), turned upright by the
+stream's display matrix, shrunk to the view size by FFmpeg's scaler before it becomes a Pillow image, and it
+carries no metadata. Location tags are never read out: ``has_gps`` only says whether one was present, as for
+photos.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+# our container name -> MIME type served with the original
+CONTAINERS = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm"}
+EXTENSIONS = {"mp4": "mp4", "mov": "mov", "webm": "webm"}
+QUICKTIME_BRANDS = {b"qt  "}
+# ISO base media brands of video files (HEIF/AVIF image brands are media/images.py's, checked before this)
+MP4_BRANDS = {b"isom", b"iso2", b"iso4", b"iso5", b"iso6", b"mp41", b"mp42", b"avc1", b"M4V ", b"M4VH", b"M4VP",
+              b"dash", b"3gp4", b"3gp5", b"3gp6", b"3g2a", b"MSNV", b"XAVC", b"hvc1", b"av01", b"mmp4", b"f4v "}
+# QuickTime files from older cameras begin with one of these atoms instead of ftyp
+QUICKTIME_FIRST_ATOMS = {b"moov", b"mdat", b"wide", b"free", b"skip", b"pnot"}
+EBML_MAGIC = b"\x1a\x45\xdf\xa3"
+# Codecs the lightbox can play as they are in Chromium and Firefox; anything else needs a playable preview.
+BROWSER_CODECS = {"h264", "vp8", "vp9", "av1"}
+OLDEST = datetime(1990, 1, 1)
+LOCATION_KEYS = ("location", "location-eng", "com.apple.quicktime.location.iso6709", "\xa9xyz")
+MAX_POSTER_FRAMES = 120  # frames decoded after the seek at most, to reach the poster's time
+MAX_FRAME_PIXELS = 8192 * 8192  # a frame larger than 8K on a side is a header made to exhaust memory
+
+UNSUPPORTED = "Not a supported video (MP4, MOV, M4V or WebM)"
+CORRUPT = "The video file is truncated or corrupt"
+NO_VIDEO = "The file has no video track (is it audio only?)"
+NO_FRAMES = "The video has no frame that could be decoded: the file is truncated, empty or corrupt"
+
+
+class InvalidVideo(ValueError):
+    """A video we cannot or will not process. ``reason`` is shown to the uploader; ``detail`` is for logs."""
+
+    def __init__(self, reason: str, detail: str = "", *, too_large: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+        self.too_large = too_large
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the probe learns. ``width``/``height`` are as displayed: the display matrix's rotation applied."""
+
+    container: str  # 'mp4', 'mov' or 'webm' (from the bytes)
+    width: int
+    height: int
+    duration: float  # seconds
+    fps: float | None
+    video_codec: str
+    audio_codec: str | None
+    rotation: int  # degrees counter-clockwise the stored frames are turned to be shown (0, 90, 180, 270)
+    taken_at: str | None = None  # 'YYYY-MM-DDTHH:MM:SS', camera local time when the file says so
+    camera_make: str | None = None
+    camera_model: str | None = None
+    has_gps: bool = False  # a location tag was present (never read out)
+
+    @property
+    def mime(self) -> str:
+        return CONTAINERS[self.container]
+
+    @property
+    def browser_playable(self) -> bool:
+        """Whether Chromium plays the original: H.264, VP8/9 or AV1 (HEVC and others need a preview)."""
+        return self.video_codec in BROWSER_CODECS and self.container in CONTAINERS
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> VideoInfo:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def sniff_container(head: bytes) -> str | None:
+    """The video container the first bytes show ('mp4', 'mov', 'webm'), or None when they are not a video's.
+
+    Pure bytes: the server calls this on every upload without loading FFmpeg. A ``.mp4`` name on a text file
+    is not a video; an MP4 named ``.jpg`` is.
+    """
+    if len(head) >= 12 and head[4:8] == b"ftyp":
+        size = int.from_bytes(head[:4], "big")
+        brands = [head[8:12]] + [head[i : i + 4] for i in range(16, min(size, len(head)) - 3, 4)]
+        if head[8:12] in QUICKTIME_BRANDS:
+            return "mov"
+        if any(brand in MP4_BRANDS for brand in brands):
+            return "mp4"
+        if any(brand in QUICKTIME_BRANDS for brand in brands):
+            return "mov"
+        return None
+    if len(head) >= 8 and head[4:8] in QUICKTIME_FIRST_ATOMS and int.from_bytes(head[:4], "big") >= 8:
+        return "mov"
+    if head.startswith(EBML_MAGIC) and b"\x42\x82" in head[:64] and b"webm" in head[:64]:
+        return "webm"
+    return None
+
+
+def probe(path: str, *, max_pixels: int = MAX_FRAME_PIXELS) -> VideoInfo:
+    """Read the container's header and decode the first frame (the rotation lives in the frame's display matrix,
+    and a file whose first frame cannot be decoded is refused now rather than failing later). Sync; child only."""
+    container_name = _container_name(path)
+    with _open(path) as container:
+        return _facts(container, container_name, max_pixels)
+
+
+def inspect(path: str, *, max_pixels: int = MAX_FRAME_PIXELS, view_px: int = 1600) -> tuple[VideoInfo, Any]:
+    """:func:`probe` and :func:`poster` on one opened container (the worker's call: one open, one demuxer)."""
+    container_name = _container_name(path)
+    with _open(path) as container:
+        info = _facts(container, container_name, max_pixels)
+        return info, _poster(container, info, view_px)
+
+
+def poster(path: str, info: VideoInfo, view_px: int) -> Any:
+    """The poster as an upright Pillow RGB image no larger than ``view_px`` on its long edge (PyAV makes the
+    Pillow image; this module never imports PIL itself). Seeks to the key frame before min(1 s, 10 %) and
+    decodes on to that time (never the whole stream); one frame is converted. Typed Any: PIL is images.py's."""
+    with _open(path) as container:
+        return _poster(container, info, view_px)
+
+
+def _container_name(path: str) -> str:
+    with open(path, "rb") as fp:
+        container_name = sniff_container(fp.read(64))
+    if container_name is None:
+        raise InvalidVideo(UNSUPPORTED)
+    return container_name
+
+
+def _facts(container: Any, container_name: str, max_pixels: int) -> VideoInfo:
+    stream = _video_stream(container)
+    first = _first_frame(container, stream)
+    rotation = _rotation(first)
+    width, height = _check_size(stream, first, max_pixels)
+    if rotation in (90, 270):
+        width, height = height, width
+    tags = _tags(container, stream)
+    audio = container.streams.audio[0].codec_context.name if container.streams.audio else None
+    return VideoInfo(
+        container=container_name,
+        width=width,
+        height=height,
+        duration=_duration(container, stream),
+        fps=_fps(stream),
+        video_codec=stream.codec_context.name,
+        audio_codec=audio,
+        rotation=rotation,
+        taken_at=_taken_at(tags),
+        camera_make=_text(tags.get("com.apple.quicktime.make") or tags.get("make")),
+        camera_model=_text(tags.get("com.apple.quicktime.model") or tags.get("model")),
+        has_gps=any(tags.get(key) for key in LOCATION_KEYS),
+    )
+
+
+def _poster(container: Any, info: VideoInfo, view_px: int) -> Any:
+    target = min(1.0, info.duration * 0.1) if info.duration > 0 else 0.0
+    stream = _video_stream(container)
+    frame = None
+    if target > 0 and stream.time_base:
+        try:
+            container.seek(int(target / stream.time_base), stream=stream, backward=True, any_frame=False)
+            frame = _frame_at(container, stream, target)
+        except Exception:  # an unseekable file (no index): its first frame below is still a poster
+            frame = None
+    if frame is None:
+        container.seek(0)
+        frame = _first_frame(container, stream)
+    stored_w, stored_h = frame.width, frame.height
+    rotation = _rotation(frame)
+    if rotation in (90, 270):
+        stored_w, stored_h = stored_h, stored_w
+    scale = min(1.0, view_px / max(stored_w, stored_h))
+    w, h = max(1, round(frame.width * scale)), max(1, round(frame.height * scale))
+    image = frame.reformat(width=w, height=h, format="rgb24", interpolation="AREA").to_image()
+    turn = {90: 2, 180: 3, 270: 4}.get(rotation)  # PIL.Image.Transpose ROTATE_90 / 180 / 270 (counter-clockwise)
+    if turn is not None:
+        image = image.transpose(turn)
+    image.info = {}
+    return image
+
+
+class _open:
+    """``av.open`` with the errors turned into sentences, closed on exit (a context manager PyAV types loosely)."""
+
+    def __init__(self, path: str) -> None:
+        import av  # here, not at the top: only the child process loads FFmpeg
+
+        self._av = av
+        try:
+            self.container = av.open(path, metadata_errors="replace")
+        except av.error.FFmpegError as exc:
+            raise InvalidVideo(CORRUPT, f"{type(exc).__name__}: {exc}") from exc
+
+    def __enter__(self) -> Any:
+        return self.container
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.container.close()
+        if isinstance(exc, self._av.error.FFmpegError):
+            raise InvalidVideo(CORRUPT, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _video_stream(container: Any) -> Any:
+    streams = [s for s in container.streams.video if not (s.disposition.value & 0x400)]  # not an attached picture
+    if not streams:
+        raise InvalidVideo(NO_VIDEO)
+    stream = streams[0]
+    if stream.codec_context is None:
+        name = getattr(stream.codec, "name", None) or "unknown"
+        raise InvalidVideo(f"The video uses a codec this server cannot read ({name})")
+    if not stream.codec_context.is_open:  # a second call on the same container (inspect) finds it open
+        stream.codec_context.thread_count = 2
+    return stream
+
+
+def _first_frame(container: Any, stream: Any) -> Any:
+    frame = _next_frame(container, stream)
+    if frame is None:
+        raise InvalidVideo(NO_FRAMES)
+    return frame
+
+
+def _next_frame(container: Any, stream: Any) -> Any:
+    """The first frame the decoder gives from here; packets are demuxed and fed until it does (a few at most
+    for a well-formed file; a file of thousands of undecodable packets ends at the deadline of the child)."""
+    for frame in container.decode(stream):
+        return frame
+    return None
+
+
+def _frame_at(container: Any, stream: Any, target: float) -> Any:
+    """The first frame at or after ``target`` seconds, decoding on from the key frame the seek landed on, at
+    most :data:`MAX_POSTER_FRAMES` of them (phones put a key frame every second or two; a file with none but
+    its first gives the frame reached). Only the chosen frame is scaled and converted to RGB."""
+    chosen = None
+    for count, frame in enumerate(container.decode(stream)):
+        chosen = frame
+        if count >= MAX_POSTER_FRAMES or (frame.time is not None and frame.time >= target - 0.001):
+            break
+    return chosen
+
+
+def _rotation(frame: Any) -> int:
+    """The display matrix's rotation as 0, 90, 180 or 270 degrees counter-clockwise (FFmpeg's sign)."""
+    degrees = getattr(frame, "rotation", 0) or 0
+    return round(degrees / 90) % 4 * 90
+
+
+def _check_size(stream: Any, frame: Any, max_pixels: int) -> tuple[int, int]:
+    width, height = frame.width or stream.width, frame.height or stream.height
+    if width < 2 or height < 2:
+        raise InvalidVideo(NO_FRAMES, f"{width}x{height}")
+    if width * height > max_pixels:
+        raise InvalidVideo(f"The video's frames are too large ({width}x{height}); the limit is "
+                           f"{max_pixels / 1e6:.0f} megapixels", too_large=True)
+    return width, height
+
+
+def _duration(container: Any, stream: Any) -> float:
+    if container.duration:
+        return round(container.duration / 1_000_000, 3)
+    if stream.duration and stream.time_base:
+        return round(float(stream.duration * stream.time_base), 3)
+    return 0.0
+
+
+def _fps(stream: Any) -> float | None:
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    if not rate:
+        return None
+    fps = float(rate)
+    return round(fps, 3) if math.isfinite(fps) and 0 < fps < 1000 else None
+
+
+def _tags(container: Any, stream: Any) -> dict[str, str]:
+    tags = {str(k).lower(): str(v) for k, v in stream.metadata.items()}
+    tags.update({str(k).lower(): str(v) for k, v in container.metadata.items()})
+    return tags
+
+
+def _taken_at(tags: dict[str, str], now: datetime | None = None) -> str | None:
+    """Apple's creationdate (camera local time, with its offset), else creation_time (UTC); kept only when after
+    1990 and not in the future, as for photos."""
+    now = now or datetime.now(UTC).replace(tzinfo=None)
+    for key, local in (("com.apple.quicktime.creationdate", True), ("creation_time", False)):
+        value = tags.get(key)
+        if not value:
+            continue
+        try:
+            when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            continue
+        if when.tzinfo is not None:
+            if not local:
+                when = when.astimezone(UTC)
+            when = when.replace(tzinfo=None)
+        if OLDEST <= when <= now + timedelta(days=1):
+            return when.isoformat(timespec="seconds")
+    return None
+
+
+def _text(value: str | None) -> str | None:
+    if not value:
+        return None
+    text = "".join(c for c in value if c.isprintable()).strip()
+    return text[:100] or None
+
+
+def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) -> None:
+    """A playable copy for browsers that cannot play the original (HEVC in Chromium): H.264 (yuv420p, CRF 23,
+    superfast: about 0.6 s of CPU per second of 1080p, bench/bench_video.py) and AAC in an MP4 whose index is at
+    the front (it starts playing before it has all arrived), fitted inside ``box`` (1080p, either orientation),
+    the display matrix kept so a portrait clip stays portrait. Timestamps are the source's, so sound and
+    picture stay together. No metadata is copied."""
+    import av
+
+    with _open(source) as inp, av.open(target, "w", format="mp4", options={"movflags": "+faststart"}) as out:
+        vin = _video_stream(inp)
+        vin.thread_type = "AUTO"
+        ain = inp.streams.audio[0] if inp.streams.audio and inp.streams.audio[0].codec_context else None
+        first = _first_frame(inp, vin)
+        rotation = _rotation(first)
+        inp.seek(0)
+        long_edge, short_edge = max(box), min(box)
+        scale = min(1.0, long_edge / max(first.width, first.height), short_edge / min(first.width, first.height))
+        width, height = (max(2, round(first.width * scale / 2) * 2), max(2, round(first.height * scale / 2) * 2))
+        vout = out.add_stream("libx264", rate=vin.average_rate or 30)
+        vout.width, vout.height, vout.pix_fmt = width, height, "yuv420p"
+        vout.time_base = vin.time_base
+        vout.options = {"preset": "superfast", "crf": "23"}
+        vout.codec_context.thread_count = 2
+        if rotation:
+            vout.set_display_rotation(rotation)
+        aout = None
+        if ain is not None:
+            aout = out.add_stream("aac", rate=ain.codec_context.sample_rate or 48000)
+            aout.layout = ain.codec_context.layout.name if ain.codec_context.layout else "stereo"
+        streams = [vin] if ain is None else [vin, ain]
+        for packet in inp.demux(*streams):
+            for frame in packet.decode():
+                if packet.stream is vin:
+                    picture = frame.reformat(width=width, height=height, format="yuv420p")
+                    picture.pts, picture.time_base = frame.pts, frame.time_base
+                    out.mux(vout.encode(picture))
+                elif aout is not None:
+                    frame.pts = None  # the encoder numbers audio samples itself: gaps would break AAC
+                    out.mux(aout.encode(frame))
+        out.mux(vout.encode(None))
+        if aout is not None:
+            out.mux(aout.encode(None))
+
+
+# --- the child process -------------------------------------------------------------------------------------
+# stdout: one JSON line ({"info": ..., "poster": {"width", "height", "bytes"}} or {"error", "detail",
+# "too_large"}), then, for a poster, its RGB bytes (width * height * 3). Exit 0 for a good or a bad video; any
+# other exit is a crash, which pipeline/video_jobs.py turns into a sentence.
+
+
+def main(argv: list[str]) -> int:
+    """``probe|inspect PATH [VIEW_PX [MAX_PIXELS [MEMORY_BYTES]]]`` (inspect: probe and poster) or
+    ``transcode PATH TARGET [MAX_PIXELS [MEMORY_BYTES]]``."""
+    mode, path = argv[0], argv[1]
+    view_px = int(argv[2]) if len(argv) > 2 and mode != "transcode" else 1600
+    max_pixels = int(argv[3]) if len(argv) > 3 else MAX_FRAME_PIXELS
+    if len(argv) > 4:  # before FFmpeg is loaded: a runaway allocation fails here, not in the server
+        memory = int(argv[4])
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash leaves no core file behind
+    out = sys.stdout.buffer
+    if mode == "transcode":  # PATH TARGET: lowest CPU priority, so that photos' workers go first
+        os.nice(19)
+        try:
+            transcode(path, argv[2])
+        except InvalidVideo as error:
+            out.write(json.dumps({"error": error.reason, "detail": error.detail}).encode() + b"\n")
+        else:
+            out.write(b'{"done": true}\n')
+        out.flush()
+        return 0
+    try:
+        pixels = b""
+        if mode == "inspect":
+            info, image = inspect(path, max_pixels=max_pixels, view_px=view_px)
+            pixels = image.tobytes()
+        else:
+            info = probe(path, max_pixels=max_pixels)
+        head: dict[str, Any] = {"info": info.to_json()}
+        if mode == "inspect":
+            head["poster"] = {"width": image.width, "height": image.height, "bytes": len(pixels)}
+    except InvalidVideo as error:
+        head, pixels = {"error": error.reason, "detail": error.detail, "too_large": error.too_large}, b""
+    except MemoryError:
+        head, pixels = {"error": "The video needs more memory than this server allows for one video."}, b""
+    out.write(json.dumps(head).encode() + b"\n")
+    out.write(pixels)
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

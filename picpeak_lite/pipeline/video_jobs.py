@@ -1,0 +1,112 @@
+"""Running the video probe and poster in a child process, with a deadline and a memory limit.
+
+``media/video.py`` does the work; this module starts it as ``python -m picpeak_lite.media.video`` and reads
+its answer. Why a child and not a thread: FFmpeg is C code fed with strangers' files. A segfault or abort in a
+thread would end the server with every upload in flight; in a child it ends the child, and the video fails
+with :data:`CRASHED` (tests/test_video.py shows one). The child sets itself an address-space limit
+(``RLIMIT_AS``, :data:`CHILD_MEMORY`) before it loads FFmpeg (not in a ``preexec_fn``: unsafe in a threaded
+server), so a runaway allocation fails there, not in the server; and it has a deadline: trio kills the child
+when the deadline passes (:data:`TOO_SLOW`), so a file that makes the decoder spin never holds a worker.
+A crash or a deadline is the file's doing or the machine's: the worker fails the video with the sentence, and
+an admin's retry runs it again.
+
+No SQL and no Quart here; callers are ``pipeline/intake.py`` (the header check at upload: ``probe``) and
+``pipeline/video_work.py`` (the worker: ``inspect``, probe and poster in one child).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from os import fspath
+from pathlib import Path
+
+import trio
+
+from picpeak_lite.media import video
+from picpeak_lite.media.video import InvalidVideo, VideoInfo
+
+MB = 1024 * 1024
+# FFmpeg maps its libraries and a few decoder threads (virtual memory, mostly never touched): 1 GB of address
+# space leaves a 4K HEVC poster room and stops a header that asks for gigabytes.
+CHILD_MEMORY = 1024 * MB
+CRASHED = "The video could not be read: the decoder stopped with an error ({how}). The file may be damaged."
+TOO_SLOW = "Reading the video took longer than {seconds:g} seconds and was given up; the file may be damaged."
+
+
+@dataclass(frozen=True)
+class Inspected:
+    info: VideoInfo
+    poster_size: tuple[int, int] | None = None
+    poster_rgb: bytes = b""
+
+
+async def _kill(process: trio.Process) -> None:
+    """At the deadline: SIGKILL at once. The child holds nothing to clean up (its output is a temp file the
+    caller removes), and a decoder stuck in a loop or a blocking read need not be asked twice."""
+    process.kill()
+
+
+async def probe(path: Path, *, deadline: float, max_pixels: int) -> VideoInfo:
+    """The header facts of a video (and proof that its first frame decodes). Raises InvalidVideo."""
+    return (await _run("probe", path, deadline=deadline, view_px=0, max_pixels=max_pixels)).info
+
+
+async def inspect(path: Path, *, deadline: float, view_px: int, max_pixels: int) -> Inspected:
+    """Probe and poster frame (RGB, at most ``view_px`` on its long edge, upright) in one child."""
+    return await _run("inspect", path, deadline=deadline, view_px=view_px, max_pixels=max_pixels)
+
+
+async def transcode(source: Path, target: Path, *, deadline: float) -> None:
+    """The playable H.264/AAC preview (media/video.py ``transcode``), at nice 19, twice the probe's memory."""
+    command = [sys.executable, "-m", "picpeak_lite.media.video", "transcode", fspath(source), fspath(target),
+               str(video.MAX_FRAME_PIXELS), str(2 * CHILD_MEMORY)]
+    with trio.move_on_after(deadline) as scope:
+        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False,
+                                      deliver_cancel=_kill)
+    if scope.cancelled_caught:
+        raise InvalidVideo(TOO_SLOW.format(seconds=deadline))
+    _check_exit(done)
+    line = done.stdout.partition(b"\n")[0]
+    try:
+        head = json.loads(line)
+    except ValueError as exc:
+        raise InvalidVideo(CRASHED.format(how="no answer"), repr(done.stdout[:200])) from exc
+    if "error" in head:
+        raise InvalidVideo(head["error"], head.get("detail", ""))
+
+
+def _check_exit(done: subprocess.CompletedProcess[bytes]) -> None:
+    if done.returncode != 0:
+        how = (f"signal {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"exit status {done.returncode}")
+        raise InvalidVideo(CRASHED.format(how=how), done.stderr[-500:].decode(errors="replace"))
+
+
+async def _run(mode: str, path: Path, *, deadline: float, view_px: int, max_pixels: int) -> Inspected:
+    command = [sys.executable, "-m", "picpeak_lite.media.video", mode, fspath(path), str(view_px), str(max_pixels),
+               str(CHILD_MEMORY)]
+    with trio.move_on_after(deadline) as scope:
+        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False,
+                                      deliver_cancel=_kill)
+    if scope.cancelled_caught:
+        raise InvalidVideo(TOO_SLOW.format(seconds=deadline))
+    _check_exit(done)
+    line, _, rest = done.stdout.partition(b"\n")
+    try:
+        head = json.loads(line)
+    except ValueError as exc:
+        raise InvalidVideo(CRASHED.format(how="no answer"), repr(done.stdout[:200])) from exc
+    if "error" in head:
+        raise InvalidVideo(head["error"], head.get("detail", ""), too_large=bool(head.get("too_large")))
+    info = VideoInfo.from_json(head["info"])
+    poster = head.get("poster")
+    if poster is None:
+        return Inspected(info)
+    size = (int(poster["width"]), int(poster["height"]))
+    if len(rest) != size[0] * size[1] * 3:
+        raise InvalidVideo(CRASHED.format(how="a short poster"), f"{len(rest)} bytes for {size}")
+    return Inspected(info, size, rest)

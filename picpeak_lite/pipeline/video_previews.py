@@ -1,0 +1,86 @@
+"""The preview lane: a playable H.264/AAC MP4 (at most 1080p) for videos Chromium cannot play as they are (HEVC).
+
+One task per process (``video_previews`` setting, on by default), started with the workers. It is the lower
+lane in two ways, so that videos never delay photos: it starts a transcode only when no photo is pending or
+processing, and the transcode runs in a child process at the lowest CPU priority (``nice 19``), so the photo
+workers' threads take the cores first when photos arrive while it runs (``bench/bench_video.py`` measures both).
+The child (``python -m picpeak_lite.media.video transcode``) has a deadline that grows with the clip's length and
+a memory limit, like the probe's (``pipeline/video_jobs.py``): a crash or a hang fails the preview with a
+sentence, and the lightbox then offers the download instead.
+
+No claim: the row's ``preview_status`` stays 'pending' while a copy is made, so two processes on one data
+directory could both make the same copy (same bytes; the second rename wins). The result is recorded only if
+the video is still there and still pending, and the file is removed otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from picpeak_lite.media import video
+from picpeak_lite.pipeline import video_jobs
+from picpeak_lite.services import Services
+from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.storage import original_name, preview_name, remove_quietly
+
+log = logging.getLogger(__name__)
+
+SAFETY_POLL_SECONDS = 15.0
+
+
+def transcode_deadline(duration: float | None, floor: float) -> float:
+    """Generous on purpose (nice 19 on a busy box can be slow): 20 s per second of video, plus two minutes."""
+    return max(floor, 20 * (duration or 0) + 120)
+
+
+class PreviewLane:
+    def __init__(self, svc: Services, *, poll_seconds: float = SAFETY_POLL_SECONDS) -> None:
+        self.svc = svc
+        self.poll_seconds = poll_seconds
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            wakeup = self.svc.workers_bell.listen()
+            if not await self.make_one():
+                with trio.move_on_after(self.poll_seconds):
+                    await wakeup.wait()
+
+    async def make_one(self) -> bool:
+        """Make one pending preview if no photo waits. False when there was nothing to do (or photos first)."""
+        svc = self.svc
+        counts = await svc.db.read(photo_q.queue_counts)
+        if counts["pending"] or counts["processing"]:
+            return False
+        row = await svc.db.read(photo_q.next_preview)
+        if row is None:
+            return False
+        storage, key = svc.storage, row["storage_key"]
+        temp = storage.new_temp_path().with_suffix(".mp4")
+        try:
+            try:
+                # The original as a local file for the decoder: itself, or a temp copy of the bucket's object.
+                with await trio.to_thread.run_sync(storage.local_copy, original_name(key)) as source:
+                    await video_jobs.transcode(source.path, temp, deadline=transcode_deadline(
+                        row["duration"], svc.settings.video_deadline_seconds))
+                await trio.to_thread.run_sync(storage.put_file, temp, preview_name(key))
+            except FileNotFoundError:
+                await svc.db.write(photo_q.preview_failed, row["id"], photo_q.ORIGINAL_MISSING)
+                return True
+            except video.InvalidVideo as error:
+                log.info("video %s: no playable preview: %s %s", row["id"], error.reason, error.detail)
+                await svc.db.write(photo_q.preview_failed, row["id"], error.reason)
+                return True
+            except OSError as error:
+                log.error("video %s: could not save its preview: %s", row["id"], error)
+                await svc.db.write(photo_q.preview_failed, row["id"], "Could not save the playable copy.")
+                return True
+        finally:
+            remove_quietly(temp)
+        if not await svc.db.write(photo_q.preview_done, row["id"]):
+            await trio.to_thread.run_sync(storage.remove, preview_name(key))
+        return True
+
+

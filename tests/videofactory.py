@@ -1,0 +1,95 @@
+"""Videos made in code with PyAV, for the tests and the benchmark (the way imagefactory.py makes photos).
+
+Frames are flat colours that change over time, with a bright bar that moves, so a poster taken at 1 s differs
+from the first frame and an encoder has something to encode. Every clip is a few KB to a few hundred KB.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import av
+
+
+def has_encoder(name: str) -> bool:
+    return name in av.codecs_available
+
+
+def make_clip(path: Path, *, codec: str = "libx264", container: str | None = None, width: int = 320,
+              height: int = 240, fps: int = 30, seconds: float = 2.0, frames: int | None = None, rotation: int = 0,
+              audio: bool = False, tags: dict[str, str] | None = None, crf: int = 30, gop: int | None = None
+              ) -> Path:
+    """Write a clip; ``rotation`` sets the display matrix (degrees counter-clockwise, as FFmpeg)."""
+    options = {"movflags": "use_metadata_tags"} if path.suffix.lower() in (".mp4", ".mov", ".m4v") else {}
+    count = frames if frames is not None else round(seconds * fps)
+    with av.open(str(path), "w", format=container, options=options) as out:
+        for key, value in (tags or {}).items():
+            out.metadata[key] = value
+        stream = out.add_stream(codec, rate=fps)
+        stream.width, stream.height = width, height
+        stream.pix_fmt = "yuv420p"
+        if codec in ("libx264", "libx265"):
+            stream.options = {"crf": str(crf), "preset": "ultrafast"}
+            if codec == "libx265":
+                stream.options["x265-params"] = "log-level=error"
+        elif codec == "libvpx-vp9":
+            stream.options = {"crf": "40", "b:v": "0", "deadline": "realtime", "cpu-used": "8"}
+        if gop is not None:
+            stream.codec_context.gop_size = gop
+        if rotation:
+            stream.set_display_rotation(rotation)
+        sound = None
+        if audio:
+            sound = out.add_stream("aac", rate=48000)
+            sound.layout = "mono"
+        for i in range(count):
+            frame = _frame(width, height, i, count)
+            frame.pts = i
+            frame.time_base = Fraction(1, fps)
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+        if sound is not None:
+            _write_silence(out, sound, count / fps)
+    return path
+
+
+def make_audio_only(path: Path, seconds: float = 1.0) -> Path:
+    with av.open(str(path), "w") as out:
+        sound = out.add_stream("aac", rate=48000)
+        sound.layout = "mono"
+        _write_silence(out, sound, seconds)
+    return path
+
+
+def _write_silence(out: av.container.OutputContainer, sound: av.AudioStream, seconds: float) -> None:
+    samples = 1024
+    for i in range(int(seconds * 48000 / samples) + 1):
+        chunk = av.AudioFrame(format="fltp", layout="mono", samples=samples)
+        chunk.planes[0].update(bytes(samples * 4))
+        chunk.sample_rate = 48000
+        chunk.pts = i * samples
+        for packet in sound.encode(chunk):
+            out.mux(packet)
+    for packet in sound.encode():
+        out.mux(packet)
+
+
+def _frame(width: int, height: int, index: int, count: int) -> av.VideoFrame:
+    shade = (40 + 200 * index // max(1, count - 1)) % 256
+    row = bytearray(bytes((shade, 80, 255 - shade)) * width)
+    bar = (index * 7) % max(1, width - 16)
+    row[bar * 3 : (bar + 16) * 3] = b"\xff" * 48
+    rgb = av.VideoFrame(width, height, "rgb24")
+    plane = rgb.planes[0]
+    line = bytes(row) + bytes(plane.line_size - width * 3)
+    plane.update(line * height)
+    return rgb.reformat(format="yuv420p")
+
+
+def truncated(source: Path, target: Path, keep: float = 0.5) -> Path:
+    data = source.read_bytes()
+    target.write_bytes(data[: int(len(data) * keep)])
+    return target
