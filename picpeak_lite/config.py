@@ -67,6 +67,10 @@ class Settings:
     guest_max_files: int = _setting(20, "Most files in one guest upload request.")
     gallery_photo_cap: int = _setting(10000, "Most photos in one gallery, unless the gallery sets its own cap.")
     temp_max_age_seconds: int = _setting(3600, "Temp files older than this are swept away.")
+    tus_expiry_hours: int = _setting(
+        24, "An unfinished resumable (tus) upload is removed this long after its last bytes.")
+    upload_chunk_mb: int = _setting(
+        8, "Largest piece the upload pages send in one request, in MB: keep it under your proxy's body limit.")
     # Processing
     processing_enabled: bool = _setting(True, "Process photos here; off: they wait for `picpeak-lite worker`.")
     workers: int = _setting(0, "Worker tasks; 0 means one per CPU core.")
@@ -275,7 +279,8 @@ def _validate(s: Settings) -> None:
     require(s.log_level in ("debug", "info", "warning", "error"), "log_level", "must be debug, info, warning or error")
     require(1 <= s.default_expiry_days <= 365, "default_expiry_days", "must be between 1 and 365")
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files",
-                "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds"):
+                "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",
+                "tus_expiry_hours", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
     require(s.lease_seconds >= 5, "lease_seconds", "must be at least 5")

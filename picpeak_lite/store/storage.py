@@ -3,6 +3,7 @@
 Layout under the data directory::
 
     tmp/                      uploads in flight (removed on every error path; swept after an hour)
+    tmp/tus/<id>              unfinished resumable uploads (pipeline/resumable.py; they expire after a day)
     originals/ab/<key>        the uploaded bytes, byte-exact, under a key we generate (never a client name)
     derived/ab/<key>.grid.jpg
     derived/ab/<key>.view.jpg
