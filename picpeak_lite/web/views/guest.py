@@ -146,7 +146,7 @@ async def upload_page(slug: str) -> Any:
     settings = services().settings
     return await render_template(
         "guest/upload.html", gallery=row, guest=guest, max_file_mb=settings.guest_max_file_mb,
-        max_files=settings.guest_max_files,
+        max_files=settings.guest_max_files, upload_chunk_mb=settings.upload_chunk_mb,
     )
 
 
