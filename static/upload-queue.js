@@ -340,7 +340,7 @@
         touch(item, { sent: 1, photoId, uploadId, state: "pending", error: null });
         byPhotoId.set(photoId, item);
         if (early.has(photoId)) applyPhoto(early.get(photoId));  // its feed got there before this answer
-        if (uploadId) watch(uploadId);
+        if (uploadId) rewatch(uploadId);
       }
       document.dispatchEvent(new CustomEvent("picpeak:uploaded", {
         detail: { upload_id: uploadId, photo_ids: [photoId] } }));
@@ -429,8 +429,13 @@
     const watch = (uploadId) => {
       if (watches.has(uploadId)) return;
       const { wsPath, statusUrl } = opts.follow(uploadId);
-      const stop = () => { const w = watches.get(uploadId); watches.delete(uploadId); if (w) w.close(); };
-      const watcher = window.PicpeakLive.watchUpload({
+      let watcher = null;
+      // Stops this watcher only: a newer one for the same upload (rewatch) may have taken its place meanwhile.
+      const stop = () => {
+        if (watches.get(uploadId) === watcher) watches.delete(uploadId);
+        if (watcher) watcher.close();
+      };
+      watcher = window.PicpeakLive.watchUpload({
         wsPath, statusUrl,
         onSnapshot: (status) => (status.photos || []).forEach(applyPhoto),
         onPhoto: applyPhoto,
@@ -441,6 +446,15 @@
         },
       });
       watches.set(uploadId, watcher);
+    };
+
+    // A tus batch's photos join their upload one by one, and the feed says "done" once the photos it knows of
+    // are all finished: a photo that joins later is followed by a fresh watcher (its snapshot includes it).
+    const rewatch = (uploadId) => {
+      const old = watches.get(uploadId);
+      watches.delete(uploadId);
+      if (old) old.close();
+      watch(uploadId);
     };
 
     const lose = (uploadId, reason) => {
