@@ -70,6 +70,10 @@ class Settings:
     guest_max_video_seconds: int = _setting(300, "Longest video a guest may upload, in seconds.")
     gallery_photo_cap: int = _setting(10000, "Most photos in one gallery, unless the gallery sets its own cap.")
     temp_max_age_seconds: int = _setting(3600, "Temp files older than this are swept away.")
+    tus_expiry_hours: int = _setting(
+        24, "An unfinished resumable (tus) upload is removed this long after its last bytes.")
+    upload_chunk_mb: int = _setting(
+        8, "Largest piece the upload pages send in one request, in MB: keep it under your proxy's body limit.")
     # Processing
     processing_enabled: bool = _setting(True, "Process photos here; off: they wait for `picpeak-lite worker`.")
     workers: int = _setting(0, "Worker tasks; 0 means one per CPU core.")
@@ -293,7 +297,8 @@ def _validate(s: Settings) -> None:
     require(1 <= s.default_expiry_days <= 365, "default_expiry_days", "must be between 1 and 365")
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
                 "guest_max_video_seconds",
-                "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds"):
+                "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",
+                "tus_expiry_hours", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
     require(0 <= s.image_nice <= 19, "image_nice", "must be between 0 (the server's own priority) and 19")

@@ -1,6 +1,7 @@
 // The bulk uploader on the admin gallery page: page glue around PicpeakUploadQueue (upload-queue.js).
 //
-// Files (chosen, dropped, or whole folders) go up in batches of BATCH_FILES (and at most BATCH_BYTES, both
+// Files (chosen, dropped, or whole folders) go up as resumable tus uploads (upload-queue.js), one upload
+// group per batch of BATCH_FILES (and at most BATCH_BYTES, both
 // well inside the server's admin_max_files and request cap) with PARALLEL requests at a time. Each row shows
 // its photo's real state from the live feed; the bar counts processed photos, not bytes sent. Choosing files
 // brings the progress into view, and the summary stays in view (sticky) while the list grows below it.
@@ -26,8 +27,11 @@
   for (const id of ["up-sent", "up-total", "up-done", "up-failed", "up-dupes", "up-processing", "up-progress",
                     "up-percent", "retry-all", "clear-finished"]) els[id] = document.getElementById(id);
 
+  // Resumable (tus) uploads in pieces of at most 8 MB, or less when the server says so (upload_chunk_mb).
+  const CHUNK_BYTES = Math.min(8, Number(section.dataset.chunkMb) || 8) * 1024 * 1024;
   const queue = window.PicpeakUploadQueue.create({
     url: section.dataset.uploadUrl,
+    tus: section.dataset.tusUrl ? { url: section.dataset.tusUrl, chunkBytes: CHUNK_BYTES } : null,
     batchFiles: BATCH_FILES, batchBytes: BATCH_BYTES, parallel: PARALLEL,
     follow: (uploadId) => ({ wsPath: `/ws/uploads/${uploadId}`, statusUrl: `/api/admin/uploads/${uploadId}` }),
     retryUrl: (photoId) => (photoId ? `/api/admin/photos/${photoId}/retry` : null),
@@ -118,7 +122,10 @@
   }
 
   function rowLabel(item) {
-    if (item.state === "sending") return `Sending ${Math.round(100 * item.sent)} %`;
+    if (item.state === "sending") {
+      const sending = `Sending ${Math.round(100 * item.sent)} %`;
+      return item.paused && item.error ? `${sending} · ${item.error}` : sending;
+    }
     if (item.state === "refused") return `Refused: ${item.error || "the server did not accept this file."}`;
     const label = LABELS[item.state] || item.state;
     return item.retries && item.state !== "complete" ? `${label} (retry ${item.retries})` : label;

@@ -1,6 +1,6 @@
 // The guest upload page: page glue around PicpeakUploadQueue (upload-queue.js).
 //
-// One file per request, so one slow or bad file does not hold up or sink the rest; three in flight. Each row
+// One file per upload (a resumable tus upload, sent in pieces: upload-queue.js), so one slow or bad file does not hold up or sink the rest; three in flight. Each row
 // shows its file's real state (sending %, processing, a thumbnail when ready, "Refused: <reason>" with no
 // retry, "Not sent" with a retry), a 429 is waited out by the queue itself, and when the upload can no longer
 // be followed (gallery unpublished or expired, password changed, session gone) a note on the page says why.
@@ -18,8 +18,11 @@
   const rowTemplate = document.getElementById("file-row");
   const ERROR_STATES = new Set(["failed", "refused", "unsent", "lost"]);
 
+  // Resumable (tus) uploads in pieces of at most 8 MB, or less when the server says so (upload_chunk_mb).
+  const CHUNK_BYTES = Math.min(8, Number(form.dataset.chunkMb) || 8) * 1024 * 1024;
   const queue = window.PicpeakUploadQueue.create({
     url: form.dataset.endpoint,
+    tus: form.dataset.tusUrl ? { url: form.dataset.tusUrl, chunkBytes: CHUNK_BYTES } : null,
     batchFiles: 1, parallel: 3,
     maxFileBytes: Number(form.dataset.maxMb) * 1024 * 1024,
     fields: () => ({ guest_name: form.elements.guest_name.value.trim() }),
@@ -42,7 +45,10 @@
     switch (item.state) {
       case "queued": return item.retries ? "Waiting to send again…" : "Waiting…";
       case "waiting": return `Waiting: ${item.error}`;
-      case "sending": return `Uploading… ${Math.round(100 * item.sent)} %`;
+      case "sending": {
+        const sending = `Uploading… ${Math.round(100 * item.sent)} %`;
+        return item.paused && item.error ? `${sending} · ${item.error}` : sending;
+      }
       case "pending": return "Uploaded · processing…";
       case "processing": return "Processing…";
       case "complete": return item.photo && item.photo.awaiting_approval ? "Done · waiting for approval" : "Done";

@@ -2,6 +2,7 @@
 //
 //   const queue = PicpeakUploadQueue.create({
 //     url,                      // the upload endpoint (multipart, field "photos")
+//     tus: {url, chunkBytes},   // optional: send each file as a resumable tus upload instead (see below)
 //     batchFiles: 1,            // files per request (the server's per-request limit is the upper bound)
 //     batchBytes: Infinity,     // bytes per request (a batch always takes at least one file)
 //     parallel: 3,              // requests in flight at once
@@ -23,6 +24,13 @@
 //   lost      accepted, but its progress can no longer be followed (gallery gone, session ended)
 // The summary's `finished` counts photos that reached an end state; the progress bars use it (processed
 // photos, not bytes sent, which reach 100 % long before the last photo is ready).
+//
+// With `tus`, each file goes up as a tus 1.0.0 upload in pieces of chunkBytes (small enough for any proxy's body
+// limit), the files of one batch sharing an upload group (`upload_group` metadata). Each file's upload URL is
+// kept in localStorage under a fingerprint (name, size, lastModified): choosing the same file again after a
+// reload asks the server where it got to (HEAD) and goes on from there. A dropped connection is retried with
+// backoff from the offset the server reports; while the browser is offline the file waits ("paused") and goes
+// on by itself when it is back online. item.sent counts bytes the server has acknowledged plus those in flight.
 //
 // Following an accepted upload is PicpeakLive.watchUpload's job (WebSocket, with its own polling fallback):
 // this module never polls. It needs http.js and live.js loaded before it.
@@ -47,6 +55,66 @@
     }
     return { state: "refused", error: data.error || `The server refused this file (error ${status}).` };
   };
+
+  // --- tus: the resumable protocol (the server side is web/views/tus.py) --------------------------------------
+  const TUS_STORE = "picpeak-tus:";
+  const MAX_FAILURES = 10;  // in a row, while online; then the file is "unsent" and Retry resumes it
+  const live = new Set();   // XHRs in flight: aborted when the browser goes offline, so they fail at once
+
+  window.addEventListener("offline", () => { for (const xhr of live) xhr.abort(); });
+
+  const store = {
+    get: (key) => { try { return localStorage.getItem(key); } catch { return null; } },
+    set: (key, value) => { try { localStorage.setItem(key, value); } catch { /* private mode: no resuming */ } },
+    remove: (key) => { try { localStorage.removeItem(key); } catch { /* nothing kept */ } },
+  };
+
+  const fingerprint = (tusUrl, file) => `${TUS_STORE}${tusUrl}|${file.name}|${file.size}|${file.lastModified}`;
+
+  const base64 = (text) => btoa(Array.from(new TextEncoder().encode(text), (b) => String.fromCharCode(b)).join(""));
+
+  const encodeMetadata = (values) => Object.entries(values)
+    .filter(([, value]) => value !== undefined && value !== null && value !== "")
+    .map(([key, value]) => `${key} ${base64(String(value))}`).join(",");
+
+  const randomKey = () => Array.from(crypto.getRandomValues(new Uint8Array(16)),
+                                     (b) => b.toString(16).padStart(2, "0")).join("");
+
+  const parseJson = (text) => {
+    try {
+      const data = JSON.parse(text);
+      return data && typeof data === "object" ? data : {};
+    } catch {
+      return {};
+    }
+  };
+
+  // One tus request. XMLHttpRequest because fetch() reports no upload progress. Never throws: status 0 is a
+  // network failure (or an abort because the browser went offline).
+  const tusRequest = (method, url, { headers = {}, body = null, onProgress } = {}) => new Promise((resolve) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open(method, url);
+    const all = { "Tus-Resumable": "1.0.0", Accept: "application/json",
+                  "X-CSRF-Token": window.PicpeakHttp.csrfToken(), ...headers };
+    for (const [name, value] of Object.entries(all)) xhr.setRequestHeader(name, value);
+    if (onProgress && body) xhr.upload.onprogress = (event) => onProgress(event.loaded);
+    const done = (status) => {
+      live.delete(xhr);
+      resolve({ status, headers: { get: (name) => (status ? xhr.getResponseHeader(name) : null) },
+                data: status ? parseJson(xhr.responseText) : {} });
+    };
+    xhr.onload = () => done(xhr.status);
+    xhr.onerror = xhr.ontimeout = xhr.onabort = () => done(0);
+    live.add(xhr);
+    xhr.send(body);
+  });
+
+  const onceOnline = () => new Promise((resolve) => window.addEventListener("online", resolve, { once: true }));
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+  // A failure worth trying again: the network, the server busy or restarting, an offset the server moved.
+  const transient = (answer) => answer.status === 0 || answer.status === 423
+    || (answer.status >= 500 && answer.status !== 507)
+    || (answer.status === 409 && answer.headers.get("Upload-Offset") !== null);
 
   const create = (options) => {
     const opts = { batchFiles: 1, batchBytes: Infinity, parallel: 3, maxFileBytes: 0, fields: () => ({}),
@@ -140,7 +208,9 @@
       }
     };
 
-    const send = async (batch) => {
+    const send = async (batch) => (opts.tus ? sendTus(batch) : sendMultipart(batch));
+
+    const sendMultipart = async (batch) => {
       active += 1;
       const form = new FormData();
       for (const [name, value] of Object.entries(opts.fields())) if (value) form.append(name, value);
@@ -156,6 +226,135 @@
       else refused(batch, answer.status, answer.data);
       pump();
       if (!frame) frame = requestAnimationFrame(flush);
+    };
+
+    // --- sending with tus ----------------------------------------------------------------------------------
+    const sendTus = async (batch) => {
+      active += 1;
+      for (const item of batch) touch(item, { state: "sending", sent: 0, error: null });
+      // Every file's upload is created (or found again) first: the files of the batch then share one group.
+      const group = randomKey();
+      const ready = [];
+      for (const item of batch) if (await tusPrepare(item, group)) ready.push(item);
+      for (const item of ready) if (item.state === "sending") await tusTransfer(item);
+      active -= 1;
+      pump();
+      if (!frame) frame = requestAnimationFrame(flush);
+    };
+
+    // Waits out the browser being offline, or the backoff after the failure-th failure in a row.
+    const pause = async (item, failures) => {
+      if (!navigator.onLine) {
+        touch(item, { paused: true, error: "Offline: the upload goes on by itself when the connection is back." });
+        await onceOnline();
+      } else {
+        const seconds = Math.min(30, 2 ** (failures - 1));
+        touch(item, { paused: true, error: `Connection lost; trying again in ${seconds} s…` });
+        await sleep(seconds * 1000);
+      }
+      touch(item, { paused: false, error: null });
+    };
+
+    // A request that is retried while the failure is transient (offline waits do not count as failures).
+    const persist = async (item, request) => {
+      let failures = 0;
+      for (;;) {
+        const answer = await request();
+        if (!transient(answer) || answer.status === 409) return answer;
+        if (navigator.onLine) failures += 1;
+        if (failures >= MAX_FAILURES) return answer;
+        await pause(item, failures);
+      }
+    };
+
+    // Finds the file's earlier upload (by its fingerprint) or creates one. False when the file is settled.
+    const tusPrepare = async (item, group) => {
+      item.tusKey = fingerprint(opts.tus.url, item.file);
+      const known = store.get(item.tusKey);
+      if (known) {
+        const head = await persist(item, () => tusRequest("HEAD", known));
+        if (head.status === 200) {
+          item.tusUrl = known;
+          item.offset = Number(head.headers.get("Upload-Offset")) || 0;
+          touch(item, { sent: item.offset / item.size, resumed: item.offset > 0 });
+          if (head.headers.get("Picpeak-Photo-Id")) { tusFinished(item, head); return false; }
+          return true;
+        }
+        if (head.status !== 404 && head.status !== 410) { tusFailed(item, head); return false; }
+        store.remove(item.tusKey);  // expired or unknown: start again
+      }
+      const metadata = { ...opts.fields(), filename: item.name, filetype: item.file.type, upload_group: group };
+      const answer = await persist(item, () => tusRequest("POST", opts.tus.url, {
+        headers: { "Upload-Length": String(item.size), "Upload-Metadata": encodeMetadata(metadata) } }));
+      if (answer.status !== 201 || !answer.headers.get("Location")) { tusFailed(item, answer); return false; }
+      item.tusUrl = answer.headers.get("Location");
+      item.offset = 0;
+      store.set(item.tusKey, item.tusUrl);
+      return true;
+    };
+
+    const tusTransfer = async (item) => {
+      let failures = 0;
+      for (;;) {
+        const start = item.offset;
+        const end = Math.min(item.size, start + opts.tus.chunkBytes);
+        const answer = await tusRequest("PATCH", item.tusUrl, {
+          headers: { "Upload-Offset": String(start), "Content-Type": "application/offset+octet-stream" },
+          body: item.file.slice(start, end),
+          onProgress: (loaded) => touch(item, { sent: Math.min(1, (start + loaded) / item.size) }),
+        });
+        if (answer.status === 204) {
+          failures = 0;
+          item.offset = Number(answer.headers.get("Upload-Offset")) || end;
+          touch(item, { sent: item.offset / item.size });
+          if (answer.headers.get("Picpeak-Photo-Id")) { tusFinished(item, answer); return; }
+          continue;
+        }
+        if (!transient(answer)) {
+          if (answer.status === 404 || answer.status === 410) store.remove(item.tusKey);
+          tusFailed(item, answer);
+          return;
+        }
+        if (navigator.onLine) failures += 1;
+        if (failures >= MAX_FAILURES) { tusFailed(item, answer); return; }
+        if (answer.status !== 409) await pause(item, failures);
+        // Where did the server get to? It keeps what arrived of a cut-off chunk.
+        const head = await persist(item, () => tusRequest("HEAD", item.tusUrl));
+        if (head.status !== 200) {
+          if (head.status === 404 || head.status === 410) store.remove(item.tusKey);
+          tusFailed(item, head);
+          return;
+        }
+        item.offset = Number(head.headers.get("Upload-Offset")) || 0;
+        if (head.headers.get("Picpeak-Photo-Id")) { tusFinished(item, head); return; }
+      }
+    };
+
+    const tusFinished = (item, answer) => {
+      store.remove(item.tusKey);
+      const photoId = Number(answer.headers.get("Picpeak-Photo-Id"));
+      const uploadId = answer.headers.get("Picpeak-Upload-Id");
+      if (answer.headers.get("Picpeak-Duplicate") === "true") {
+        touch(item, { sent: 1, photoId, state: "duplicate", error: null });
+      } else {
+        touch(item, { sent: 1, photoId, uploadId, state: "pending", error: null });
+        byPhotoId.set(photoId, item);
+        if (early.has(photoId)) applyPhoto(early.get(photoId));  // its feed got there before this answer
+        if (uploadId) rewatch(uploadId);
+      }
+      document.dispatchEvent(new CustomEvent("picpeak:uploaded", {
+        detail: { upload_id: uploadId, photo_ids: [photoId] } }));
+    };
+
+    const tusFailed = (item, answer) => {
+      if (answer.status === 429) {
+        slowDown([item], Number(answer.headers.get("Retry-After")) || 10);
+        return;
+      }
+      if (answer.status >= 400 && answer.status < 500 && answer.status !== 401) {
+        store.remove(item.tusKey);  // refused: sending the same file again starts afresh
+      }
+      touch(item, { ...requestFailure(answer.status, answer.data), paused: false });
     };
 
     // Answers name files by their (cleaned) name: match on name and size, then size, then what is left.
@@ -217,8 +416,10 @@
     };
 
     // --- following, through live.js -----------------------------------------------------------------------
+    const early = new Map();  // photo id -> its latest change, for photos whose tus answer is still on its way
     const applyPhoto = (p) => {
       const item = byPhotoId.get(p.id);
+      if (!item && p.id) { early.set(p.id, p); return; }
       if (!item || !p.status || p.status === "deleted" || item.state === "lost") return;
       if (item.state === p.status && item.state !== "failed") return;
       const error = p.status === "failed" ? (p.error || "This photo could not be processed.") : null;
@@ -228,8 +429,13 @@
     const watch = (uploadId) => {
       if (watches.has(uploadId)) return;
       const { wsPath, statusUrl } = opts.follow(uploadId);
-      const stop = () => { const w = watches.get(uploadId); watches.delete(uploadId); if (w) w.close(); };
-      const watcher = window.PicpeakLive.watchUpload({
+      let watcher = null;
+      // Stops this watcher only: a newer one for the same upload (rewatch) may have taken its place meanwhile.
+      const stop = () => {
+        if (watches.get(uploadId) === watcher) watches.delete(uploadId);
+        if (watcher) watcher.close();
+      };
+      watcher = window.PicpeakLive.watchUpload({
         wsPath, statusUrl,
         onSnapshot: (status) => (status.photos || []).forEach(applyPhoto),
         onPhoto: applyPhoto,
@@ -240,6 +446,15 @@
         },
       });
       watches.set(uploadId, watcher);
+    };
+
+    // A tus batch's photos join their upload one by one, and the feed says "done" once the photos it knows of
+    // are all finished: a photo that joins later is followed by a fresh watcher (its snapshot includes it).
+    const rewatch = (uploadId) => {
+      const old = watches.get(uploadId);
+      watches.delete(uploadId);
+      if (old) old.close();
+      watch(uploadId);
     };
 
     const lose = (uploadId, reason) => {

@@ -27,7 +27,8 @@ Every thread hop here is uncancellable (trio's default), so when the exit runs, 
 writing or moving a file: a file is either still a temp file or already in storage, never in between.
 
 No Quart and no HTTP here: ``web/views/upload.py`` turns a multipart body into :meth:`Intake.start_file` /
-:meth:`FileSink.write` / :meth:`Intake.finish_file` calls; ``ops/importer.py`` does the same from files on disk.
+:meth:`FileSink.write` / :meth:`Intake.finish_file` calls; ``ops/importer.py`` does the same from files on disk,
+and ``pipeline/resumable.py`` hands over a finished tus upload's file (:meth:`Intake.adopt_file`).
 
 Longer than 400 lines on purpose: the durable steps, the per-file commits and the take-back on every exit path
 are one protocol whose crash safety is argued above; split over files, a reader could no longer check it
@@ -200,10 +201,19 @@ class FileSink:
         self._file: BinaryIO | None = None
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._received: str | None = None  # the sha256 of a file received in full elsewhere (adopt)
+
+    @classmethod
+    def adopt(cls, storage: Storage, raw_name: str, path: Path, size: int, sha256: str) -> FileSink:
+        """A file already received in full and durable (a finished tus upload, ``pipeline/resumable.py``): it
+        goes through the same checks and the same move into storage as a streamed one, and nothing is written."""
+        sink = cls(storage, raw_name, size)
+        sink.temp, sink.size, sink._received = path, size, sha256
+        return sink
 
     @property
     def sha256(self) -> str:
-        return self._hash.hexdigest()
+        return self._received or self._hash.hexdigest()
 
     async def write(self, data: bytes) -> None:
         if self.too_large:
@@ -221,7 +231,8 @@ class FileSink:
 
     async def close(self) -> None:
         """Write what is left and close the file (it stays in tmp/ until moved or discarded)."""
-        await self._flush(final=True)
+        if self._received is None:
+            await self._flush(final=True)
 
     async def _flush(self, *, final: bool) -> None:
         data, self._pending, self._pending_bytes = self._pending, [], 0
@@ -364,6 +375,12 @@ class Intake:
         sink = FileSink(self.storage, raw_name, self.limits.sink_bytes)
         self._open.add(sink)
         return sink
+
+    def adopt_file(self, raw_name: str, path: Path, size: int, sha256: str) -> FileSink:
+        """A file received in full elsewhere, for :meth:`finish_file`. Not counted as open: if a step fails with
+        an exception, the file stays where it is (the tus upload can finish again); refused, it is removed."""
+        self.files_seen += 1
+        return FileSink.adopt(self.storage, raw_name, path, size, sha256)
 
     def add_error(self, raw_name: str, error: str, status: int) -> Entry:
         entry = Entry(clean_filename(raw_name), error=error, status=status)

@@ -5,7 +5,8 @@
 * Uploads whose request is still arriving (schema 7) have their lease renewed here, for the requests this
   process receives; an upload whose lease ran out (its process died mid-request) has its provisional photos
   taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
-* Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash).
+* Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash); unfinished tus
+  uploads past their expiry lose their bytes (``resumable.expire``).
 * The reconciler removes stored files that have no row (a crash between the rename and the commit), after a
   grace period so that an upload in the middle of committing is never touched, and fails rows whose original
   is missing.
@@ -21,7 +22,7 @@ from typing import Any
 import trio
 
 from picpeak_lite.errors import StorageUnavailable
-from picpeak_lite.pipeline import intake, transitions
+from picpeak_lite.pipeline import intake, resumable, transitions
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import guests as guest_q
@@ -100,6 +101,7 @@ class Janitor:
         abandoned = await self.renew_and_abandon_uploads()
         now = svc.clock()
         swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds, now)
+        await resumable.expire(svc)
         rows = await svc.db.read(photo_q.rows_with_keys)
         known = {r["storage_key"] for r in rows}
         candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, now)

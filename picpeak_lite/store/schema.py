@@ -303,6 +303,35 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (gallery_id, day, kind)
     ) STRICT, WITHOUT ROWID;
     """,
+    # tus: resumable uploads (issue 14). One row per file sent with the tus protocol, its bytes in
+    # tmp/tus/<id>. upload_offset is what is durable (fsynced before it is written here); upload_id is the
+    # upload group the photo joins, created with the first file of a batch and receiving until its last file
+    # has ended. A finished row (state 'done') stays until expires_at, so that a client that lost the last
+    # answer can still ask for its photo; an expired one stays as a tombstone (410) for a second period.
+    """
+    CREATE TABLE tus_uploads (
+        id TEXT PRIMARY KEY CHECK (length(id) = 32),
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        uploaded_by TEXT NOT NULL CHECK (uploaded_by IN ('admin', 'guest')),
+        guest_session_id INTEGER REFERENCES guest_sessions(id) ON DELETE CASCADE,
+        upload_id TEXT REFERENCES uploads(id) ON DELETE SET NULL,
+        group_key TEXT,
+        upload_length INTEGER NOT NULL CHECK (upload_length >= 0),
+        upload_offset INTEGER NOT NULL DEFAULT 0 CHECK (upload_offset BETWEEN 0 AND upload_length),
+        metadata TEXT NOT NULL DEFAULT '',
+        filename TEXT NOT NULL,
+        guest_name TEXT,
+        state TEXT NOT NULL DEFAULT 'receiving' CHECK (state IN ('receiving', 'done', 'expired')),
+        photo_id INTEGER,
+        duplicate INTEGER NOT NULL DEFAULT 0 CHECK (duplicate IN (0, 1)),
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    ) STRICT;
+    CREATE INDEX tus_uploads_expiry ON tus_uploads(expires_at);
+    CREATE INDEX tus_uploads_group ON tus_uploads(upload_id) WHERE state = 'receiving';
+    CREATE INDEX tus_uploads_owner ON tus_uploads(gallery_id, uploaded_by, guest_session_id)
+        WHERE state = 'receiving';
+    """,
     # videos (issue 13): a photo row is a photo or a video (media_type), with the probe's facts. format takes
     # the containers too. Its CHECK is widened by SQLite's documented way to change a constraint in place
     # (https://sqlite.org/lang_altertable.html, "making other kinds of table schema changes"): the table's SQL

@@ -9,6 +9,7 @@ backup, check and ``storage migrate`` copy between them name by name.
 Layout (under the data directory, or under ``s3_prefix`` in the bucket)::
 
     tmp/                      uploads in flight (removed on every error path; swept after an hour); always local
+    tmp/tus/<id>              unfinished resumable uploads (pipeline/resumable.py; they expire after a day)
     originals/ab/<key>        the uploaded bytes, byte-exact, under a key we generate (never a client name)
     derived/ab/<key>.grid.jpg
     derived/ab/<key>.view.jpg

@@ -98,6 +98,7 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
         health,
         live,
         photos,
+        tus,
         upload,
         video,
     )
@@ -109,6 +110,7 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.register_blueprint(downloads.blueprint)
     app.register_blueprint(favourites.blueprint)
     app.register_blueprint(upload.blueprint)
+    app.register_blueprint(tus.blueprint)
     app.register_blueprint(photos.blueprint)
     app.register_blueprint(video.blueprint)
     app.register_blueprint(live.blueprint)

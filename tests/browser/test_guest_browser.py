@@ -204,7 +204,8 @@ def test_guest_upload_page_waits_out_a_429_by_itself(server: LiveServer, api: ht
         route.fulfill(status=429, headers={"Retry-After": "2", "Connection": "close"},
                       content_type="application/json", body='{"error": "Slow down."}')
 
-    page.route(re.compile(r".*/api/g/[^/]+/upload$"), slow_down_once)
+    # The page sends with tus: the 429 answers the creation of the file's upload (POST .../tus).
+    page.route(re.compile(r".*/api/g/[^/]+/tus$"), slow_down_once)
     page.goto(gallery["share_url"] + "/upload")
     page.set_input_files("#file-input", [str(path)])
     page.wait_for_function("() => /slow down/i.test(document.querySelector('#files .file-status').textContent)")

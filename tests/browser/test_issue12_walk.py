@@ -85,6 +85,8 @@ def test_issue12_walk(server: LiveServer, api: httpx.Client, browser: Any, reque
                            " return r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight; }")
     page.wait_for_function("() => document.getElementById('up-done').textContent === '6'", timeout=PATIENCE_MS)
     refused = page.locator("#upload-list .up-item", has_text="notes.jpg")
+    # Sent as its own tus upload, the text file is refused when its bytes arrive, maybe after the others.
+    refused.locator(".up-state", has_text="Refused").wait_for(timeout=PATIENCE_MS)
     assert re.match(r"Refused: \S", refused.locator(".up-state").inner_text())
     assert refused.locator("button.retry-one").count() == 0
     page.wait_for_function("() => document.getElementById('gallery-counts').textContent.startsWith('6 ready')",

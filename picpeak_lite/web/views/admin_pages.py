@@ -161,7 +161,7 @@ async def gallery_page(gallery_id: int, **extra: Any) -> str:
         "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
         expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
         image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), review=review,
-        choosers=choosers, **extra,
+        choosers=choosers, upload_chunk_mb=svc.settings.upload_chunk_mb, **extra,
     )
 
 

@@ -14,9 +14,10 @@ from quart import g, request, url_for
 
 from picpeak_lite.config import Settings, split_host
 from picpeak_lite.domain import access
-from picpeak_lite.errors import NotFound
+from picpeak_lite.errors import Forbidden, NotFound
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
+from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.web.auth import SAFE_METHODS, admin_from_cookie, current_guest, services
@@ -169,6 +170,22 @@ async def load_gallery(slug: str) -> dict[str, Any]:
 
 
 UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def admin_upload_gallery(conn: Connection, *, gallery_id: int) -> dict[str, Any]:
+    """The gallery an admin uploads to (multipart or tus). Run at the start and again at commit."""
+    row = gallery_q.get(conn, gallery_id)
+    if row is None:
+        raise NotFound("There is no such gallery.")
+    return row
+
+
+def guest_upload_gallery(conn: Connection, *, slug: str, guest_session_id: int, clock: Any) -> dict[str, Any]:
+    """The one visibility rule, then the gallery's own switch. Run at the start and again at commit."""
+    row = access.guest_gallery(conn, slug, guest_session_id, clock())
+    if not row["allow_guest_uploads"]:
+        raise Forbidden("This gallery does not accept photos from guests.")
+    return row
 
 
 def admin_image_url(photo_id: int, kind: str) -> str:

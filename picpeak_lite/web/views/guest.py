@@ -179,7 +179,7 @@ async def upload_page(slug: str) -> Any:
     return await render_template(
         "guest/upload.html", gallery=row, guest=guest, max_file_mb=settings.guest_max_file_mb,
         max_files=settings.guest_max_files, max_video_mb=settings.guest_max_video_mb,
-        max_video_length=duration_label(settings.guest_max_video_seconds),
+        max_video_length=duration_label(settings.guest_max_video_seconds), upload_chunk_mb=settings.upload_chunk_mb,
     )
 
 

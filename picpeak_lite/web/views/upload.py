@@ -42,24 +42,20 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder
 
 from picpeak_lite import security
-from picpeak_lite.domain import access
 from picpeak_lite.errors import (
     AppError,
     BadRequest,
     Conflict,
     Forbidden,
     InsufficientStorage,
-    NotFound,
     TooLarge,
     Unauthorized,
     UnsupportedMedia,
 )
 from picpeak_lite.pipeline.intake import FileSink, Intake, Limits, Uploader, clean_guest_name
-from picpeak_lite.store.db import Connection
-from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import admin_api, check_origin, current_admin, current_guest, limits, services
-from picpeak_lite.web.views.common import client_ip
+from picpeak_lite.web.views.common import admin_upload_gallery, client_ip, guest_upload_gallery
 
 blueprint = Blueprint("upload", __name__)
 
@@ -112,7 +108,7 @@ def _csrf_in_header(view: Any) -> Any:
 @_csrf_in_header
 @admin_api
 async def admin_upload(gallery_id: int) -> Any:
-    authorize = functools.partial(_admin_gallery, gallery_id=gallery_id)
+    authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)
     return await _upload(authorize, Limits.admin(services().settings), uploaded_by="admin")
 
 
@@ -129,27 +125,12 @@ async def guest_upload(slug: str) -> Any:
         raise Forbidden(CSRF_MESSAGE)
     budgets, ip = limits().guest_upload_limits, client_ip()
     budgets.take(guest.id, ip)
-    authorize = functools.partial(_guest_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
+    authorize = functools.partial(guest_upload_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
     return await _upload(
         authorize, Limits.guest(svc.settings), uploaded_by="guest", guest_session_id=guest.id,
         default_name=guest.name, form_csrf=None if sent is not None else guest.csrf_token,
         on_accepted=lambda size: budgets.charge_bytes(guest.id, ip, size),
     )
-
-
-def _admin_gallery(conn: Connection, *, gallery_id: int) -> dict[str, Any]:
-    row = gallery_q.get(conn, gallery_id)
-    if row is None:
-        raise NotFound("There is no such gallery.")
-    return row
-
-
-def _guest_gallery(conn: Connection, *, slug: str, guest_session_id: int, clock: Any) -> dict[str, Any]:
-    """The one visibility rule, then the gallery's own switch. Run at the start and again at commit."""
-    row = access.guest_gallery(conn, slug, guest_session_id, clock())
-    if not row["allow_guest_uploads"]:
-        raise Forbidden("This gallery does not accept photos from guests.")
-    return row
 
 
 async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_session_id: int | None = None,

@@ -1,0 +1,120 @@
+"""SQL for tus uploads (schema: ``tus_uploads``): one row per file sent with the resumable protocol.
+
+The protocol lives in ``web/views/tus.py``, the rules in ``pipeline/resumable.py``; these are their reads and
+writes, each a sync ``fn(conn, ...)`` run inside ``Database.read`` / ``Database.write``.
+"""
+
+from __future__ import annotations
+
+from picpeak_lite.store.db import Connection, Row
+
+RECEIVING = "receiving"
+DONE = "done"
+EXPIRED = "expired"
+
+
+def insert(conn: Connection, *, tus_id: str, gallery_id: int, uploaded_by: str, guest_session_id: int | None,
+           upload_id: str, group_key: str | None, length: int, metadata: str, filename: str,
+           guest_name: str | None, now: float, expires_at: float) -> None:
+    conn.execute(
+        "INSERT INTO tus_uploads (id, gallery_id, uploaded_by, guest_session_id, upload_id, group_key, "
+        "upload_length, metadata, filename, guest_name, created_at, expires_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (tus_id, gallery_id, uploaded_by, guest_session_id, upload_id, group_key, length, metadata, filename,
+         guest_name, now, expires_at),
+    )
+
+
+def get(conn: Connection, tus_id: str) -> Row | None:
+    rows = conn.execute("SELECT * FROM tus_uploads WHERE id = ?", (tus_id,)).fetchall()
+    return rows[0] if rows else None
+
+
+def open_group(conn: Connection, gallery_id: int, uploaded_by: str, guest_session_id: int | None,
+               group_key: str) -> str | None:
+    """The upload group a file of this uploader's batch ``group_key`` joins: one still receiving files."""
+    rows = conn.execute(
+        "SELECT t.upload_id FROM tus_uploads t JOIN uploads u ON u.id = t.upload_id "
+        "WHERE t.gallery_id = ? AND t.uploaded_by = ? AND t.guest_session_id IS ? AND t.group_key = ? "
+        "AND u.receiving_until IS NOT NULL ORDER BY t.created_at DESC LIMIT 1",
+        (gallery_id, uploaded_by, guest_session_id, group_key),
+    ).fetchall()
+    return rows[0]["upload_id"] if rows else None
+
+
+def count_in_group(conn: Connection, upload_id: str) -> int:
+    return conn.execute("SELECT count(*) AS n FROM tus_uploads WHERE upload_id = ?", (upload_id,)).fetchall()[0]["n"]
+
+
+def unfinished_of_owner(conn: Connection, gallery_id: int, uploaded_by: str,
+                        guest_session_id: int | None) -> int:
+    rows = conn.execute(
+        "SELECT count(*) AS n FROM tus_uploads WHERE gallery_id = ? AND uploaded_by = ? AND guest_session_id IS ? "
+        "AND state = 'receiving'",
+        (gallery_id, uploaded_by, guest_session_id),
+    ).fetchall()
+    return rows[0]["n"]
+
+
+def outstanding_bytes(conn: Connection, now: float) -> int:
+    """Bytes that unfinished, unexpired uploads have announced and not sent yet: they count against the disk
+    reserve when a new upload is created."""
+    rows = conn.execute(
+        "SELECT coalesce(sum(upload_length - upload_offset), 0) AS n FROM tus_uploads "
+        "WHERE state = 'receiving' AND expires_at >= ?",
+        (now,),
+    ).fetchall()
+    return rows[0]["n"]
+
+
+def set_offset(conn: Connection, tus_id: str, offset: int, expires_at: float) -> bool:
+    """Record a durable offset (and the expiry it slides to); False when the row is gone or no longer receiving."""
+    conn.execute("UPDATE tus_uploads SET upload_offset = ?, expires_at = ? WHERE id = ? AND state = 'receiving'",
+                 (offset, expires_at, tus_id))
+    return conn.changes() == 1
+
+
+def extend_group(conn: Connection, upload_id: str, until: float) -> None:
+    """A batch's group stays receiving for as long as any of its files may still arrive."""
+    conn.execute("UPDATE uploads SET receiving_until = max(receiving_until, ?) "
+                 "WHERE id = ? AND receiving_until IS NOT NULL", (until, upload_id))
+
+
+def mark_done(conn: Connection, tus_id: str, photo_id: int | None, duplicate: bool, keep_until: float) -> bool:
+    conn.execute(
+        "UPDATE tus_uploads SET state = 'done', photo_id = ?, duplicate = ?, expires_at = ? "
+        "WHERE id = ? AND state = 'receiving'",
+        (photo_id, int(duplicate), keep_until, tus_id),
+    )
+    return conn.changes() == 1
+
+
+def delete(conn: Connection, tus_id: str) -> Row | None:
+    rows = conn.execute("DELETE FROM tus_uploads WHERE id = ? RETURNING *", (tus_id,)).fetchall()
+    return rows[0] if rows else None
+
+
+def receiving_in_group(conn: Connection, upload_id: str) -> int:
+    rows = conn.execute("SELECT count(*) AS n FROM tus_uploads WHERE upload_id = ? AND state = 'receiving'",
+                        (upload_id,)).fetchall()
+    return rows[0]["n"]
+
+
+def expire_due(conn: Connection, now: float, tombstone_until: float) -> list[Row]:
+    """Unfinished uploads past their expiry become tombstones (410 from now on); returns them (their bytes go)."""
+    return conn.execute(
+        "UPDATE tus_uploads SET state = 'expired', expires_at = ? WHERE state = 'receiving' AND expires_at < ? "
+        "RETURNING *",
+        (tombstone_until, now),
+    ).fetchall()
+
+
+def forget_old(conn: Connection, now: float) -> int:
+    """Finished uploads and tombstones whose keeping time is over are forgotten (404 from then on)."""
+    conn.execute("DELETE FROM tus_uploads WHERE state != 'receiving' AND expires_at < ?", (now,))
+    return conn.changes()
+
+
+def receiving_ids(conn: Connection) -> set[str]:
+    rows = conn.execute("SELECT id FROM tus_uploads WHERE state = 'receiving'").fetchall()
+    return {r["id"] for r in rows}

@@ -1,0 +1,268 @@
+"""The tus 1.0.0 routes (issue 14): resumable uploads, for any tus client and for our own upload pages.
+
+Creation URLs, beside the multipart routes and with the same guards::
+
+    OPTIONS/POST  /api/admin/galleries/<id>/tus          (admin session with X-CSRF-Token, or an API token)
+    OPTIONS/POST  /api/g/<slug>/tus                       (the guest session, X-CSRF-Token, Origin checks)
+    HEAD/PATCH/DELETE  .../tus/<32 hex>                   (the upload, its uploader's only: 404 for anyone else)
+
+Core, creation, creation-with-upload, termination, expiration and checksum (sha1, sha256) are implemented as
+the specification says: every request but OPTIONS must carry ``Tus-Resumable: 1.0.0`` (412 otherwise, with
+``Tus-Version``), every answer carries it; a ``PATCH`` needs ``Content-Type: application/offset+octet-stream``
+(415) and the ``Upload-Offset`` the upload is at (409 otherwise, with the real one); past ``Upload-Length`` is
+413; an unknown upload 404, an expired one 410; a chunk failing its ``Upload-Checksum`` is 460 and not kept.
+
+What is ours: ``Upload-Metadata`` keys ``filename`` (or ``name``), ``filetype`` (informative: the bytes decide),
+``guest_name`` (guests), and ``upload_group``, a key of the client's choice that puts the files of one batch
+in one upload group (``pipeline/resumable.py``). The answer to the ``PATCH`` that completes a file (and a
+``HEAD`` afterwards) says what became of it: ``Picpeak-Photo-Id``, ``Picpeak-Upload-Id`` (the group to follow
+on the status route and ``/ws/uploads/<id>``; absent when the group has no photo) and ``Picpeak-Duplicate``.
+A file the intake refuses ends its upload, and that ``PATCH`` is answered as a multipart file's refusal would
+be (413, 415, 409 or 400, with ``{"error": ...}``).
+
+Guest budgets: creating an upload costs one request of the guest's upload budget (``ratelimit.py``), and its
+bytes are charged when it is accepted, as for multipart. A request refused before its body was read has the
+rest read and dropped (up to DRAIN_MAX; beyond that the answer says ``Connection: close``): an HTTP client
+reads the answer only once it has sent its body, so a 409 would otherwise reach it only at its timeout.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from email.utils import formatdate
+from typing import Any
+
+from quart import Blueprint, g, request, url_for
+
+from picpeak_lite import security
+from picpeak_lite.errors import AppError, BadRequest, Forbidden, UnsupportedMedia
+from picpeak_lite.pipeline import resumable
+from picpeak_lite.pipeline.intake import Authorize, Limits
+from picpeak_lite.pipeline.resumable import Finished, OffsetMismatch, Owner
+from picpeak_lite.store.db import Row
+from picpeak_lite.store.queries import tus as tus_q
+from picpeak_lite.web.auth import SAFE_METHODS, admin_api, check_origin, current_guest, limits, services
+from picpeak_lite.web.views.common import admin_upload_gallery, client_ip, guest_upload_gallery
+
+blueprint = Blueprint("tus", __name__)
+
+TUS_VERSION = "1.0.0"
+EXTENSIONS = "creation,creation-with-upload,termination,expiration,checksum"
+OFFSET_TYPE = "application/offset+octet-stream"
+DRAIN_MAX = 64 * 1024 * 1024  # the most of a refused body read to keep its connection (8 chunks of the default)
+CSRF_MESSAGE = "The page has expired or did not send its security token. Reload the page and try again."
+
+
+class PreconditionFailed(AppError):
+    status = 412
+    title = "Precondition Failed"
+
+    def headers(self) -> dict[str, str]:
+        return {"Tus-Version": TUS_VERSION}
+
+
+@blueprint.after_request
+async def _tus_headers(response: Any) -> Any:
+    response.headers["Tus-Resumable"] = TUS_VERSION
+    has_body = (request.content_length or 0) > 0 or "chunked" in request.headers.get("Transfer-Encoding", "")
+    if has_body and not g.get("tus_drained") and not await _drain(DRAIN_MAX):
+        response.headers["Connection"] = "close"
+    return response
+
+
+async def _drain(most: int) -> bool:
+    """Read and drop the rest of a refused chunk (a 409 for an offset a client got wrong, say) so that the
+    client, which reads the answer only once it has sent everything, gets it now and keeps its connection. A
+    body larger than ``most`` is not read further: the answer closes the connection instead."""
+    if (request.content_length or 0) > most:
+        return False
+    request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py)
+    dropped = 0
+    async for chunk in request.body:
+        dropped += len(chunk)
+        if dropped > most:
+            return False
+    return True
+
+
+# --- admin -------------------------------------------------------------------------------------------------
+
+@blueprint.route("/api/admin/galleries/<int:gallery_id>/tus", methods=["OPTIONS"], provide_automatic_options=False)
+async def admin_options(gallery_id: int) -> Any:
+    return _options(Limits.admin(services().settings))
+
+
+@blueprint.post("/api/admin/galleries/<int:gallery_id>/tus")
+@admin_api
+async def admin_create(gallery_id: int) -> Any:
+    _check_protocol()
+    authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)
+    return await _create(authorize, Limits.admin(services().settings), Owner("admin"),
+                         lambda tus_id: url_for("tus.admin_upload", gallery_id=gallery_id, tus_id=tus_id))
+
+
+@blueprint.route("/api/admin/galleries/<int:gallery_id>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"])
+@admin_api
+async def admin_upload(gallery_id: int, tus_id: str) -> Any:
+    _check_protocol()
+    authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)
+    await services().db.read(authorize)
+    return await _upload(tus_id, gallery_id, authorize, Limits.admin(services().settings), Owner("admin"))
+
+
+# --- guests ------------------------------------------------------------------------------------------------
+
+@blueprint.route("/api/g/<slug>/tus", methods=["OPTIONS"], provide_automatic_options=False)
+async def guest_options(slug: str) -> Any:
+    return _options(Limits.guest(services().settings))
+
+
+@blueprint.post("/api/g/<slug>/tus")
+async def guest_create(slug: str) -> Any:
+    owner, authorize, _ = await _guest(slug)
+    _check_protocol()
+    budgets, ip = limits().guest_upload_limits, client_ip()
+    budgets.take(owner.guest_session_id or 0, ip)
+    return await _create(authorize, Limits.guest(services().settings), owner,
+                         lambda tus_id: url_for("tus.guest_upload", slug=slug, tus_id=tus_id),
+                         on_accepted=_charge(owner, ip))
+
+
+@blueprint.route("/api/g/<slug>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"])
+async def guest_upload(slug: str, tus_id: str) -> Any:
+    owner, authorize, gallery = await _guest(slug)
+    _check_protocol()
+    return await _upload(tus_id, gallery["id"], authorize, Limits.guest(services().settings), owner,
+                         on_accepted=_charge(owner, client_ip()))
+
+
+async def _guest(slug: str) -> tuple[Owner, Authorize, dict[str, Any]]:
+    """The multipart route's guards: the origin, the guest session, its CSRF token (in ``X-CSRF-Token``: a tus
+    request has no form), and the gallery as this guest may see it."""
+    svc = services()
+    check_origin()
+    guest = await current_guest(create=False)
+    if guest is None:
+        raise Forbidden("Your browser session has ended. Reload the page and try again.")
+    if request.method not in SAFE_METHODS:
+        sent = request.headers.get("X-CSRF-Token")
+        if not sent or not security.tokens_equal(sent, guest.csrf_token):
+            raise Forbidden(CSRF_MESSAGE)
+    authorize = functools.partial(guest_upload_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
+    gallery = await svc.db.read(authorize)
+    return Owner("guest", guest.id, guest.name), authorize, gallery
+
+
+def _charge(owner: Owner, ip: str) -> Callable[[int], None]:
+    budgets = limits().guest_upload_limits
+    return lambda size: budgets.charge_bytes(owner.guest_session_id or 0, ip, size)
+
+
+# --- the protocol ------------------------------------------------------------------------------------------
+
+def _options(file_limits: Limits) -> Any:
+    g.tus_drained = True
+    return "", 204, {
+        "Tus-Version": TUS_VERSION, "Tus-Extension": EXTENSIONS, "Tus-Max-Size": str(file_limits.max_file_bytes),
+        "Tus-Checksum-Algorithm": ",".join(resumable.CHECKSUMS),
+    }
+
+
+def _check_protocol() -> None:
+    if request.headers.get("Tus-Resumable") != TUS_VERSION:
+        raise PreconditionFailed(f"This is a tus {TUS_VERSION} endpoint: send 'Tus-Resumable: {TUS_VERSION}'.")
+
+
+def _number(name: str) -> int:
+    value = request.headers.get(name)
+    if value is None:
+        raise BadRequest(f"The {name} header is missing.")
+    if not value.isascii() or not value.isdigit() or len(value) > 18:
+        raise BadRequest(f"The {name} header must be a non-negative integer.")
+    return int(value)
+
+
+async def _create(authorize: Authorize, file_limits: Limits, owner: Owner, location: Callable[[str], str], *,
+                  on_accepted: Callable[[int], None] | None = None) -> Any:
+    if "Upload-Defer-Length" in request.headers:
+        raise BadRequest("Upload-Defer-Length is not supported: send Upload-Length.")
+    length = _number("Upload-Length")
+    if length == 0:
+        raise BadRequest("The file is empty: an empty file is not a photo.")
+    row = await resumable.create(services(), authorize=authorize, owner=owner, limits=file_limits, length=length,
+                                 metadata=request.headers.get("Upload-Metadata"))
+    headers = {"Location": location(row["id"]), "Upload-Expires": _http_date(row["expires_at"])}
+    if request.mimetype == OFFSET_TYPE:  # creation-with-upload: the body is the first chunk
+        offset, done = await _receive(row, 0, authorize, file_limits, on_accepted)
+        headers["Upload-Offset"] = str(offset)
+        headers.update(_finished_headers(done))
+    elif not request.content_length:
+        g.tus_drained = True
+    return "", 201, headers
+
+
+async def _upload(tus_id: str, gallery_id: int, authorize: Authorize, file_limits: Limits, owner: Owner, *,
+                  on_accepted: Callable[[int], None] | None = None) -> Any:
+    svc = services()
+    row = await resumable.find(svc, tus_id, gallery_id, owner)
+    if request.method == "HEAD":
+        headers = {"Upload-Offset": str(row["upload_offset"]), "Upload-Length": str(row["upload_length"]),
+                   "Cache-Control": "no-store"}
+        if row["metadata"]:
+            headers["Upload-Metadata"] = row["metadata"]
+        if row["state"] == tus_q.RECEIVING:
+            headers["Upload-Expires"] = _http_date(row["expires_at"])
+        else:
+            headers.update(_finished_headers(await resumable.finished(svc, row)))
+        return "", 200, headers
+    if request.method == "DELETE":
+        await resumable.terminate(svc, row)
+        g.tus_drained = not request.content_length
+        return "", 204
+    if request.mimetype != OFFSET_TYPE:
+        raise UnsupportedMedia(f"A PATCH must be sent as Content-Type: {OFFSET_TYPE}.")
+    offset = _number("Upload-Offset")
+    checksum = resumable.parse_checksum(request.headers.get("Upload-Checksum"))
+    if row["state"] == tus_q.DONE:
+        # The last chunk's answer was lost and the client asks again: the same answer, nothing is sent twice.
+        if offset != row["upload_length"] or request.content_length:
+            raise OffsetMismatch(row["upload_length"])
+        g.tus_drained = True
+        again = await resumable.finished(svc, row)
+        return "", 204, {"Upload-Offset": str(row["upload_length"]), **_finished_headers(again)}
+    new_offset, done = await _receive(row, offset, authorize, file_limits, on_accepted, checksum)
+    headers = {"Upload-Offset": str(new_offset), **_finished_headers(done)}
+    if done is None:
+        headers["Upload-Expires"] = _http_date(svc.clock() + resumable.expiry_seconds(svc))
+    return "", 204, headers
+
+
+async def _receive(row: Row, offset: int, authorize: Authorize, file_limits: Limits,
+                   on_accepted: Callable[[int], None] | None,
+                   checksum: tuple[str, bytes] | None = None) -> tuple[int, Finished | None]:
+    """Write the body at ``offset``; when that completes the file, hand it to the intake."""
+    svc = services()
+    request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py): counted by resumable
+    new_offset = await resumable.write_chunk(svc, row, offset, request.body, content_length=request.content_length,
+                                             checksum=checksum)
+    g.tus_drained = True
+    if new_offset < row["upload_length"]:
+        return new_offset, None
+    return new_offset, await resumable.finish(svc, row, authorize=authorize, limits=file_limits,
+                                              on_accepted=on_accepted)
+
+
+def _finished_headers(done: Finished | None) -> dict[str, str]:
+    if done is None:
+        return {}
+    headers = {"Picpeak-Duplicate": "true" if done.duplicate else "false"}
+    if done.photo_id is not None:
+        headers["Picpeak-Photo-Id"] = str(done.photo_id)
+    if done.upload_id is not None:
+        headers["Picpeak-Upload-Id"] = done.upload_id
+    return headers
+
+
+def _http_date(timestamp: float) -> str:
+    return formatdate(timestamp, usegmt=True)
