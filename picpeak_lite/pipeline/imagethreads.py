@@ -1,4 +1,4 @@
-"""The threads image work runs in: a fixed set, at a lower OS priority than the event loop.
+"""The threads image work runs in: a small set of its own, at a lower OS priority than the event loop.
 
 Why not ``trio.to_thread.run_sync``: trio's threads are shared by every blocking call (SQLite, file writes,
 hashing of incoming bytes), so a priority cannot be given to one kind of work. Here each thread lowers its
