@@ -3,7 +3,7 @@
     python bench/bench_quality.py [--megapixels 24 12] [--out test-artifacts]
 
 For camera-like photos (``picpeak_lite.media.samples``: noise sigma 13, q90), compares the view image that
-``images.render`` makes (a DCT-scaled decode, bicubic only for what is left) with a reference made the
+``images.render`` makes (a DCT-scaled decode, bilinear only for what is left) with a reference made the
 expensive way: a full-resolution decode and Lanczos straight to the same size. Prints the PSNR of the raw
 pixels against the reference, and the PSNR that reaches the guest: both images JPEG-encoded with the same
 settings, each compared with the unencoded reference. The goal is a delivered PSNR within 1 dB of the
