@@ -192,6 +192,7 @@ def test_every_page_template_and_static_file_from_the_installed_wheel(served: st
         for target, kind in (("gallery", "png"), ("upload", "svg")):
             assert http.get(f"/admin/galleries/{gid}/qr/{target}.{kind}").status_code == 200
         html_page(http, "/admin/password")
+        html_page(http, f"/g/{slug}/wall")  # the live wall, opened with the admin's session
         settings_page = html_page(http, "/admin/settings/")
         # The preview the page shows, drawn on static/watermark-sample.jpg (found through the installed package).
         src = re.search(r'id="watermark-preview"[^>]*?src="([^"]+)"', settings_page, re.DOTALL)
@@ -204,7 +205,9 @@ def test_every_page_template_and_static_file_from_the_installed_wheel(served: st
         for kind in ("grid", "view", "original"):
             assert http.get(f"/api/admin/photos/{photo_id}/{kind}").status_code == 200
         rendered |= {"admin/dashboard.html", "admin/gallery.html", "admin/qr.html", "admin/password.html",
-                     "admin/settings.html", "admin/confirm_delete.html"}
+                     "admin/settings.html", "admin/confirm_delete.html", "wall.html",
+                     # included by the dashboard (_activity) and the gallery page (the rest), unconditionally
+                     "admin/_activity.html", "admin/_review.html", "admin/_wall.html", "admin/_proofing.html"}
 
     conn = db.connect(tmp_path / "work" / "picpeak-data" / "picpeak.sqlite3")
     try:
@@ -222,7 +225,8 @@ def test_every_page_template_and_static_file_from_the_installed_wheel(served: st
         html_page(guest, f"/g/{expired['slug']}", status=410)
         assert "Not found" in html_page(guest, "/no/such/page", status=404)
         rendered |= {"guest/layout.html", "guest/gallery.html", "guest/upload.html", "guest/password.html",
-                     "guest/expired.html", "error.html"}
+                     "guest/expired.html", "error.html",
+                     "guest/_favourite_limit.html", "guest/_own_waiting.html"}  # included by the gallery page
 
         for name in repo_files("static"):
             response = guest.get(f"/static/{name}")
