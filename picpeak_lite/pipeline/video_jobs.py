@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from os import fspath
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -64,31 +65,12 @@ async def transcode(source: Path, target: Path, *, deadline: float) -> None:
     """The playable H.264/AAC preview (media/video.py ``transcode``), at nice 19, twice the probe's memory."""
     command = [sys.executable, "-m", "picpeak_lite.media.video", "transcode", fspath(source), fspath(target),
                str(video.MAX_FRAME_PIXELS), str(2 * CHILD_MEMORY)]
-    with trio.move_on_after(deadline) as scope:
-        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False,
-                                      deliver_cancel=_kill)
-    if scope.cancelled_caught:
-        raise InvalidVideo(TOO_SLOW.format(seconds=deadline))
-    _check_exit(done)
-    line = done.stdout.partition(b"\n")[0]
-    try:
-        head = json.loads(line)
-    except ValueError as exc:
-        raise InvalidVideo(CRASHED.format(how="no answer"), repr(done.stdout[:200])) from exc
-    if "error" in head:
-        raise InvalidVideo(head["error"], head.get("detail", ""))
+    await _child(command, deadline)
 
 
-def _check_exit(done: subprocess.CompletedProcess[bytes]) -> None:
-    if done.returncode != 0:
-        how = (f"signal {signal.Signals(-done.returncode).name}" if done.returncode < 0
-               else f"exit status {done.returncode}")
-        raise InvalidVideo(CRASHED.format(how=how), done.stderr[-500:].decode(errors="replace"))
-
-
-async def _run(mode: str, path: Path, *, deadline: float, view_px: int, max_pixels: int) -> Inspected:
-    command = [sys.executable, "-m", "picpeak_lite.media.video", mode, fspath(path), str(view_px), str(max_pixels),
-               str(CHILD_MEMORY)]
+async def _child(command: list[str], deadline: float) -> tuple[dict[str, Any], bytes]:
+    """Run one child to its end or its deadline (then SIGKILL): its first output line as JSON, and the rest.
+    A crash, a kill, no answer or the error it reports becomes InvalidVideo with a sentence."""
     with trio.move_on_after(deadline) as scope:
         done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False,
                                       deliver_cancel=_kill)
@@ -102,6 +84,20 @@ async def _run(mode: str, path: Path, *, deadline: float, view_px: int, max_pixe
         raise InvalidVideo(CRASHED.format(how="no answer"), repr(done.stdout[:200])) from exc
     if "error" in head:
         raise InvalidVideo(head["error"], head.get("detail", ""), too_large=bool(head.get("too_large")))
+    return head, rest
+
+
+def _check_exit(done: subprocess.CompletedProcess[bytes]) -> None:
+    if done.returncode != 0:
+        how = (f"signal {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"exit status {done.returncode}")
+        raise InvalidVideo(CRASHED.format(how=how), done.stderr[-500:].decode(errors="replace"))
+
+
+async def _run(mode: str, path: Path, *, deadline: float, view_px: int, max_pixels: int) -> Inspected:
+    command = [sys.executable, "-m", "picpeak_lite.media.video", mode, fspath(path), str(view_px), str(max_pixels),
+               str(CHILD_MEMORY)]
+    head, rest = await _child(command, deadline)
     info = VideoInfo.from_json(head["info"])
     poster = head.get("poster")
     if poster is None:
