@@ -19,7 +19,14 @@ from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import admin_photos as q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import admin_api, admin_page, services
-from picpeak_lite.web.views.common import admin_image_url, filter_query, load_grid, photo_status, read_filters
+from picpeak_lite.web.views.common import (
+    action_and_ids,
+    admin_image_url,
+    filter_query,
+    load_grid,
+    photo_status,
+    read_filters,
+)
 
 blueprint = Blueprint("admin_photos", __name__)
 
@@ -58,13 +65,7 @@ async def list_photos(gallery_id: int) -> dict[str, Any]:
 @blueprint.post("/api/admin/galleries/<int:gallery_id>/photos/bulk")
 @admin_api
 async def bulk_api(gallery_id: int) -> dict[str, Any]:
-    data = await request.get_json(force=True, silent=True)
-    if not isinstance(data, dict):
-        raise BadRequest("Send a JSON object: {\"action\": ..., \"ids\": [...]}.")
-    action, ids = data.get("action"), data.get("ids")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and fits_integer(i)
-                                            for i in ids):
-        raise BadRequest("'ids' must be a list of photo ids.")
+    action, ids = await action_and_ids("...")
     changed = await apply_action(gallery_id, action, ids)
     return {"action": action, "changed": changed}
 

@@ -14,8 +14,8 @@ from quart import g, request, url_for
 
 from picpeak_lite.config import Settings, split_host
 from picpeak_lite.domain import access
-from picpeak_lite.errors import Forbidden, NotFound
-from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.errors import BadRequest, Forbidden, NotFound
+from picpeak_lite.store.db import Connection, Row, fits_integer
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
@@ -277,3 +277,16 @@ async def load_grid(gallery_id: int, filters: dict[str, Any]) -> tuple[list[dict
                 admin_photo_q.favourites_by_photo(conn, gallery_id))
 
     return await services().db.read(read)
+
+
+async def action_and_ids(example_action: str) -> tuple[Any, list[int]]:
+    """The JSON body of a bulk action on photos, ``{"action": ..., "ids": [...]}``, with ``ids`` checked to be
+    photo ids (integers SQLite can hold, not booleans); the action is the caller's to check."""
+    data = await request.get_json(force=True, silent=True)
+    if not isinstance(data, dict):
+        raise BadRequest(f'Send a JSON object: {{"action": {example_action}, "ids": [...]}}.')
+    ids = data.get("ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and fits_integer(i)
+                                            for i in ids):
+        raise BadRequest("'ids' must be a list of photo ids.")
+    return data.get("action"), ids

@@ -20,7 +20,7 @@ from picpeak_lite.pipeline import moderation
 from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.web.auth import admin_api, admin_page, services
-from picpeak_lite.web.views.common import admin_image_url, photo_status
+from picpeak_lite.web.views.common import action_and_ids, admin_image_url, photo_status
 
 blueprint = Blueprint("review", __name__)
 
@@ -44,15 +44,9 @@ async def queue_api(gallery_id: int) -> dict[str, Any]:
 @blueprint.post("/api/admin/galleries/<int:gallery_id>/review")
 @admin_api
 async def review_api(gallery_id: int) -> dict[str, Any]:
-    data = await request.get_json(force=True, silent=True)
-    if not isinstance(data, dict):
-        raise BadRequest("Send a JSON object: {\"action\": \"approve\", \"ids\": [...]}.")
-    ids = data.get("ids")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and fits_integer(i)
-                                            for i in ids):
-        raise BadRequest("'ids' must be a list of photo ids.")
-    done = await apply_review(gallery_id, data.get("action"), ids)
-    return {"action": data.get("action"), "changed": done, "ids": done}
+    action, ids = await action_and_ids('"approve"')
+    done = await apply_review(gallery_id, action, ids)
+    return {"action": action, "changed": done, "ids": done}
 
 
 @blueprint.post("/admin/galleries/<int:gallery_id>/review")
