@@ -63,8 +63,10 @@ def desktop(browser: Any, request: Any) -> Iterator[Page]:
 
 def large_photos(folder: Path, count: int) -> list[Path]:
     """Photos big enough that processing visibly lags sending: one image, one changed pixel per copy (so no
-    two files are duplicates of each other)."""
-    base = imagefactory.photo(3000, 2000, seed=42, noise=0.2)
+    two files are duplicates of each other). Just under twice the view's 1500 px floor, so that libjpeg
+    cannot hand over a 1/2-scale view and each photo is decoded whole and shrunk (at 3000 px the view came
+    straight from the decoder and the last photo's processing could end between two samples)."""
+    base = imagefactory.photo(2990, 1994, seed=42, noise=0.2)
     paths = []
     for i in range(count):
         image = base.copy()
