@@ -74,12 +74,18 @@ def test_guest_grid_is_justified_rows_at_the_photos_own_ratios(server: LiveServe
 
     pages = new_page(browser, request, viewport={"width": size[0], "height": size[1]})
     page = next(pages)
-    # Images held back: the layout before any image arrives must be the layout after.
-    page.route("**/photos/*/grid", lambda route: None)
+    # Images held back: the layout before any image arrives must be the layout after. Every photo image is
+    # held (grid and view: the srcset lets the browser pick either), so none can arrive before the first look.
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        held.append(route)
+
+    page.route("**/photos/**", hold)
     page.goto(f"{server.url}/g/{gallery['slug']}", wait_until="domcontentloaded")
     assert page.evaluate("[...document.querySelectorAll('#grid img')].filter(i => i.naturalWidth).length") == 0
     before = page.evaluate(GRID_GEOMETRY)
-    page.unroute("**/photos/*/grid")
+    page.unroute("**/photos/**")
     page.reload()
     page.wait_for_function("() => [...document.querySelectorAll('#grid img')].every(i => i.complete && i.naturalWidth)")
     after = page.evaluate(GRID_GEOMETRY)
