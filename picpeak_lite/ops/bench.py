@@ -285,13 +285,18 @@ def run(count: int, megapixels: float, *, workdir: Path | None = None, python: s
         try:
             if on_server is not None:
                 on_server(server)
-            groups = batches(paths)
-            measured = _upload_and_wait(server, groups)
-            peak = server.peak_rss_mb()
-            rows = _timings(server.data_dir)
+            return measure(server, paths)
         finally:
             server.stop()
-        return summarise(paths, groups, measured, rows, peak)
+
+
+def measure(server: Server, paths: list[Path]) -> Result:
+    """Upload ``paths`` to a new gallery of a running server, wait until each is complete or failed, and give
+    the figures of those files alone (rows of earlier uploads to the same server are left out)."""
+    groups = batches(paths)
+    measured = _upload_and_wait(server, groups)
+    rows = [r for r in _timings(server.data_dir) if r["upload_id"] in measured["answered"]]
+    return summarise(paths, groups, measured, rows, server.peak_rss_mb())
 
 
 def summarise(paths: list[Path], groups: list[list[Path]], measured: dict[str, Any], rows: list[dict[str, Any]],
