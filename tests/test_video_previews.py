@@ -83,3 +83,59 @@ async def test_the_lane_runs_in_the_background(services: Services, autojump_cloc
         await nursery.start(PreviewLane(services, poll_seconds=1).run)
         await trio.sleep(5)  # idle: nothing pending, it only polls
         nursery.cancel_scope.cancel()
+
+
+def _transcode_children() -> list[int]:
+    """Our children that run the transcode (their command line says so)."""
+    found = []
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if b"transcode" in command:
+                found.append(int(pid))
+    return found
+
+
+def _state(pid: int) -> str:
+    """The kernel's one-letter state of a process: 'T' when stopped."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+async def _until(check: Any) -> Any:
+    """Poll a condition of another process (no event reaches us from it); the suite's timeout is the bound."""
+    while not (found := check()):
+        await trio.sleep(0.02)
+    return found
+
+
+async def test_a_transcode_is_stopped_while_photos_wait(admin: AuthActions, services: Services,
+                                                       tmp_path: Path) -> None:
+    clip = vf.make_clip(tmp_path / "IMG_0043.MOV", codec="libx265", width=640, height=360, seconds=4)
+    gallery = await admin.create_gallery()
+    assert (await admin_upload(admin, gallery["id"], [("IMG_0043.MOV", clip.read_bytes())])).status_code == 202
+    await run_pool_until_idle(services)
+    lane = PreviewLane(services)
+    async with trio.open_nursery() as nursery:
+        made = trio.Event()
+
+        async def make() -> None:
+            assert await lane.make_one() is True
+            made.set()
+
+        nursery.start_soon(make)
+        [pid] = await _until(_transcode_children)
+        # A photo arrives while the copy is being made: the child stops at once and stays stopped.
+        assert (await admin_upload(admin, gallery["id"], [("a.jpg", jpeg())])).status_code == 202
+        await _until(lambda: _state(pid) == "T")
+        assert not made.is_set()
+        await run_pool_until_idle(services)
+        # The photo is done: the child goes on and the copy is made.
+        await made.wait()
+    [row] = await rows(services, "SELECT status, preview_status, preview_error FROM photos WHERE media_type = 'video'")
+    assert (row["status"], row["preview_status"]) == ("complete", "complete"), row["preview_error"]
+    [photo] = await rows(services, "SELECT status FROM photos WHERE media_type = 'photo'")
+    assert photo["status"] == "complete"

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from os import fspath
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -61,21 +61,45 @@ async def inspect(path: Path, *, deadline: float, view_px: int, max_pixels: int)
     return await _run("inspect", path, deadline=deadline, view_px=view_px, max_pixels=max_pixels)
 
 
-async def transcode(source: Path, target: Path, *, deadline: float) -> None:
-    """The playable H.264/AAC preview (media/video.py ``transcode``), at nice 19, twice the probe's memory."""
+class GiveWay(Protocol):
+    """When a long child must stand aside for more urgent work (the transcode, for photos): :meth:`busy` returns
+    once that work is waiting, :meth:`idle` once none is left."""
+
+    async def busy(self) -> None: ...
+
+    async def idle(self) -> None: ...
+
+
+async def transcode(source: Path, target: Path, *, deadline: float, give_way: GiveWay | None = None) -> None:
+    """The playable H.264/AAC preview (media/video.py ``transcode``), at nice 19, twice the probe's memory.
+    With ``give_way`` the child is stopped (SIGSTOP) while :meth:`GiveWay.busy` says other work waits and
+    continued (SIGCONT) once it is :meth:`GiveWay.idle`: nice 19 alone still left it a share of both cores and
+    of their caches, which made a photo processed meanwhile about a quarter slower. The deadline counts only
+    the time the child was running."""
     command = [sys.executable, "-m", "picpeak_lite.media.video", "transcode", fspath(source), fspath(target),
                str(video.MAX_FRAME_PIXELS), str(2 * CHILD_MEMORY)]
-    await _child(command, deadline)
+    await _child(command, deadline, give_way)
 
 
-async def _child(command: list[str], deadline: float) -> tuple[dict[str, Any], bytes]:
+async def _child(command: list[str], deadline: float, give_way: GiveWay | None = None
+                 ) -> tuple[dict[str, Any], bytes]:
     """Run one child to its end or its deadline (then SIGKILL): its first output line as JSON, and the rest.
     A crash, a kill, no answer or the error it reports becomes InvalidVideo with a sentence."""
-    with trio.move_on_after(deadline) as scope:
-        done = await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False,
-                                      deliver_cancel=_kill)
-    if scope.cancelled_caught:
+    outcome: dict[str, subprocess.CompletedProcess[bytes]] = {}
+    timed_out = False
+    async with trio.open_nursery() as nursery:
+
+        async def run(task_status: trio.TaskStatus[trio.Process] = trio.TASK_STATUS_IGNORED) -> None:
+            outcome["done"] = await trio.run_process(command, capture_stdout=True, capture_stderr=True,
+                                                     check=False, deliver_cancel=_kill, task_status=task_status)
+            nursery.cancel_scope.cancel()  # the watch below ends with the child
+
+        process = await nursery.start(run)
+        timed_out = not await _watch(process, deadline, give_way)
+        nursery.cancel_scope.cancel()  # the deadline passed: cancelling run_process kills the child
+    if timed_out or "done" not in outcome:
         raise InvalidVideo(TOO_SLOW.format(seconds=deadline))
+    done = outcome["done"]
     _check_exit(done)
     line, _, rest = done.stdout.partition(b"\n")
     try:
@@ -85,6 +109,29 @@ async def _child(command: list[str], deadline: float) -> tuple[dict[str, Any], b
     if "error" in head:
         raise InvalidVideo(head["error"], head.get("detail", ""), too_large=bool(head.get("too_large")))
     return head, rest
+
+
+async def _watch(process: trio.Process, deadline: float, give_way: GiveWay | None) -> bool:
+    """Until the child has run for ``deadline`` seconds (False then; the caller's cancel ends it when it exits
+    first): stop it whenever ``give_way`` is busy, continue it when idle. A stopped child is still killed by a
+    cancellation (SIGKILL needs no SIGCONT), so a server shutting down never waits for a paused transcode."""
+    spent = 0.0
+    while True:
+        began = trio.current_time()
+        with trio.move_on_after(deadline - spent) as scope:
+            if give_way is None:
+                await trio.sleep_forever()
+            else:
+                await give_way.busy()
+        spent += trio.current_time() - began
+        if scope.cancelled_caught:
+            return False
+        process.send_signal(signal.SIGSTOP)
+        try:
+            assert give_way is not None
+            await give_way.idle()
+        finally:
+            process.send_signal(signal.SIGCONT)
 
 
 def _check_exit(done: subprocess.CompletedProcess[bytes]) -> None:
