@@ -9,8 +9,10 @@ PyAV (tests/videofactory.py):
   child's start (Python + FFmpeg's libraries), whose share is measured on its own (``start_*``);
 * the preview transcode (``transcode``, the lane's child at nice 19) of a 1080p HEVC clip to H.264/AAC, as
   seconds of video made per second of wall time (``x_realtime``);
-* the latency of a 12 MP photo's render (``images.render``) alone and while that transcode runs, to show the
-  lower lane does not take the photos' CPU.
+* through the real server (``picpeak-lite serve``, as ``picpeak-lite bench`` runs it): 10 x 12 MP photos
+  uploaded alone, then the same photos uploaded while the preview lane transcodes a 1080p HEVC clip, each
+  photo's time from its own bytes to complete (p50 / p95), and how much of that second upload the transcode
+  child spent stopped (state T in /proc), to show the lower lane gives the photos their cores.
 
 Targets (issue 13): probe + poster <= 0.3 s CPU for 1080p H.264, <= 1 s for 4K HEVC, peak RSS <= 150 MB; the
 transcode >= 1x real time; photo latency kept.
@@ -20,10 +22,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -51,16 +53,67 @@ def inspect_figures(label: str, clip: Path, runs: int) -> str:
     return f"{label}_cpu_s={cpu:.3f} {label}_rss_mb={rss}"
 
 
-def photo_latency(jpeg: bytes, runs: int) -> float:
-    from picpeak_lite.media import images
+def transcode_children(pid: int) -> list[int]:
+    """The server's children running the preview transcode."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child_pid in (task / "children").read_text().split():
+            try:
+                if b"transcode" in Path(f"/proc/{child_pid}/cmdline").read_bytes():
+                    found.append(int(child_pid))
+            except FileNotFoundError:
+                pass
+    return found
 
-    spec = images.RenderSpec()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        images.render(jpeg, spec)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+def process_state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return stat[stat.rindex(")") + 2]
+
+
+def lane_figures(clip: Path, photos: list[Path], work: Path) -> str:
+    """Photos uploaded alone, then during a transcode, through the real server; see the module's docstring."""
+    from picpeak_lite.ops import bench
+
+    server = bench.Server(work / "data")
+    server.start()
+    try:
+        alone = bench.measure(server, photos)
+        video = bench.measure(server, [clip])  # complete once probed and given its poster
+        assert video.complete == 1, video.lines()
+        deadline = time.monotonic() + 60
+        while not (children := transcode_children(server.pid)):
+            assert time.monotonic() < deadline, "the preview lane did not start"
+            time.sleep(0.01)
+        child = children[0]
+        states: list[str] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.01):
+                states.append(process_state(child))
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            during = bench.measure(server, photos)
+        finally:
+            stop.set()
+            sampler.join()
+        began = time.monotonic()
+        while process_state(child) != "gone":
+            time.sleep(0.05)
+        rest = time.monotonic() - began
+    finally:
+        server.stop()
+    stopped = states.count("T") / max(1, len(states))
+    return (f"photos_12mp_own_bytes_to_complete_p50_alone={alone.own_bytes_p50:.2f} "
+            f"p95_alone={alone.own_bytes_p95:.2f} p50_during_transcode={during.own_bytes_p50:.2f} "
+            f"p95_during_transcode={during.own_bytes_p95:.2f} transcode_stopped_share={stopped:.2f} "
+            f"transcode_went_on_for_s={rest:.1f}")
 
 
 def make_clips(d: Path, seconds: float) -> None:
@@ -97,16 +150,10 @@ def main() -> None:
         upload_probe = [child(["probe", str(h264)]) for _ in range(args.runs)]
         line.append(f"upload_probe_h264_cpu_s={min(r[1] for r in upload_probe):.3f}")
 
-        from picpeak_lite.media import samples
-
-        _, photo = next(samples.camera_photos(1, 12))
-        alone = photo_latency(photo, 5)
         target = d / "preview.mp4"
         began = time.perf_counter()
         process = subprocess.Popen([sys.executable, "-m", "picpeak_lite.media.video", "transcode", str(hevc),
                                     str(target)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)  # the child is decoding and encoding by now
-        during = photo_latency(photo, 5)
         _, status, usage = os.wait4(process.pid, 0)
         wall = time.perf_counter() - began
         assert os.waitstatus_to_exitcode(status) == 0 and target.exists()
@@ -114,7 +161,10 @@ def main() -> None:
         line.append(f"transcode_1080p_hevc_to_h264_x_realtime={TRANSCODE_SECONDS / wall:.2f} "
                     f"transcode_cpu_s_per_video_s={cpu / TRANSCODE_SECONDS:.2f} "
                     f"transcode_rss_mb={usage.ru_maxrss // 1024} load_avg={os.getloadavg()[0]:.1f}")
-        line.append(f"photo_12mp_ms_alone={alone * 1000:.0f} photo_12mp_ms_during_transcode={during * 1000:.0f}")
+        from picpeak_lite.ops import bench
+
+        photos = bench.make_photos(d / "photos", 10, 12)
+        line.append(lane_figures(hevc, photos, d / "server"))
         print("bench_video: " + " ".join(line))
 
 
