@@ -108,15 +108,18 @@ def test_poster_is_the_upright_frame_near_one_second_at_view_size(clips: dict[st
                                         max_pixels=video.MAX_FRAME_PIXELS)
 
     got = trio.run(main)
-    assert got.poster_size == (120, 160)  # portrait, shrunk to the view's long edge
-    decoded = images.from_rgb(got.poster_rgb, got.poster_size, got.info.width, got.info.height, "mp4")
+    # As stored (landscape), shrunk to the view's long edge, with the orientation that makes it portrait.
+    assert (got.poster_size, got.poster_orientation) == ((160, 120), 6)
+    decoded = images.from_rgb(got.poster_rgb, got.poster_size, got.info.width, got.info.height, "mp4",
+                              got.poster_orientation)
     view = images.make_view(decoded, images.RenderSpec(grid_px=64, view_px=160))
+    assert view.image.size == (120, 160)
     grid = images.make_grid(view, images.RenderSpec(grid_px=64, view_px=160))
     jpeg = images.encode(grid, images.RenderSpec())
     assert images.sniff(jpeg).width == 48 and b"Exif" not in jpeg[:200]
     # not the first frame: the colour ramps with time, and the poster is taken at 10 % of 2 s
     first_shade = 40
-    assert abs(decoded.image.getpixel((5, 150))[0] - first_shade) > 4
+    assert abs(view.image.getpixel((5, 150))[0] - first_shade) > 4
 
 
 def test_a_crashing_decoder_fails_the_video_not_the_server(clips: dict[str, Path]) -> None:

@@ -221,10 +221,11 @@ def decode(source: Source, spec: RenderSpec) -> Decoded:
     return _load(source, spec.max_pixels, spec.view_px)
 
 
-def from_rgb(rgb: bytes, size: tuple[int, int], width: int, height: int, fmt: str) -> Decoded:
-    """A video's poster frame (upright RGB bytes from media/video.py's child) as a decoded picture, which then
-    takes the photos' path: make_view, make_grid, add_watermark, encode. ``width``/``height``: the video's."""
-    return Decoded(Image.frombytes("RGB", size, rgb), fmt, width, height, None, None)
+def from_rgb(rgb: bytes, size: tuple[int, int], width: int, height: int, fmt: str, orientation: int = 1) -> Decoded:
+    """A video's poster frame (RGB bytes from media/video.py's child, as stored, with the EXIF ``orientation``
+    that turns it upright) as a decoded picture, which then takes the photos' path: make_view (which turns it),
+    make_grid, add_watermark, encode. ``width``/``height``: the video's, upright."""
+    return Decoded(Image.frombytes("RGB", size, rgb), fmt, width, height, None, None, orientation)
 
 
 def make_view(decoded: Decoded, spec: RenderSpec) -> Decoded:

@@ -46,6 +46,8 @@ BROWSER_CODECS = {"h264", "vp8", "vp9", "av1"}
 OLDEST = datetime(1990, 1, 1)
 LOCATION_KEYS = ("location", "location-eng", "com.apple.quicktime.location.iso6709", "\xa9xyz")
 MAX_POSTER_FRAMES = 120  # frames decoded after the seek at most, to reach the poster's time
+# A key frame this many seconds after the poster's time is still a good poster, and it decodes alone.
+KEY_FRAME_LOOKAHEAD = 2.0
 MAX_FRAME_PIXELS = 8192 * 8192  # a frame larger than 8K on a side is a header made to exhaust memory
 
 UNSUPPORTED = "Not a supported video (MP4, MOV, M4V or WebM)"
@@ -129,20 +131,20 @@ def probe(path: str, *, max_pixels: int = MAX_FRAME_PIXELS) -> VideoInfo:
         return _facts(container, container_name, max_pixels)
 
 
-def inspect(path: str, *, max_pixels: int = MAX_FRAME_PIXELS, view_px: int = 1600) -> tuple[VideoInfo, Any]:
-    """:func:`probe` and :func:`poster` on one opened container (the worker's call: one open, one demuxer)."""
+def inspect(path: str, *, max_pixels: int = MAX_FRAME_PIXELS, view_px: int = 1600) -> tuple[VideoInfo, Poster]:
+    """:func:`probe` and the poster on one opened container (the worker's call: one open, one demuxer), from
+    one decoded frame: the poster frame also gives the rotation and the size (and proves the stream decodes).
+    Decoding the first frame for the facts and then the poster cost a 4K HEVC clip 57 MB more at its peak.
+
+    The poster (:class:`Poster`) is no larger than ``view_px`` on its long edge, from the key frame at or
+    shortly after min(1 s, 10 %), decoded alone, or else decoded on from the key frame before that time (never
+    the whole stream); one frame is converted."""
     container_name = _container_name(path)
     with _open(path) as container:
-        info = _facts(container, container_name, max_pixels)
-        return info, _poster(container, info, view_px)
-
-
-def poster(path: str, info: VideoInfo, view_px: int) -> Any:
-    """The poster as an upright Pillow RGB image no larger than ``view_px`` on its long edge (PyAV makes the
-    Pillow image; this module never imports PIL itself). Seeks to the key frame before min(1 s, 10 %) and
-    decodes on to that time (never the whole stream); one frame is converted. Typed Any: PIL is images.py's."""
-    with _open(path) as container:
-        return _poster(container, info, view_px)
+        stream = _video_stream(container)
+        frame = _poster_frame(container, stream, _duration(container, stream))
+        info = _facts(container, container_name, max_pixels, frame)
+        return info, _poster_image(frame, view_px)
 
 
 def _container_name(path: str) -> str:
@@ -153,9 +155,11 @@ def _container_name(path: str) -> str:
     return container_name
 
 
-def _facts(container: Any, container_name: str, max_pixels: int) -> VideoInfo:
+def _facts(container: Any, container_name: str, max_pixels: int, first: Any = None) -> VideoInfo:
+    """The facts of the video stream; ``first``: a frame already decoded (else the first is decoded here)."""
     stream = _video_stream(container)
-    first = _first_frame(container, stream)
+    if first is None:
+        first = _first_frame(container, stream)
     rotation = _rotation(first)
     width, height = _check_size(stream, first, max_pixels)
     if rotation in (90, 270):
@@ -178,31 +182,55 @@ def _facts(container: Any, container_name: str, max_pixels: int) -> VideoInfo:
     )
 
 
-def _poster(container: Any, info: VideoInfo, view_px: int) -> Any:
-    target = min(1.0, info.duration * 0.1) if info.duration > 0 else 0.0
-    stream = _video_stream(container)
+def _poster_frame(container: Any, stream: Any, duration: float) -> Any:
+    target = min(1.0, duration * 0.1) if duration > 0 else 0.0
     frame = None
     if target > 0 and stream.time_base:
         try:
             container.seek(int(target / stream.time_base), stream=stream, backward=True, any_frame=False)
-            frame = _frame_at(container, stream, target)
+            key = _key_frame_after(container, stream, target)
+            if key is not None:
+                frame = _decode_alone(stream, key)
+            else:
+                container.seek(int(target / stream.time_base), stream=stream, backward=True, any_frame=False)
+                frame = _frame_at(container, stream, target)
         except Exception:  # an unseekable file (no index): its first frame below is still a poster
             frame = None
     if frame is None:
         container.seek(0)
         frame = _first_frame(container, stream)
-    stored_w, stored_h = frame.width, frame.height
-    rotation = _rotation(frame)
-    if rotation in (90, 270):
-        stored_w, stored_h = stored_h, stored_w
-    scale = min(1.0, view_px / max(stored_w, stored_h))
+    return frame
+
+
+@dataclass(frozen=True)
+class Poster:
+    """The poster frame as stored in the stream (not yet upright), as packed RGB bytes, and the EXIF
+    orientation that turns it upright: the server turns it with the photos' code (images.make_view), so the
+    child never loads Pillow (8 MB) nor holds a second copy of the pixels."""
+
+    width: int
+    height: int
+    rgb: bytes
+    orientation: int
+
+
+# The display matrix's rotation (counter-clockwise) as the EXIF orientation that undoes it.
+ROTATION_ORIENTATION = {0: 1, 90: 8, 180: 3, 270: 6}
+
+
+def _poster_image(frame: Any, view_px: int) -> Poster:
+    scale = min(1.0, view_px / max(frame.width, frame.height))
     w, h = max(1, round(frame.width * scale)), max(1, round(frame.height * scale))
-    image = frame.reformat(width=w, height=h, format="rgb24", interpolation="AREA").to_image()
-    turn = {90: 2, 180: 3, 270: 4}.get(rotation)  # PIL.Image.Transpose ROTATE_90 / 180 / 270 (counter-clockwise)
-    if turn is not None:
-        image = image.transpose(turn)
-    image.info = {}
-    return image
+    orientation = ROTATION_ORIENTATION[_rotation(frame)]
+    rgb = frame.reformat(width=w, height=h, format="rgb24", interpolation="AREA")
+    del frame  # its 4K planes go back to the decoder's pool before the copy below
+    plane, row = rgb.planes[0], w * 3
+    if plane.line_size == row:
+        pixels = bytes(plane)[: row * h]
+    else:  # rows padded for alignment: pack them
+        view = memoryview(plane)
+        pixels = b"".join(view[y * plane.line_size : y * plane.line_size + row] for y in range(h))
+    return Poster(w, h, pixels, orientation)
 
 
 class _open:
@@ -252,6 +280,28 @@ def _next_frame(container: Any, stream: Any) -> Any:
     for frame in container.decode(stream):
         return frame
     return None
+
+
+def _key_frame_after(container: Any, stream: Any, target: float) -> Any:
+    """The packet of the first key frame at or after ``target`` seconds and at most
+    :data:`KEY_FRAME_LOOKAHEAD` later, found by demuxing only (packets are not decoded); None if there is none.
+    Phones and cameras put a key frame every second or two, so this is the usual poster: decoded alone, it costs
+    one frame's memory (about 12 MB in 4K) instead of every reference frame from the previous key frame on."""
+    for packet in container.demux(stream):
+        if packet.pts is None or packet.size == 0:
+            continue
+        when = float(packet.pts * stream.time_base)
+        if when > target + KEY_FRAME_LOOKAHEAD:
+            return None
+        if packet.is_keyframe and when >= target - 0.001:
+            return packet
+    return None
+
+
+def _decode_alone(stream: Any, packet: Any) -> Any:
+    """The frame of one key-frame packet: sent, then the decoder drained (frame threads hold it back)."""
+    frames = stream.codec_context.decode(packet) + stream.codec_context.decode(None)
+    return frames[0] if frames else None
 
 
 def _frame_at(container: Any, stream: Any, target: float) -> Any:
@@ -377,7 +427,7 @@ def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) 
 
 
 # --- the child process -------------------------------------------------------------------------------------
-# stdout: one JSON line ({"info": ..., "poster": {"width", "height", "bytes"}} or {"error", "detail",
+# stdout: one JSON line ({"info": ..., "poster": {"width", "height", "bytes", "orientation"}} or {"error", "detail",
 # "too_large"}), then, for a poster, its RGB bytes (width * height * 3). Exit 0 for a good or a bad video; any
 # other exit is a crash, which pipeline/video_jobs.py turns into a sentence.
 
@@ -406,13 +456,14 @@ def main(argv: list[str]) -> int:
     try:
         pixels = b""
         if mode == "inspect":
-            info, image = inspect(path, max_pixels=max_pixels, view_px=view_px)
-            pixels = image.tobytes()
+            info, poster = inspect(path, max_pixels=max_pixels, view_px=view_px)
+            pixels = poster.rgb
         else:
             info = probe(path, max_pixels=max_pixels)
         head: dict[str, Any] = {"info": info.to_json()}
         if mode == "inspect":
-            head["poster"] = {"width": image.width, "height": image.height, "bytes": len(pixels)}
+            head["poster"] = {"width": poster.width, "height": poster.height, "bytes": len(pixels),
+                              "orientation": poster.orientation}
     except InvalidVideo as error:
         head, pixels = {"error": error.reason, "detail": error.detail, "too_large": error.too_large}, b""
     except MemoryError:

@@ -41,8 +41,9 @@ TOO_SLOW = "Reading the video took longer than {seconds:g} seconds and was given
 @dataclass(frozen=True)
 class Inspected:
     info: VideoInfo
-    poster_size: tuple[int, int] | None = None
+    poster_size: tuple[int, int] | None = None  # as stored in the stream: turn it by poster_orientation
     poster_rgb: bytes = b""
+    poster_orientation: int = 1
 
 
 async def _kill(process: trio.Process) -> None:
@@ -57,7 +58,8 @@ async def probe(path: Path, *, deadline: float, max_pixels: int) -> VideoInfo:
 
 
 async def inspect(path: Path, *, deadline: float, view_px: int, max_pixels: int) -> Inspected:
-    """Probe and poster frame (RGB, at most ``view_px`` on its long edge, upright) in one child."""
+    """Probe and poster frame (RGB, at most ``view_px`` on its long edge, with the EXIF orientation that turns
+    it upright) in one child."""
     return await _run("inspect", path, deadline=deadline, view_px=view_px, max_pixels=max_pixels)
 
 
@@ -152,4 +154,4 @@ async def _run(mode: str, path: Path, *, deadline: float, view_px: int, max_pixe
     size = (int(poster["width"]), int(poster["height"]))
     if len(rest) != size[0] * size[1] * 3:
         raise InvalidVideo(CRASHED.format(how="a short poster"), f"{len(rest)} bytes for {size}")
-    return Inspected(info, size, rest)
+    return Inspected(info, size, rest, int(poster.get("orientation", 1)))

@@ -39,7 +39,7 @@ async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, bu
             assert got.poster_size is not None
             info = got.info
             decoded = await run(images.from_rgb, got.poster_rgb, got.poster_size, info.width, info.height,
-                                info.container)
+                                info.container, got.poster_orientation)
             del got
             view = await run(images.make_view, decoded, spec)
             del decoded
