@@ -2,6 +2,10 @@
 
 Frames are flat colours that change over time, with a bright bar that moves, so a poster taken at 1 s differs
 from the first frame and an encoder has something to encode. Every clip is a few KB to a few hundred KB.
+
+``camera=True`` makes what a phone records instead, for the benchmark: a textured scene the camera pans
+across, with fresh sensor noise in every frame, so the encoder and the decoder work as hard as on real
+footage (a 1080p HEVC clip comes out at several Mbit/s, not a few hundred kbit/s).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
+from PIL import Image, ImageChops, ImageFilter
 
 
 def has_encoder(name: str) -> bool:
@@ -18,8 +23,8 @@ def has_encoder(name: str) -> bool:
 
 def make_clip(path: Path, *, codec: str = "libx264", container: str | None = None, width: int = 320,
               height: int = 240, fps: int = 30, seconds: float = 2.0, frames: int | None = None, rotation: int = 0,
-              audio: bool = False, tags: dict[str, str] | None = None, crf: int = 30, gop: int | None = None
-              ) -> Path:
+              audio: bool = False, tags: dict[str, str] | None = None, crf: int = 30, gop: int | None = None,
+              camera: bool = False) -> Path:
     """Write a clip; ``rotation`` sets the display matrix (degrees counter-clockwise, as FFmpeg)."""
     options = {"movflags": "use_metadata_tags"} if path.suffix.lower() in (".mp4", ".mov", ".m4v") else {}
     count = frames if frames is not None else round(seconds * fps)
@@ -43,8 +48,9 @@ def make_clip(path: Path, *, codec: str = "libx264", container: str | None = Non
         if audio:
             sound = out.add_stream("aac", rate=48000)
             sound.layout = "mono"
+        scene = _scene(width, height, count) if camera else None
         for i in range(count):
-            frame = _frame(width, height, i, count)
+            frame = _frame(width, height, i, count) if scene is None else _camera_frame(scene, width, height, i)
             frame.pts = i
             frame.time_base = Fraction(1, fps)
             for packet in stream.encode(frame):
@@ -87,6 +93,26 @@ def _frame(width: int, height: int, index: int, count: int) -> av.VideoFrame:
     line = bytes(row) + bytes(plane.line_size - width * 3)
     plane.update(line * height)
     return rgb.reformat(format="yuv420p")
+
+
+PAN_PX = 3  # per frame: a slow pan, as a hand-held phone drifts
+NOISE_SIGMA = 10  # sensor noise left after a phone's own denoising, at the level that gives phone bitrates
+
+
+def _scene(width: int, height: int, count: int) -> Image.Image:
+    """Wide enough for the pan: soft shapes (blurred noise) over a gradient, with fine texture."""
+    size = (width + PAN_PX * count, height)
+    coarse = Image.effect_noise((max(1, size[0] // 32), max(1, size[1] // 32)), 60)
+    blobs = coarse.resize(size, Image.Resampling.BICUBIC)
+    ramp = Image.linear_gradient("L").resize(size, Image.Resampling.BILINEAR)
+    detail = Image.effect_noise(size, 40).filter(ImageFilter.GaussianBlur(1.5))
+    return Image.merge("RGB", (blobs, ramp, ImageChops.blend(blobs, detail, 0.5)))
+
+
+def _camera_frame(scene: Image.Image, width: int, height: int, index: int) -> av.VideoFrame:
+    view = scene.crop((index * PAN_PX, 0, index * PAN_PX + width, height))
+    grain = Image.effect_noise((width, height), NOISE_SIGMA).convert("RGB")
+    return av.VideoFrame.from_image(ImageChops.add(view, grain, offset=-128)).reformat(format="yuv420p")
 
 
 def truncated(source: Path, target: Path, keep: float = 0.5) -> Path:
