@@ -1,0 +1,144 @@
+"""Is the server still responsive while it processes at full speed? Issue 18's third table, from outside.
+
+    python bench/bench_responsive.py [--photos 30] [--megapixels 24] [--guests 20]
+
+Runs ``picpeak-lite serve`` (``picpeak_lite.ops.bench.Server``: a fresh data directory, port 0, its defaults)
+and measures, on one published gallery:
+
+* **idle**: ``--guests`` guests each asking for the gallery's listing (``GET /api/g/<slug>/photos``, the page
+  the guest grid scrolls through) every 0.2 s for 5 s: latency p50 / p95 at the client;
+* **busy**: the same guests while ``--photos`` camera-like photos (``picpeak_lite.media.samples``) are uploaded
+  in one request and processed, and an admin WebSocket (``/ws/admin/galleries/<id>``) follows the gallery:
+  for each photo, the time from its row's ``completed_at`` (the commit, written by the server's clock) to the
+  arrival of its ``photo`` message with status ``complete`` at the client (p50 / p95 / max), and the guests'
+  latency meanwhile.
+
+Targets (issue 18): live push p95 < 50 ms, guest listing p95 < 100 ms while busy and < 50 ms idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import trio
+from trio_websocket import open_websocket_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from picpeak_lite.ops import bench
+from picpeak_lite.store import db
+from picpeak_lite.store.queries import photos as photo_q
+
+POLL_SECONDS = 0.2
+IDLE_SECONDS = 5.0
+
+
+def quantiles(values: list[float]) -> str:
+    ms = sorted(v * 1000 for v in values)
+    if not ms:
+        return "none"
+    p95 = ms[max(0, round(len(ms) * 0.95) - 1)]
+    return f"p50={statistics.median(ms):.0f}ms p95={p95:.0f}ms max={ms[-1]:.0f}ms n={len(ms)}"
+
+
+async def guests_poll(url: str, slug: str, guests: int, latencies: list[float], stop: trio.Event) -> None:
+    async def guest() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            while not stop.is_set():
+                began = time.perf_counter()
+                answer = await client.get(f"/api/g/{slug}/photos")
+                latencies.append(time.perf_counter() - began)
+                assert answer.status_code == 200, answer.text[:200]
+                with trio.move_on_after(POLL_SECONDS):
+                    await stop.wait()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(guests):
+            nursery.start_soon(guest)
+
+
+async def body(paths: list[Path], sent_at: dict[str, float]) -> AsyncIterator[bytes]:
+    for chunk in bench.stream_body(paths, sent_at):
+        yield chunk
+        await trio.lowlevel.checkpoint()
+
+
+async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
+    auth = {"Authorization": f"Bearer {server.token}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=auth, timeout=600) as api:
+        answer = await api.post("/api/admin/galleries", json={"name": "Responsive"})
+        assert answer.status_code in (200, 201), answer.text
+        gallery = answer.json()
+        answer = await api.post(f"/api/admin/galleries/{gallery['id']}/publish")
+        assert answer.status_code == 200, answer.text
+        idle: list[float] = []
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(guests_poll, server.url, gallery["slug"], guests, idle, stop)
+            await trio.sleep(IDLE_SECONDS)
+            stop.set()
+        busy: list[float] = []
+        received: dict[int, float] = {}
+        stop = trio.Event()
+        ws_url = server.url.replace("http://", "ws://") + f"/ws/admin/galleries/{gallery['id']}"
+        async with trio.open_nursery() as nursery:
+            async def follow(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                async with open_websocket_url(ws_url, extra_headers=list(auth.items())) as ws:
+                    assert json.loads(await ws.get_message())["type"] == "snapshot"
+                    task_status.started()
+                    while len(received) < len(paths):
+                        message = json.loads(await ws.get_message())
+                        if message["type"] == "photo" and message["status"] in ("complete", "failed"):
+                            received.setdefault(message["id"], time.time())
+                stop.set()
+
+            await nursery.start(follow)
+            nursery.start_soon(guests_poll, server.url, gallery["slug"], guests, busy, stop)
+            sent_at: dict[str, float] = {}
+            answer = await api.post(
+                f"/api/admin/galleries/{gallery['id']}/upload", content=body(paths, sent_at),
+                headers={"Content-Type": f"multipart/form-data; boundary={bench.BOUNDARY}",
+                         "Content-Length": str(bench.body_length(paths))})
+            assert answer.status_code == 202, answer.text[:300]
+            with trio.fail_after(600):
+                await stop.wait()
+    conn = db.connect(server.data_dir / "picpeak.sqlite3")
+    try:
+        with db.transaction(conn, immediate=False):
+            rows = photo_q.timings(conn)
+    finally:
+        conn.close()
+    push = [received[r["id"]] - r["completed_at"] for r in rows if r["id"] in received and r["completed_at"]]
+    print(f"responsive: photos={len(paths)} guests={guests} guest_listing_idle {quantiles(idle)}", flush=True)
+    print(f"responsive: guest_listing_busy {quantiles(busy)}", flush=True)
+    print(f"responsive: live_push_complete_to_client {quantiles(push)} (targets: push p95 < 50 ms, listing p95 "
+          f"< 100 ms busy, < 50 ms idle)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--photos", type=int, default=30)
+    parser.add_argument("--megapixels", type=float, default=24)
+    parser.add_argument("--guests", type=int, default=20)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        paths = bench.make_photos(root / "photos", args.photos, args.megapixels)
+        server = bench.Server(root / "data")
+        server.start()
+        try:
+            trio.run(measure, server, paths, args.guests)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
