@@ -14,6 +14,7 @@ import trio
 from quart.testing.connections import WebsocketResponseError
 
 from picpeak_lite.config import Settings, load_settings
+from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.services import Services
 from picpeak_lite.store import db
@@ -59,6 +60,15 @@ async def services(settings: Settings) -> AsyncIterator[Services]:
     svc = Services(settings=settings, db=db, monotonic=trio.current_time)
     yield svc
     db.close()
+
+
+@pytest.fixture
+async def live(services: Services) -> AsyncIterator[Services]:
+    """The change feed running for the test client's app (live pages and WebSocket feeds)."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ChangeFeed(services, services.broker, poll_seconds=0.02).run)
+        yield services
+        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture

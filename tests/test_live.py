@@ -53,16 +53,7 @@ async def test_publish_never_blocks_and_a_slow_subscriber_is_marked_for_resync()
     assert broker.subscriber_count == 0
 
 
-# --- in-process, with Quart's test client ------------------------------------------------------------------
-
-@pytest.fixture
-async def live(services: Services) -> AsyncIterator[Services]:
-    """The change feed running for the test client's app."""
-    async with trio.open_nursery() as nursery:
-        await nursery.start(ChangeFeed(services, services.broker, poll_seconds=0.02).run)
-        yield services
-        nursery.cancel_scope.cancel()
-
+# --- in-process, with Quart's test client (the ``live`` fixture: conftest.py) ----------------------------
 
 async def refused_status(ws_client: Any, path: str, headers: dict[str, str] | None = None) -> int:
     status = await websocket_status(ws_client, path, headers)

@@ -5,13 +5,11 @@ sees it with "waiting for approval", and the review sends photo.approved / photo
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
 
-from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.services import Services
 
 from .conftest import AuthActions, make_settings
@@ -151,13 +149,6 @@ async def test_the_no_script_form_reviews_one_photo(admin: AuthActions, services
     assert answer.status_code == 302 and answer.headers["Location"].endswith("#review")
     assert (await rows(services, "SELECT awaiting_approval FROM photos"))[0]["awaiting_approval"] == 0
 
-
-@pytest.fixture
-async def live(services: Services) -> AsyncIterator[Services]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(ChangeFeed(services, services.broker, poll_seconds=0.02).run)
-        yield services
-        nursery.cancel_scope.cancel()
 
 
 async def receive_json(ws: Any) -> dict[str, Any]:

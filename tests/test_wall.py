@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import trio
 
-from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.services import Services
 from picpeak_lite.web import qr
 
@@ -98,13 +95,6 @@ async def test_the_wall_shows_what_guests_see_as_previews(admin: AuthActions, se
     listing = await (await wall.get(f"/api/g/{slug}/wall/photos", query_string={"key": key})).get_json()
     assert {p["caption"] for p in listing["photos"]} == {None}
 
-
-@pytest.fixture
-async def live(services: Services) -> AsyncIterator[Services]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(ChangeFeed(services, services.broker, poll_seconds=0.02).run)
-        yield services
-        nursery.cancel_scope.cancel()
 
 
 async def test_the_wall_feed(live: Services, admin: AuthActions, app: Any, guest: Any) -> None:
