@@ -1,26 +1,25 @@
 """A worker's work on a video: probe and poster in the child (``video_jobs.inspect``), then the photos' path.
 
-The poster frame comes back as upright RGB at most ``view_px`` on its long edge; from there it is a picture like
-any other (``images.from_rgb`` -> ``make_view`` -> ``make_grid`` -> ``add_watermark`` -> ``encode``, one thread hop
-each, on the worker's image limiter), so a video's grid and view images are made, watermarked and stripped of
-metadata exactly as a photo's. The bytes those steps take in this process are held in the decode budget like an
-image's (:func:`poster_cost`); the child's own memory is bounded by its RLIMIT_AS instead.
+The poster frame comes back as RGB at most ``view_px`` on its long edge, with the EXIF orientation that turns it
+upright; from there it is a picture like any other (``images.from_rgb``, then ``pipeline/derive.py``: view, turned
+upright, grid, watermark, encode, one thread hop each, on the worker's image limiter), so a video's grid and view
+images are made, watermarked and stripped of metadata exactly as a photo's. The bytes those steps take in this
+process are held in the decode budget like an image's (:func:`poster_cost`); the child's own memory is bounded by
+its RLIMIT_AS instead.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from picpeak_lite.media import images, video
-from picpeak_lite.pipeline import video_jobs
+from picpeak_lite.pipeline import derive, video_jobs
 from picpeak_lite.pipeline.budget import MemoryBudget
 
 log = logging.getLogger(__name__)
-
-Run = Callable[..., Awaitable[Any]]
 
 
 def poster_cost(view_px: int) -> int:
@@ -29,7 +28,7 @@ def poster_cost(view_px: int) -> int:
     return 6 * view_px * view_px * 4
 
 
-async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, budget: MemoryBudget, run: Run,
+async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, budget: MemoryBudget, run: derive.Run,
                  deadline: float) -> tuple[bytes, bytes, dict[str, Any]] | str:
     """(view JPEG, grid JPEG, the columns for ``claims.complete``), or the reason the video failed."""
     try:
@@ -38,16 +37,10 @@ async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, bu
                                            max_pixels=min(spec.max_pixels, video.MAX_FRAME_PIXELS))
             assert got.poster_size is not None
             info = got.info
-            decoded = await run(images.from_rgb, got.poster_rgb, got.poster_size, info.width, info.height,
-                                info.container, got.poster_orientation)
+            poster = functools.partial(images.from_rgb, got.poster_rgb, got.poster_size, info.width, info.height,
+                                       info.container, got.poster_orientation)
             del got
-            view = await run(images.make_view, decoded, spec)
-            del decoded
-            grid = await run(images.make_grid, view, spec)
-            if spec.watermark is not None:
-                view = await run(images.add_watermark, view, spec.watermark)
-            view_jpeg = await run(images.encode, view, spec)
-            grid_jpeg = await run(images.encode, grid, spec)
+            _, view_jpeg, grid_jpeg = await derive.derivatives(poster, spec, run)
     except video.InvalidVideo as error:
         log.info("video %s failed: %s %s", row["id"], error.reason, error.detail)
         return error.reason

@@ -14,6 +14,7 @@ settings were read (see :meth:`WorkerPool.refresh_stale_views`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import secrets
 from typing import Any
@@ -23,7 +24,7 @@ import trio
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import InsufficientStorage, StorageUnavailable
 from picpeak_lite.media import exif, images
-from picpeak_lite.pipeline import attempts, transitions, video_work
+from picpeak_lite.pipeline import attempts, derive, transitions, video_work
 from picpeak_lite.pipeline.imagethreads import ImageThreads
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
@@ -220,15 +221,8 @@ class WorkerPool:
         try:
             cost = await run(images.plan, path, spec, budget.total)
             async with budget.hold(cost):
-                decoded = await run(images.decode, path, spec)
-                view = await run(images.make_view, decoded, spec)
-                del decoded
-                grid = await run(images.make_grid, view, spec)
-                if spec.watermark is not None:
-                    view = await run(images.add_watermark, view, spec.watermark)
-                view_jpeg = await run(images.encode, view, spec)
-                grid_jpeg = await run(images.encode, grid, spec)
-                del grid
+                view, view_jpeg, grid_jpeg = await derive.derivatives(
+                    functools.partial(images.decode, path, spec), spec, run)
             metadata = exif.read_metadata(view.exif)
         except FileNotFoundError:  # deleted while we worked (its row is gone too), or lost from the disk
             return photo_q.ORIGINAL_MISSING
