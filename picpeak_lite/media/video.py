@@ -222,13 +222,11 @@ def _poster_image(frame: Any, view_px: int) -> Poster:
     scale = min(1.0, view_px / max(frame.width, frame.height))
     w, h = max(1, round(frame.width * scale)), max(1, round(frame.height * scale))
     orientation = ROTATION_ORIENTATION[_rotation(frame)]
-    rgb = frame.reformat(width=w, height=h, format="rgb24", interpolation="AREA")
-    del frame  # its 4K planes go back to the decoder's pool before the copy below
-    plane, row = rgb.planes[0], w * 3
+    plane, row = frame.reformat(width=w, height=h, format="rgb24", interpolation="AREA").planes[0], w * 3
+    view = memoryview(plane)
     if plane.line_size == row:
-        pixels = bytes(plane)[: row * h]
+        pixels = bytes(view[: row * h])
     else:  # rows padded for alignment: pack them
-        view = memoryview(plane)
         pixels = b"".join(view[y * plane.line_size : y * plane.line_size + row] for y in range(h))
     return Poster(w, h, pixels, orientation)
 
