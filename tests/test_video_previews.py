@@ -106,9 +106,10 @@ def _state(pid: int) -> str:
 
 
 async def _until(check: Any) -> Any:
-    """Poll a condition of another process (no event reaches us from it); the suite's timeout is the bound."""
-    while not (found := check()):
-        await trio.sleep(0.02)
+    """Poll a condition of another process (no event reaches us from it)."""
+    with trio.fail_after(300):  # a hung-test stop only
+        while not (found := check()):
+            await trio.sleep(0.02)
     return found
 
 
@@ -134,7 +135,8 @@ async def test_a_transcode_is_stopped_while_photos_wait(admin: AuthActions, serv
         assert not made.is_set()
         await run_pool_until_idle(services)
         # The photo is done: the child goes on and the copy is made.
-        await made.wait()
+        with trio.fail_after(300):  # a hung-test stop only
+            await made.wait()
     [row] = await rows(services, "SELECT status, preview_status, preview_error FROM photos WHERE media_type = 'video'")
     assert (row["status"], row["preview_status"]) == ("complete", "complete"), row["preview_error"]
     [photo] = await rows(services, "SELECT status FROM photos WHERE media_type = 'photo'")
