@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import trio
 
-_RUNNING: trio.lowlevel.RunVar[dict[str, trio.Event]] = trio.lowlevel.RunVar("picpeak_attempts")
+from picpeak_lite.perrun import PerRun
+
+_RUNNING: PerRun[dict[str, trio.Event]] = PerRun("picpeak_attempts", dict)
 
 
 def running() -> dict[str, trio.Event]:
-    try:
-        return _RUNNING.get()
-    except LookupError:
-        attempts: dict[str, trio.Event] = {}
-        _RUNNING.set(attempts)
-        return attempts
+    return _RUNNING.get()
 
 
 async def wait_until_over(tokens: list[str]) -> None:

@@ -52,6 +52,7 @@ import trio
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import Conflict, NotFound, TooLarge
 from picpeak_lite.media import images, video
+from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import attempts, transitions, video_intake
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import photos as photo_q
@@ -72,28 +73,18 @@ ABANDONED = ("The upload took longer than the server waits between signs of life
              "please send it again.")
 DELETED = "The photo was deleted while the upload was still arriving."
 
-_IO_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("picpeak_intake_io")
-_RECEIVING: trio.lowlevel.RunVar[set[str]] = trio.lowlevel.RunVar("picpeak_intake_receiving")
+_IO_LIMITER = PerRun("picpeak_intake_io", lambda: trio.CapacityLimiter(8))
+_RECEIVING: PerRun[set[str]] = PerRun("picpeak_intake_receiving", set)
 
 
 def io_limiter() -> trio.CapacityLimiter:
     """The threads that write, check and move received files: one limiter per trio run."""
-    try:
-        return _IO_LIMITER.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(8)
-        _IO_LIMITER.set(limiter)
-        return limiter
+    return _IO_LIMITER.get()
 
 
 def receiving_uploads() -> set[str]:
     """The upload groups whose requests this process is receiving now: the janitor renews their leases."""
-    try:
-        return _RECEIVING.get()
-    except LookupError:
-        active: set[str] = set()
-        _RECEIVING.set(active)
-        return active
+    return _RECEIVING.get()
 
 
 @dataclass(frozen=True)

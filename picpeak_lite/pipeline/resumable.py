@@ -44,6 +44,7 @@ import trio
 
 from picpeak_lite.config import WebhookEndpoint
 from picpeak_lite.errors import AppError, BadRequest, Conflict, Gone, NotFound, TooLarge, UnsupportedMedia
+from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.pipeline.intake import (
     MB,
@@ -71,7 +72,7 @@ GROUP_KEY = re.compile(r"[A-Za-z0-9._~-]{1,64}")
 LOST = "The bytes of this upload were lost on the server; please send the file again."
 REFUSALS: dict[int, type[AppError]] = {413: TooLarge, 415: UnsupportedMedia, 409: Conflict}
 
-_WRITERS: trio.lowlevel.RunVar[dict[str, _Writer]] = trio.lowlevel.RunVar("picpeak_tus_writers")
+_WRITERS: PerRun[dict[str, _Writer]] = PerRun("picpeak_tus_writers", dict)
 
 
 class ChecksumMismatch(AppError):
@@ -253,11 +254,7 @@ class _Writer:
 
 async def _take_over(tus_id: str) -> _Writer:
     """Become the one request writing this upload: an older one still at it is cancelled and waited for."""
-    try:
-        writers = _WRITERS.get()
-    except LookupError:
-        writers = {}
-        _WRITERS.set(writers)
+    writers = _WRITERS.get()
     while (old := writers.get(tus_id)) is not None:
         old.scope.cancel()
         await old.done.wait()

@@ -24,6 +24,7 @@ from quart.wrappers.response import ResponseBody
 from werkzeug.http import http_date, parse_range_header
 
 from picpeak_lite.errors import NotFound
+from picpeak_lite.perrun import PerRun
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import Storage, original_name
 from picpeak_lite.web.auth import services
@@ -44,17 +45,12 @@ async def send_path(path: Any, mimetype: str) -> Response:
     return response
 
 
-_READ_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("picpeak_storage_reads")
+_READ_LIMITER = PerRun("picpeak_storage_reads", lambda: trio.CapacityLimiter(16))
 
 
 def read_limiter() -> trio.CapacityLimiter:
     """The threads that read objects from a bucket for responses: one limiter per trio run."""
-    try:
-        return _READ_LIMITER.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(16)
-        _READ_LIMITER.set(limiter)
-        return limiter
+    return _READ_LIMITER.get()
 
 
 async def send_stored(name: str, mimetype: str, *, disposition: str | None = None) -> Response:
