@@ -105,6 +105,12 @@ async def test_guest_photos_wait_and_only_their_uploader_sees_them(admin: AuthAc
     assert (await (await review(admin, gallery["id"], "approve", [photo_id])).get_json())["ids"] == []
     announced = [(kind, data["photo_id"]) for kind, data in await events(services) if kind.startswith("photo.a")]
     assert announced == [("photo.approved", photo_id)]
+    # photo.uploaded said the photo was processed but not yet shown; photo.approved says it is.
+    flags = [(kind, data["photo_id"], data["awaiting_approval"]) for kind, data in await events(services)
+             if kind in ("photo.uploaded", "photo.approved")]
+    [admins] = await rows(services, "SELECT id FROM photos WHERE uploaded_by = 'admin'")
+    assert sorted(flags) == sorted([("photo.uploaded", photo_id, True), ("photo.uploaded", admins["id"], False),
+                                    ("photo.approved", photo_id, False)])
 
 
 async def test_hide_and_delete_are_rejections(admin: AuthActions, services: Services, guest: Any) -> None:

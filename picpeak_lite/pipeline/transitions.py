@@ -35,6 +35,9 @@ def photo_event_data(row: Row) -> dict[str, Any]:
         "uploaded_by": row["uploaded_by"],
         "media_type": row.get("media_type", "photo"),
         "duration": row.get("duration"),
+        # A guest's photo in a gallery whose guest photos need approval: processed, but not yet shown to guests
+        # (photo.approved or photo.rejected follows).
+        "awaiting_approval": bool(row.get("awaiting_approval", 0)),
     }
 
 
