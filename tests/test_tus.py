@@ -58,7 +58,9 @@ def big_jpeg(seed: int, extra: int = 0) -> bytes:
 
 
 @dataclass
-class Live:
+class Served:
+    """A real server (``server.run`` on port 0) for the tus tests, and what they need to reach it."""
+
     url: str
     token: str
     services: Services
@@ -100,13 +102,13 @@ def prepare(settings: Any) -> str:
 
 
 @pytest.fixture
-async def live(tmp_path: Path) -> AsyncIterator[Live]:
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
     settings = make_settings(tmp_path, guest_max_file_mb=GUEST_FILE_MB, guest_max_files=3,
                              shutdown_grace_seconds=1)
     token = prepare(settings)
     async with trio.open_nursery() as nursery:
         running = await nursery.start(server.run, settings)
-        yield Live(running.url, token, running.services)
+        yield Served(running.url, token, running.services)
         running.stop()
 
 
@@ -131,9 +133,9 @@ def partial_file(svc: Services, location: str) -> Path:
 
 # --- capabilities and the protocol header ---------------------------------------------------------------------
 
-async def test_options_tells_the_capabilities_without_a_login(live: Live) -> None:
-    async with httpx.AsyncClient(base_url=live.url) as http:
-        for url, max_size in ((live.admin_tus, 2048 * 1024 * 1024), (live.guest_tus, GUEST_FILE_MB * 1024 * 1024)):
+async def test_options_tells_the_capabilities_without_a_login(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        for url, max_size in ((served.admin_tus, 2048 * 1024 * 1024), (served.guest_tus, GUEST_FILE_MB * 1024 * 1024)):
             answer = await http.options(url)
             assert answer.status_code == 204
             assert answer.headers["tus-resumable"] == "1.0.0"
@@ -144,12 +146,12 @@ async def test_options_tells_the_capabilities_without_a_login(live: Live) -> Non
             assert answer.headers["tus-checksum-algorithm"] == "sha1,sha256"
 
 
-async def test_requests_without_tus_resumable_are_412_with_the_version(live: Live) -> None:
-    async with live.admin() as http:
-        answer = await http.post(live.admin_tus, headers={"Upload-Length": "10"})
+async def test_requests_without_tus_resumable_are_412_with_the_version(served: Served) -> None:
+    async with served.admin() as http:
+        answer = await http.post(served.admin_tus, headers={"Upload-Length": "10"})
         assert answer.status_code == 412
         assert answer.headers["tus-version"] == "1.0.0" and answer.headers["tus-resumable"] == "1.0.0"
-        location = await create(http, live.admin_tus, 10)
+        location = await create(http, served.admin_tus, 10)
         assert (await http.head(location)).status_code == 412
         answer = await http.patch(location, content=b"x", headers={"Content-Type": "application/offset+octet-stream",
                                                                    "Upload-Offset": "0"})
@@ -158,9 +160,9 @@ async def test_requests_without_tus_resumable_are_412_with_the_version(live: Liv
 
 # --- creation -------------------------------------------------------------------------------------------------
 
-async def test_creation_answers_201_with_location_expiry_and_head_tells_the_state(live: Live) -> None:
-    async with live.admin() as http:
-        answer = await http.post(live.admin_tus, headers={
+async def test_creation_answers_201_with_location_expiry_and_head_tells_the_state(served: Served) -> None:
+    async with served.admin() as http:
+        answer = await http.post(served.admin_tus, headers={
             **TUS, "Upload-Length": "1234", "Upload-Metadata": meta(filename="a.jpg", filetype="image/jpeg")})
         assert answer.status_code == 201
         location = answer.headers["location"]
@@ -173,7 +175,7 @@ async def test_creation_answers_201_with_location_expiry_and_head_tells_the_stat
         assert head.headers["cache-control"] == "no-store"
         assert head.headers["upload-metadata"] == meta(filename="a.jpg", filetype="image/jpeg")
         assert head.headers["upload-expires"] == expires
-        assert partial_file(live.services, location).exists()
+        assert partial_file(served.services, location).exists()
 
 
 @pytest.mark.parametrize(("headers", "status", "words"), [
@@ -186,26 +188,26 @@ async def test_creation_answers_201_with_location_expiry_and_head_tells_the_stat
     ({"Upload-Length": "10", "Upload-Metadata": "a b c"}, 400, "pairs"),
     ({"Upload-Length": "10", "Upload-Metadata": meta(upload_group="no spaces please")}, 400, "upload_group"),
 ])
-async def test_creation_refusals(live: Live, headers: dict[str, str], status: int, words: str) -> None:
-    async with live.admin() as http:
-        answer = await http.post(live.admin_tus, headers={**TUS, **headers})
+async def test_creation_refusals(served: Served, headers: dict[str, str], status: int, words: str) -> None:
+    async with served.admin() as http:
+        answer = await http.post(served.admin_tus, headers={**TUS, **headers})
         assert answer.status_code == status
         assert words in answer.json()["error"]
-    assert sql(live.services, "SELECT count(*) AS n FROM tus_uploads")[0]["n"] == 0
+    assert sql(served.services, "SELECT count(*) AS n FROM tus_uploads")[0]["n"] == 0
 
 
-async def test_creation_for_a_missing_gallery_is_404(live: Live) -> None:
-    async with live.admin() as http:
+async def test_creation_for_a_missing_gallery_is_404(served: Served) -> None:
+    async with served.admin() as http:
         answer = await http.post("/api/admin/galleries/77/tus", headers={**TUS, "Upload-Length": "10"})
         assert answer.status_code == 404
 
 
 # --- core: HEAD and PATCH ---------------------------------------------------------------------------------------
 
-async def test_chunks_then_the_photo(live: Live) -> None:
+async def test_chunks_then_the_photo(served: Served) -> None:
     data = big_jpeg(1)
-    async with live.admin() as http:
-        location = await create(http, live.admin_tus, len(data), filename="wedding.jpg", filetype="image/jpeg")
+    async with served.admin() as http:
+        location = await create(http, served.admin_tus, len(data), filename="wedding.jpg", filetype="image/jpeg")
         cut = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
         for start, end in itertools.pairwise(cut):
             answer = await patch(http, location, start, data[start:end])
@@ -225,20 +227,20 @@ async def test_chunks_then_the_photo(live: Live) -> None:
         # The last PATCH sent again (its answer lost): the same answer, nothing twice.
         again = await patch(http, location, len(data), b"")
         assert again.status_code == 204 and again.headers["picpeak-photo-id"] == str(photo_id)
-        await run_pool_until_idle(live.services)
+        await run_pool_until_idle(served.services)
         status = (await http.get(f"/api/admin/uploads/{upload_id}")).json()
         assert status["photos"][0]["id"] == photo_id and status["photos"][0]["status"] == "complete"
-    row = sql(live.services, "SELECT * FROM photos WHERE id = ?", photo_id)[0]
+    row = sql(served.services, "SELECT * FROM photos WHERE id = ?", photo_id)[0]
     assert row["display_name"] == "wedding.jpg" and row["sha256"] == hashlib.sha256(data).hexdigest()
-    assert live.services.storage.original_path(row["storage_key"]).read_bytes() == data
-    assert not partial_file(live.services, location).exists()
-    assert sql(live.services, "SELECT completed_at FROM uploads WHERE id = ?", upload_id)[0]["completed_at"]
+    assert served.services.storage.original_path(row["storage_key"]).read_bytes() == data
+    assert not partial_file(served.services, location).exists()
+    assert sql(served.services, "SELECT completed_at FROM uploads WHERE id = ?", upload_id)[0]["completed_at"]
 
 
-async def test_patch_rules(live: Live) -> None:
+async def test_patch_rules(served: Served) -> None:
     data = big_jpeg(2)
-    async with live.admin() as http:
-        location = await create(http, live.admin_tus, len(data))
+    async with served.admin() as http:
+        location = await create(http, served.admin_tus, len(data))
         wrong_type = await http.patch(location, content=data[:10], headers={
             **TUS, "Content-Type": "application/octet-stream", "Upload-Offset": "0"})
         assert wrong_type.status_code == 415
@@ -250,7 +252,7 @@ async def test_patch_rules(live: Live) -> None:
         past = await patch(http, location, 1000, data[1000:] + b"more than announced")
         assert past.status_code == 413
         assert (await http.head(location, headers=TUS)).headers["upload-offset"] == "1000"
-        assert partial_file(live.services, location).stat().st_size == 1000
+        assert partial_file(served.services, location).stat().st_size == 1000
         unknown = location[:-32] + "0" * 32
         assert (await http.head(unknown, headers=TUS)).status_code == 404
         assert (await patch(http, unknown, 0, b"x")).status_code == 404
@@ -259,14 +261,14 @@ async def test_patch_rules(live: Live) -> None:
         assert (await http.head(location.replace("/galleries/1/", "/galleries/2/"), headers=TUS)).status_code == 404
 
 
-async def test_creation_with_upload(live: Live) -> None:
+async def test_creation_with_upload(served: Served) -> None:
     data = big_jpeg(3)
-    async with live.admin() as http:
-        answer = await http.post(live.admin_tus, content=data[:5000], headers={
+    async with served.admin() as http:
+        answer = await http.post(served.admin_tus, content=data[:5000], headers={
             **OCTETS, "Upload-Length": str(len(data)), "Upload-Metadata": meta(filename="c.jpg")})
         assert answer.status_code == 201 and answer.headers["upload-offset"] == "5000"
         other = big_jpeg(4)
-        whole = await http.post(live.admin_tus, content=other, headers={
+        whole = await http.post(served.admin_tus, content=other, headers={
             **OCTETS, "Upload-Length": str(len(other)), "Upload-Metadata": meta(filename="d.jpg")})
         assert whole.status_code == 201 and whole.headers["picpeak-photo-id"]
         rest = await patch(http, answer.headers["location"], 5000, data[5000:])
@@ -275,21 +277,21 @@ async def test_creation_with_upload(live: Live) -> None:
 
 # --- checksum ---------------------------------------------------------------------------------------------------
 
-async def test_checksums(live: Live) -> None:
+async def test_checksums(served: Served) -> None:
     data = big_jpeg(5)
     half = len(data) // 2
 
     def digest(name: str, chunk: bytes) -> str:
         return f"{name} {base64.b64encode(hashlib.new(name, chunk).digest()).decode()}"
 
-    async with live.admin() as http:
-        location = await create(http, live.admin_tus, len(data))
+    async with served.admin() as http:
+        location = await create(http, served.admin_tus, len(data))
         good = await patch(http, location, 0, data[:half], **{"Upload-Checksum": digest("sha1", data[:half])})
         assert good.status_code == 204 and good.headers["upload-offset"] == str(half)
         bad = await patch(http, location, half, data[half:], **{"Upload-Checksum": digest("sha256", b"other")})
         assert bad.status_code == 460
         assert (await http.head(location, headers=TUS)).headers["upload-offset"] == str(half)
-        assert partial_file(live.services, location).stat().st_size == half  # the chunk was discarded
+        assert partial_file(served.services, location).stat().st_size == half  # the chunk was discarded
         md5 = await patch(http, location, half, data[half:], **{"Upload-Checksum": "md5 AAAA"})
         assert md5.status_code == 400
         done = await patch(http, location, half, data[half:], **{"Upload-Checksum": digest("sha256", data[half:])})
@@ -298,70 +300,71 @@ async def test_checksums(live: Live) -> None:
 
 # --- termination --------------------------------------------------------------------------------------------------
 
-async def test_termination(live: Live) -> None:
-    async with live.admin() as http:
-        location = await create(http, live.admin_tus, 5000)
+async def test_termination(served: Served) -> None:
+    async with served.admin() as http:
+        location = await create(http, served.admin_tus, 5000)
         assert (await patch(http, location, 0, b"\xff" * 100)).status_code == 204
         answer = await http.delete(location, headers=TUS)
         assert answer.status_code == 204 and answer.headers["tus-resumable"] == "1.0.0"
         assert (await http.head(location, headers=TUS)).status_code == 404
         assert (await patch(http, location, 100, b"x")).status_code == 404
-    assert not partial_file(live.services, location).exists()
+    assert not partial_file(served.services, location).exists()
     # The group it had opened had no photo: it is gone too.
-    assert sql(live.services, "SELECT count(*) AS n FROM uploads")[0]["n"] == 0
+    assert sql(served.services, "SELECT count(*) AS n FROM uploads")[0]["n"] == 0
 
 
 # --- the intake: the same checks as multipart ----------------------------------------------------------------------
 
-async def test_duplicates_refusals_and_groups(live: Live) -> None:
+async def test_duplicates_refusals_and_groups(served: Served) -> None:
     first, second = big_jpeg(6), big_jpeg(7)
-    async with live.admin() as http:
+    async with served.admin() as http:
         # One batch: the two files join one group, which completes only once both have arrived.
-        a = await create(http, live.admin_tus, len(first), filename="a.jpg", upload_group="batch-1")
-        b = await create(http, live.admin_tus, len(second), filename="b.jpg", upload_group="batch-1")
+        a = await create(http, served.admin_tus, len(first), filename="a.jpg", upload_group="batch-1")
+        b = await create(http, served.admin_tus, len(second), filename="b.jpg", upload_group="batch-1")
         done_a = await patch(http, a, 0, first)
         upload_id = done_a.headers["picpeak-upload-id"]
-        await run_pool_until_idle(live.services)
-        assert sql(live.services, "SELECT completed_at FROM uploads WHERE id = ?", upload_id)[0]["completed_at"] is None
+        await run_pool_until_idle(served.services)
+        [group] = sql(served.services, "SELECT completed_at FROM uploads WHERE id = ?", upload_id)
+        assert group["completed_at"] is None
         done_b = await patch(http, b, 0, second)
         assert done_b.headers["picpeak-upload-id"] == upload_id
-        await run_pool_until_idle(live.services)
+        await run_pool_until_idle(served.services)
         status = (await http.get(f"/api/admin/uploads/{upload_id}")).json()
         assert sorted(p["filename"] for p in status["photos"]) == ["a.jpg", "b.jpg"]
-        assert sql(live.services, "SELECT completed_at FROM uploads WHERE id = ?", upload_id)[0]["completed_at"]
+        assert sql(served.services, "SELECT completed_at FROM uploads WHERE id = ?", upload_id)[0]["completed_at"]
         # The same bytes again: a duplicate, with the existing photo's id, and no new group to follow.
-        c = await create(http, live.admin_tus, len(first), filename="again.jpg")
+        c = await create(http, served.admin_tus, len(first), filename="again.jpg")
         dup = await patch(http, c, 0, first)
         assert dup.status_code == 204 and dup.headers["picpeak-duplicate"] == "true"
         assert dup.headers["picpeak-photo-id"] == done_a.headers["picpeak-photo-id"]
         assert "picpeak-upload-id" not in dup.headers
         # Not an image: the last PATCH is refused as multipart would refuse the file, and the upload ends.
         junk = b"this is not a photo at all" * 100
-        d = await create(http, live.admin_tus, len(junk), filename="notes.txt")
+        d = await create(http, served.admin_tus, len(junk), filename="notes.txt")
         refused = await patch(http, d, 0, junk)
         assert refused.status_code in (400, 415) and refused.json()["error"]
         assert (await http.head(d, headers=TUS)).status_code == 404
-    assert sql(live.services, "SELECT count(*) AS n FROM photos")[0]["n"] == 2
-    assert sql(live.services, "SELECT count(*) AS n FROM uploads")[0]["n"] == 1
-    assert list((live.services.storage.tmp_dir / resumable.TUS_DIR).iterdir()) == []
+    assert sql(served.services, "SELECT count(*) AS n FROM photos")[0]["n"] == 2
+    assert sql(served.services, "SELECT count(*) AS n FROM uploads")[0]["n"] == 1
+    assert list((served.services.storage.tmp_dir / resumable.TUS_DIR).iterdir()) == []
 
 
-async def test_gallery_cap_is_checked_at_creation(live: Live) -> None:
-    await live.services.db.write(lambda conn: conn.execute("UPDATE galleries SET photo_cap = 1"))
-    async with live.admin() as http:
+async def test_gallery_cap_is_checked_at_creation(served: Served) -> None:
+    await served.services.db.write(lambda conn: conn.execute("UPDATE galleries SET photo_cap = 1"))
+    async with served.admin() as http:
         data = big_jpeg(8)
-        location = await create(http, live.admin_tus, len(data))
+        location = await create(http, served.admin_tus, len(data))
         assert (await patch(http, location, 0, data)).status_code == 204
-        full = await http.post(live.admin_tus, headers={**TUS, "Upload-Length": "100"})
+        full = await http.post(served.admin_tus, headers={**TUS, "Upload-Length": "100"})
         assert full.status_code == 409 and "full" in full.json()["error"]
 
 
 # --- guests: their own uploads only, and their limits ----------------------------------------------------------------
 
-async def test_guests_reach_only_their_own_uploads(live: Live) -> None:
+async def test_guests_reach_only_their_own_uploads(served: Served) -> None:
     data = big_jpeg(9)
-    async with live.guest() as (mine, _), live.guest() as (other, _), live.admin() as admin:
-        location = await create(mine, live.guest_tus, len(data), filename="guest.jpg", guest_name="Ana")
+    async with served.guest() as (mine, _), served.guest() as (other, _), served.admin() as admin:
+        location = await create(mine, served.guest_tus, len(data), filename="guest.jpg", guest_name="Ana")
         assert re.fullmatch(r"/api/g/g/tus/[0-9a-f]{32}", location)
         assert (await patch(mine, location, 0, data[:1000])).status_code == 204
         # Another guest session, and the admin under the guest URL or the admin URL: the upload does not exist.
@@ -374,27 +377,27 @@ async def test_guests_reach_only_their_own_uploads(live: Live) -> None:
         no_csrf = await mine.patch(location, content=data[1000:], headers={
             **OCTETS, "Upload-Offset": "1000", "X-CSRF-Token": ""})
         assert no_csrf.status_code == 403
-        async with httpx.AsyncClient(base_url=live.url) as nobody:
+        async with httpx.AsyncClient(base_url=served.url) as nobody:
             assert (await nobody.head(location, headers=TUS)).status_code == 403
-            assert (await nobody.post(live.guest_tus, headers={**TUS, "Upload-Length": "10"})).status_code == 403
+            assert (await nobody.post(served.guest_tus, headers={**TUS, "Upload-Length": "10"})).status_code == 403
         done = await patch(mine, location, 1000, data[1000:])
         assert done.status_code == 204
         upload_id = done.headers["picpeak-upload-id"]
         assert (await mine.get(f"/api/g/g/uploads/{upload_id}")).status_code == 200
-    row = sql(live.services, "SELECT * FROM photos")[0]
+    row = sql(served.services, "SELECT * FROM photos")[0]
     assert row["uploaded_by"] == "guest" and row["guest_name"] == "Ana"
 
 
-async def test_guest_limits(live: Live) -> None:
-    async with live.guest() as (guest, _):
-        too_big = await guest.post(live.guest_tus, headers={**TUS, "Upload-Length": str(GUEST_FILE_MB * 2**20 + 1)})
+async def test_guest_limits(served: Served) -> None:
+    async with served.guest() as (guest, _):
+        too_big = await guest.post(served.guest_tus, headers={**TUS, "Upload-Length": str(GUEST_FILE_MB * 2**20 + 1)})
         assert too_big.status_code == 413
         for _ in range(3):
-            await create(guest, live.guest_tus, 100)
-        over = await guest.post(live.guest_tus, headers={**TUS, "Upload-Length": "100"})
+            await create(guest, served.guest_tus, 100)
+        over = await guest.post(served.guest_tus, headers={**TUS, "Upload-Length": "100"})
         assert over.status_code == 409 and "unfinished uploads" in over.json()["error"]
-        await live.services.db.write(lambda conn: conn.execute("UPDATE galleries SET allow_guest_uploads = 0"))
-        closed = await guest.post(live.guest_tus, headers={**TUS, "Upload-Length": "100"})
+        await served.services.db.write(lambda conn: conn.execute("UPDATE galleries SET allow_guest_uploads = 0"))
+        closed = await guest.post(served.guest_tus, headers={**TUS, "Upload-Length": "100"})
         assert closed.status_code == 403 and "does not accept photos" in closed.json()["error"]
 
 
@@ -409,53 +412,53 @@ def tuspy_upload(url: str, path: Path, headers: dict[str, str], *, chunk: int, m
     return uploader.url, uploader.request.response_headers if uploader.request else {}
 
 
-async def test_tuspy_uploads_to_both_routes(live: Live, tmp_path: Path) -> None:
+async def test_tuspy_uploads_to_both_routes(served: Served, tmp_path: Path) -> None:
     admin_file, guest_file = tmp_path / "admin.jpg", tmp_path / "guest.jpg"
     admin_file.write_bytes(big_jpeg(10))
     guest_file.write_bytes(big_jpeg(11))
     url, headers = await trio.to_thread.run_sync(lambda: tuspy_upload(
-        live.url + live.admin_tus, admin_file, {"Authorization": f"Bearer {live.token}"}, chunk=100_000,
+        served.url + served.admin_tus, admin_file, {"Authorization": f"Bearer {served.token}"}, chunk=100_000,
         metadata={"filename": "admin.jpg", "filetype": "image/jpeg"}))
     assert headers["picpeak-photo-id"]
-    async with live.guest() as (guest, csrf):
+    async with served.guest() as (guest, csrf):
         cookie = "; ".join(f"{name}={value}" for name, value in guest.cookies.items())
         url, headers = await trio.to_thread.run_sync(lambda: tuspy_upload(
-            live.url + live.guest_tus, guest_file, {"Cookie": cookie, "X-CSRF-Token": csrf}, chunk=64_000,
+            served.url + served.guest_tus, guest_file, {"Cookie": cookie, "X-CSRF-Token": csrf}, chunk=64_000,
             metadata={"filename": "guest.jpg"}))
     assert headers["picpeak-photo-id"] and "/api/g/g/tus/" in url
-    rows = sql(live.services, "SELECT display_name, sha256, uploaded_by FROM photos ORDER BY id")
+    rows = sql(served.services, "SELECT display_name, sha256, uploaded_by FROM photos ORDER BY id")
     assert [(r["display_name"], r["uploaded_by"]) for r in rows] == [("admin.jpg", "admin"), ("guest.jpg", "guest")]
     assert rows[1]["sha256"] == hashlib.sha256(guest_file.read_bytes()).hexdigest()
 
 
-async def test_a_connection_cut_mid_chunk_keeps_what_arrived_and_tuspy_resumes(live: Live, tmp_path: Path) -> None:
+async def test_a_connection_cut_mid_chunk_keeps_what_arrived_and_tuspy_resumes(served: Served, tmp_path: Path) -> None:
     data = big_jpeg(12, extra=WRITE_BATCH + 600_000)
     path = tmp_path / "cut.jpg"
     path.write_bytes(data)
-    async with live.admin() as http:
-        location = await create(http, live.admin_tus, len(data), filename="cut.jpg")
-    host, port = live.url.removeprefix("http://").rsplit(":", 1)
+    async with served.admin() as http:
+        location = await create(http, served.admin_tus, len(data), filename="cut.jpg")
+    host, port = served.url.removeprefix("http://").rsplit(":", 1)
     stream = await trio.open_tcp_stream(host, int(port))
     sent = WRITE_BATCH + 400_000  # one write batch is on disk, the rest still in memory when the connection goes
     await stream.send_all(
-        f"PATCH {location} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {live.token}\r\nTus-Resumable: 1.0.0\r\n"
+        f"PATCH {location} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {served.token}\r\nTus-Resumable: 1.0.0\r\n"
         f"Content-Type: application/offset+octet-stream\r\nUpload-Offset: 0\r\nContent-Length: {len(data)}\r\n\r\n"
         .encode() + data[:sent])
     with trio.fail_after(60):  # a hung-test stop only
-        while partial_file(live.services, location).stat().st_size == 0:
+        while partial_file(served.services, location).stat().st_size == 0:
             await trio.sleep(0.02)
     await stream.aclose()
-    async with live.admin() as http:
+    async with served.admin() as http:
         with trio.fail_after(60):
             while (offset := int((await http.head(location, headers=TUS)).headers["upload-offset"])) == 0:
                 await trio.sleep(0.02)
     # What arrived was kept (including what was still waiting in memory), fsynced and recorded on the way out.
     assert WRITE_BATCH < offset <= sent
-    assert partial_file(live.services, location).read_bytes() == data[:offset]
+    assert partial_file(served.services, location).read_bytes() == data[:offset]
     _url, headers = await trio.to_thread.run_sync(lambda: tuspy_upload(
-        live.url + live.admin_tus, path, {"Authorization": f"Bearer {live.token}"}, chunk=256_000,
-        metadata={"filename": "cut.jpg"}, resume=live.url + location))
-    row = sql(live.services, "SELECT * FROM photos WHERE id = ?", int(headers["picpeak-photo-id"]))[0]
+        served.url + served.admin_tus, path, {"Authorization": f"Bearer {served.token}"}, chunk=256_000,
+        metadata={"filename": "cut.jpg"}, resume=served.url + location))
+    row = sql(served.services, "SELECT * FROM photos WHERE id = ?", int(headers["picpeak-photo-id"]))[0]
     assert row["sha256"] == hashlib.sha256(data).hexdigest()
 
 
