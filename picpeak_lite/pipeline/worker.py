@@ -14,6 +14,7 @@ settings were read (see :meth:`WorkerPool.refresh_stale_views`).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import logging
 import secrets
@@ -35,9 +36,15 @@ from picpeak_lite.store.storage import original_name
 log = logging.getLogger(__name__)
 
 SAFETY_POLL_SECONDS = 5.0
-DISK_FULL = "disk full"  # what _process returns when the thumbnails did not fit: the photo is handed back
-STORAGE_DOWN = "storage unavailable"  # the bucket did not answer: handed back too, the attempt not counted
 BACKOFF_MAX_SECONDS = 60.0
+
+
+class HandBack(enum.Enum):
+    """What ``_process`` returns when the photo is not at fault: it goes back to pending, the attempt is not
+    counted, and the worker pauses (an enum, so that no failure reason can ever be taken for one)."""
+
+    DISK_FULL = "the thumbnails did not fit on the disk"
+    STORAGE_DOWN = "the bucket did not answer"
 
 
 class WorkerPool:
@@ -98,7 +105,7 @@ class WorkerPool:
         if row is None:
             return False
         claim = _Claim(row["id"], token)
-        outcome: dict[str, Any] | str | None = None
+        outcome: dict[str, Any] | str | HandBack | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._renew_lease, claim, nursery.cancel_scope)
@@ -110,12 +117,12 @@ class WorkerPool:
             with trio.CancelScope(shield=True):
                 await svc.db.write(claims.release, row["id"], token)
             raise
-        if outcome is DISK_FULL and not claim.lost:
+        if outcome is HandBack.DISK_FULL and not claim.lost:
             # Not this photo's fault: hand it back and let the worker pause (_work), so that it is made once
             # space is freed instead of failing for good. Raised here, outside the nursery, as itself.
             await svc.db.write(claims.release, row["id"], token)
             raise InsufficientStorage("The server's disk is full; the thumbnails were not saved.")
-        if outcome is STORAGE_DOWN and not claim.lost:
+        if outcome is HandBack.STORAGE_DOWN and not claim.lost:
             await svc.db.write(claims.release, row["id"], token)
             raise StorageUnavailable()
         if claim.lost or outcome is None:
@@ -145,9 +152,9 @@ class WorkerPool:
         if row is None:
             return False
         rendered = await self._render(row)
-        if rendered is STORAGE_DOWN:
+        if rendered is HandBack.STORAGE_DOWN:
             raise StorageUnavailable()
-        if rendered is DISK_FULL:
+        if rendered is HandBack.DISK_FULL:
             raise InsufficientStorage("The server's disk is full; the images were not made again.")
         if isinstance(rendered, str):  # it was made before, so the file went (deleted?): keep the old images
             log.warning("photo %s: could not make its images again: %s", row["id"], rendered)
@@ -170,25 +177,25 @@ class WorkerPool:
             return False
         return True
 
-    async def _process(self, row: dict[str, Any]) -> dict[str, Any] | str:
-        """Metadata values for a complete photo, or the reason it failed."""
+    async def _process(self, row: dict[str, Any]) -> dict[str, Any] | str | HandBack:
+        """Metadata values for a complete photo, the reason it failed, or why it goes back (HandBack)."""
         rendered = await self._render(row)
-        if isinstance(rendered, str):
+        if isinstance(rendered, str | HandBack):
             return rendered
         run = self._in_thread
         try:
             await run(self.storage.write_derivative, row["storage_key"], "view", rendered.view_jpeg)
             await run(self.storage.write_derivative, row["storage_key"], "grid", rendered.grid_jpeg)
         except InsufficientStorage:
-            return DISK_FULL
+            return HandBack.DISK_FULL
         except StorageUnavailable:
-            return STORAGE_DOWN
+            return HandBack.STORAGE_DOWN
         except OSError as error:
             log.error("photo %s: could not save derivatives: %s", row["id"], error)
             return "Could not save the thumbnails: a storage error."
         return rendered.metadata
 
-    async def _render(self, row: dict[str, Any]) -> _Rendered | str:
+    async def _render(self, row: dict[str, Any]) -> _Rendered | str | HandBack:
         """The photo's images with its gallery's current settings, or the reason they cannot be made.
 
         The bytes ``images.plan`` estimates from the header are held in the process's decode budget from
@@ -204,9 +211,9 @@ class WorkerPool:
         except FileNotFoundError:
             return photo_q.ORIGINAL_MISSING
         except StorageUnavailable:
-            return STORAGE_DOWN
+            return HandBack.STORAGE_DOWN
         except InsufficientStorage:  # no room for the temp copy: handed back like thumbnails that did not fit
-            return DISK_FULL
+            return HandBack.DISK_FULL
         with copy:
             return await self._render_from(copy.path, row)
 
