@@ -3,21 +3,21 @@
 (function () {
   "use strict";
 
-  var grid = document.getElementById("grid");
+  const grid = document.getElementById("grid");
   if (!grid) return;
-  var more = document.getElementById("more");
-  var loadMoreButton = document.getElementById("load-more");
-  var tileTemplate = document.getElementById("tile-template");
-  var favouritesOnly = grid.dataset.favouritesOnly === "1";
-  var loading = false;
+  const more = document.getElementById("more");
+  const loadMoreButton = document.getElementById("load-more");
+  const tileTemplate = document.getElementById("tile-template");
+  const favouritesOnly = grid.dataset.favouritesOnly === "1";
+  let loading = false;
 
   // ---- Pages after the first -------------------------------------------------------------------------------
   function tileFor(photo) {
-    var li = tileTemplate.content.firstElementChild.cloneNode(true);
+    const li = tileTemplate.content.firstElementChild.cloneNode(true);
     li.dataset.id = String(photo.id);
     li.classList.replace("r20", photo.ratio_class);  // the justified grid's aspect class (guest.css)
     li.classList.toggle("is-favourite", !!photo.favourite);
-    var link = li.querySelector(".tile-link");
+    const link = li.querySelector(".tile-link");
     link.href = photo.view_url;
     link.dataset.view = photo.view_url;
     link.dataset.grid = photo.grid_url;
@@ -30,11 +30,11 @@
     link.dataset.alt = photo.alt || "";
     link.dataset.play = photo.play_url || "";
     link.dataset.note = photo.play_note || "";
-    var badge = li.querySelector(".play-badge");
+    const badge = li.querySelector(".play-badge");
     badge.hidden = !photo.duration;
     badge.textContent = "\u25B6 " + (photo.duration || "");
     li.querySelector("source").srcset = photo.grid_url + " 400w";
-    var img = li.querySelector("img");
+    const img = li.querySelector("img");
     img.width = photo.width;
     img.height = photo.height;
     img.alt = photo.alt || "";
@@ -45,15 +45,15 @@
   }
 
   function loadMore() {
-    var cursor = grid.dataset.next;
+    const cursor = grid.dataset.next;
     if (loading || !cursor) return;
     loading = true;
     if (loadMoreButton) loadMoreButton.disabled = true;
-    var url = grid.dataset.api + (grid.dataset.api.indexOf("?") < 0 ? "?" : "&") + "after=" + encodeURIComponent(cursor);
+    const url = grid.dataset.api + (grid.dataset.api.indexOf("?") < 0 ? "?" : "&") + "after=" + encodeURIComponent(cursor);
     window.PicpeakHttp.json(url)
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.data; })
       .then(function (page) {
-        var fragment = document.createDocumentFragment();
+        const fragment = document.createDocumentFragment();
         page.photos.forEach(function (p) {
           if (!grid.querySelector('.tile[data-id="' + p.id + '"]')) fragment.appendChild(tileFor(p));
         });
@@ -73,12 +73,12 @@
   }
 
   // ---- Hearts ------------------------------------------------------------------------------------------------
-  var favCounts = document.querySelectorAll(".fav-count");
+  const favCounts = document.querySelectorAll(".fav-count");
 
   function setFavourite(id, on) {
-    var tile = grid.querySelector('.tile[data-id="' + id + '"]');
+    const tile = grid.querySelector('.tile[data-id="' + id + '"]');
     return window.PicpeakHttp.json(grid.dataset.favouriteUrl + id, {method: on ? "PUT" : "DELETE"}).then(function (r) {
-      var said = document.getElementById("favourite-error");  // the limit's sentence (guest/_favourite_limit.html)
+      const said = document.getElementById("favourite-error");  // the limit's sentence (guest/_favourite_limit.html)
       if (said) { said.textContent = r.ok ? "" : (r.data && r.data.error) || ""; said.hidden = r.ok; }
       if (!r.ok) throw new Error("HTTP " + r.status);
       return r.data;
@@ -94,26 +94,26 @@
   }
 
   grid.addEventListener("click", function (event) {
-    var heart = event.target.closest(".heart");
+    const heart = event.target.closest(".heart");
     if (heart) {
       event.preventDefault();
-      var tile = heart.closest(".tile");
+      const tile = heart.closest(".tile");
       setFavourite(tile.dataset.id, heart.getAttribute("aria-pressed") !== "true").catch(function () {});
       return;
     }
-    var link = event.target.closest(".tile-link");
+    const link = event.target.closest(".tile-link");
     if (link && !event.metaKey && !event.ctrlKey && !event.shiftKey) {
       event.preventDefault();
       openLightbox(link.closest(".tile"));
     }
   });
 
-  var nameForm = document.getElementById("guest-name");
+  const nameForm = document.getElementById("guest-name");
   if (nameForm) {
     nameForm.addEventListener("submit", function (event) {
       event.preventDefault();
-      var status = nameForm.querySelector(".guest-name-status");
-      var body = {name: nameForm.elements.name.value};
+      const status = nameForm.querySelector(".guest-name-status");
+      const body = {name: nameForm.elements.name.value};
       window.PicpeakHttp.json(nameForm.getAttribute("action"), {method: "POST", body: body})
         .then(function (r) { return r.ok ? r.data : Promise.reject(r); })
         .then(function () { status.textContent = "Saved."; })
@@ -122,19 +122,19 @@
   }
 
   // ---- Lightbox ----------------------------------------------------------------------------------------------
-  var box = document.getElementById("lightbox");
-  var boxImg = document.getElementById("lb-img");
-  var boxVideo = document.getElementById("lb-video");
-  var boxNote = box.querySelector(".lb-note");
-  var current = null;
-  var opener = null;
+  const box = document.getElementById("lightbox");
+  const boxImg = document.getElementById("lb-img");
+  const boxVideo = document.getElementById("lb-video");
+  const boxNote = box.querySelector(".lb-note");
+  let current = null;
+  let opener = null;
 
   function tiles() { return Array.prototype.slice.call(grid.querySelectorAll(".tile")); }
 
   function show(tile) {
     if (!tile) return;
     current = tile;
-    var link = tile.querySelector(".tile-link");
+    const link = tile.querySelector(".tile-link");
     boxImg.removeAttribute("src");
     boxImg.width = Number(link.dataset.width);
     boxImg.height = Number(link.dataset.height);
@@ -154,20 +154,20 @@
     boxNote.hidden = !link.dataset.note;
     box.querySelector(".lb-date").textContent = link.dataset.taken;
     box.querySelector(".lb-camera").textContent = link.dataset.camera;
-    var download = box.querySelector(".lb-download:not(.lb-download-web)");
+    const download = box.querySelector(".lb-download:not(.lb-download-web)");
     download.hidden = !link.dataset.download;
     if (link.dataset.download) download.href = link.dataset.download;
-    var web = box.querySelector(".lb-download-web");
+    const web = box.querySelector(".lb-download-web");
     web.hidden = !link.dataset.downloadWeb;
     if (link.dataset.downloadWeb) web.href = link.dataset.downloadWeb;
     syncLightboxHeart();
-    var all = tiles();
-    var index = all.indexOf(tile);
+    const all = tiles();
+    const index = all.indexOf(tile);
     box.querySelector(".lb-prev").disabled = index <= 0;
     box.querySelector(".lb-next").disabled = index >= all.length - 1 && !grid.dataset.next;
     // Warm the neighbours so that "next" is instant.
     [all[index + 1], all[index - 1]].forEach(function (t) {
-      if (t) { var pre = new Image(); pre.src = t.querySelector(".tile-link").dataset.view; }
+      if (t) { const pre = new Image(); pre.src = t.querySelector(".tile-link").dataset.view; }
     });
     if (index >= all.length - 3) loadMore();
   }
@@ -199,8 +199,8 @@
 
   function step(delta) {
     if (!current) return;
-    var all = tiles();
-    var next = all[all.indexOf(current) + delta];
+    const all = tiles();
+    const next = all[all.indexOf(current) + delta];
     if (next) show(next);
   }
 
@@ -228,27 +228,27 @@
   box.addEventListener("click", function (event) {
     if (event.target === box || event.target.classList.contains("lb-stage")) closeLightbox();
   });
-  var touchX = null, touchY = null;
+  let touchX = null, touchY = null;
   box.addEventListener("touchstart", function (event) {
     if (event.touches.length === 1) { touchX = event.touches[0].clientX; touchY = event.touches[0].clientY; }
   }, {passive: true});
   box.addEventListener("touchend", function (event) {
     if (touchX === null) return;
-    var dx = event.changedTouches[0].clientX - touchX, dy = event.changedTouches[0].clientY - touchY;
+    const dx = event.changedTouches[0].clientX - touchX, dy = event.changedTouches[0].clientY - touchY;
     touchX = null;
     if (Math.abs(dx) > 50 && Math.abs(dx) > 1.5 * Math.abs(dy)) step(dx < 0 ? 1 : -1);
     else if (dy > 90 && Math.abs(dy) > 2 * Math.abs(dx)) closeLightbox();
   }, {passive: true});
 
   // ---- Live: new photos and removals -------------------------------------------------------------------------
-  var notice = document.getElementById("new-photos");
-  var newCount = 0;
+  const notice = document.getElementById("new-photos");
+  let newCount = 0;
   if (window.PicpeakLive && typeof window.PicpeakLive.watchGallery === "function" && !favouritesOnly &&
       grid.dataset.wsPath) {  // no path: the photographer's preview, which the guest feed would refuse
     window.PicpeakLive.watchGallery({
       wsPath: grid.dataset.wsPath,
       onPhoto: function (delta) {
-        var tile = grid.querySelector('.tile[data-id="' + delta.id + '"]');
+        const tile = grid.querySelector('.tile[data-id="' + delta.id + '"]');
         if (delta.status === "removed") {
           if (tile) {
             if (current === tile) closeLightbox();
