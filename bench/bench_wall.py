@@ -115,11 +115,18 @@ def main() -> None:
                     start = time.monotonic()
                     samples.append((0.0, metrics(cdp)))
                     next_sample = start + args.sample
+                    def collect() -> None:
+                        # wall.js keeps only its last 200 entries (LOG): read them as the run goes, not only at the end.
+                        for entry in page.evaluate("() => window.PicpeakWall.shown"):
+                            if entry["fresh"]:
+                                shown.setdefault(entry["id"], entry["at"] / 1000)
+
                     for i, data in enumerate(images):
                         due = start + i * interval
                         while time.monotonic() < due:
                             if time.monotonic() >= next_sample:
                                 samples.append((time.monotonic() - start, metrics(cdp)))
+                                collect()
                                 next_sample += args.sample
                             page.wait_for_timeout(min(200, max(1, (due - time.monotonic()) * 1000)))
                         answer = api.post(f"/api/admin/galleries/{gallery['id']}/upload",
@@ -128,9 +135,7 @@ def main() -> None:
                         photo_ids += answer.json()["photo_ids"]
                     deadline = time.monotonic() + 120
                     while time.monotonic() < deadline:
-                        for entry in page.evaluate("() => window.PicpeakWall.shown"):
-                            if entry["fresh"]:
-                                shown.setdefault(entry["id"], entry["at"] / 1000)
+                        collect()
                         if all(p in shown for p in photo_ids):
                             break
                         page.wait_for_timeout(500)
