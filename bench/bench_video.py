@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests import procs  # noqa: E402
 from tests import videofactory as vf  # noqa: E402
 
 
@@ -54,27 +55,6 @@ def inspect_figures(label: str, clip: Path, runs: int) -> str:
     return f"{label}_cpu_s={cpu:.3f} {label}_rss_mb={rss}"
 
 
-def transcode_children(pid: int) -> list[int]:
-    """The server's children running the preview transcode."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child_pid in (task / "children").read_text().split():
-            try:
-                if b"transcode" in Path(f"/proc/{child_pid}/cmdline").read_bytes():
-                    found.append(int(child_pid))
-            except FileNotFoundError:
-                pass
-    return found
-
-
-def process_state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return "gone"
-    return stat[stat.rindex(")") + 2]
-
-
 def lane_figures(clip: Path, photos: list[Path], work: Path) -> str:
     """Photos uploaded alone, then during a transcode, through the real server; see the module's docstring."""
     from picpeak_lite.ops import bench
@@ -86,7 +66,7 @@ def lane_figures(clip: Path, photos: list[Path], work: Path) -> str:
         video = bench.measure(server, [clip])  # complete once probed and given its poster
         assert video.complete == 1, video.lines()
         deadline = time.monotonic() + 60
-        while not (children := transcode_children(server.pid)):
+        while not (children := procs.children_running(server.pid, b"transcode")):
             assert time.monotonic() < deadline, "the preview lane did not start"
             time.sleep(0.01)
         child = children[0]
@@ -95,7 +75,7 @@ def lane_figures(clip: Path, photos: list[Path], work: Path) -> str:
 
         def sample() -> None:
             while not stop.wait(0.01):
-                states.append(process_state(child))
+                states.append(procs.state(child))
 
         sampler = threading.Thread(target=sample)
         sampler.start()
@@ -105,7 +85,7 @@ def lane_figures(clip: Path, photos: list[Path], work: Path) -> str:
             stop.set()
             sampler.join()
         began = time.monotonic()
-        while process_state(child) != "gone":
+        while procs.state(child) != "gone":
             time.sleep(0.05)
         rest = time.monotonic() - began
     finally:

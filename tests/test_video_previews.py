@@ -15,6 +15,7 @@ from picpeak_lite.pipeline.video_previews import PreviewLane
 from picpeak_lite.services import Services
 from picpeak_lite.web import playback
 
+from . import procs
 from . import videofactory as vf
 from .conftest import AuthActions
 from .factories import jpeg, run_pool_until_idle
@@ -85,26 +86,6 @@ async def test_the_lane_runs_in_the_background(services: Services, autojump_cloc
         nursery.cancel_scope.cancel()
 
 
-def _transcode_children() -> list[int]:
-    """Our children that run the transcode (their command line says so)."""
-    found = []
-    for task in Path("/proc/self/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:
-                continue
-            if b"transcode" in command:
-                found.append(int(pid))
-    return found
-
-
-def _state(pid: int) -> str:
-    """The kernel's one-letter state of a process: 'T' when stopped."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2]
-
-
 async def _until(check: Any) -> Any:
     """Poll a condition of another process (no event reaches us from it)."""
     with trio.fail_after(300):  # a hung-test stop only
@@ -128,10 +109,10 @@ async def test_a_transcode_is_stopped_while_photos_wait(admin: AuthActions, serv
             made.set()
 
         nursery.start_soon(make)
-        [pid] = await _until(_transcode_children)
+        [pid] = await _until(lambda: procs.children_running("self", b"transcode"))
         # A photo arrives while the copy is being made: the child stops at once and stays stopped.
         assert (await admin_upload(admin, gallery["id"], [("a.jpg", jpeg())])).status_code == 202
-        await _until(lambda: _state(pid) == "T")
+        await _until(lambda: procs.state(pid) == "T")
         assert not made.is_set()
         await run_pool_until_idle(services)
         # The photo is done: the child goes on and the copy is made.
