@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 from typing import Any
 
 import trio
+from hypercorn.trio import tcp_server
 from PIL import Image
 
+from picpeak_lite.web import asgi
 from picpeak_lite.web.asgi import STREAM_BUFFER_BYTES, BoundedBody
+
+from .test_tus import served  # noqa: F401  # a real server on port 0, with an API token and a gallery
 
 
 async def test_reader_waits_until_the_app_takes_what_is_buffered(autojump_clock: Any) -> None:
@@ -75,3 +80,51 @@ async def test_json_and_forms_over_the_limit_are_refused(client: Any, admin: Any
     form = await client.post("/admin/login", data=b"password=" + b"y" * (17 * 1024 * 1024),
                              headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert form.status_code == 413
+
+
+def test_hypercorn_still_reads_the_constant_the_read_size_sets() -> None:
+    assert "receive_some(MAX_RECV)" in inspect.getsource(tcp_server.TCPServer)
+
+
+async def test_reads_are_large_for_a_few_bodies_at_once_and_small_for_many() -> None:
+    """A photographer's upload is read in 256 KiB; once more than 8 bodies arrive at once, every read is 64 KiB
+    (the 200-guest load suite holds the server's peak to what it was with hypercorn's own size)."""
+    read_size = asgi.ReadSize()
+    for _ in range(asgi.LARGE_READS_UP_TO):
+        read_size.started()
+        assert tcp_server.MAX_RECV == asgi.LARGE_READ_BYTES == 256 * 1024
+    read_size.started()
+    assert tcp_server.MAX_RECV == asgi.SMALL_READ_BYTES == 64 * 1024
+    read_size.ended()
+    assert tcp_server.MAX_RECV == asgi.LARGE_READ_BYTES
+
+
+async def test_the_real_server_reads_small_chunks_while_many_bodies_arrive(served: Any) -> None:  # noqa: F811
+    """Ten uploads that are still sending: reads are small; once only eight are left, large again; once they
+    are gone, nothing is left counted."""
+    read_size = asgi.READ_SIZE.get()
+    host, port = served.url.removeprefix("http://").split(":")
+    head = (f"POST /api/admin/galleries/{served.gallery_id}/upload HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {served.token}\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+            f"Content-Length: 1000000\r\n\r\n").encode()
+    part = b'--b\r\nContent-Disposition: form-data; name="photos"; filename="a.jpg"\r\n\r\n' + b"\xff" * 1000
+
+    async def counted(n: int) -> None:
+        with trio.fail_after(30):  # a hang guard, not a bound
+            while read_size.receiving != n:
+                await trio.sleep(0.01)
+
+    streams = []
+    for _ in range(10):
+        stream = await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(head + part)
+        streams.append(stream)
+    await counted(10)
+    assert tcp_server.MAX_RECV == asgi.SMALL_READ_BYTES
+    for stream in streams[:2]:
+        await stream.aclose()
+    await counted(8)
+    assert tcp_server.MAX_RECV == asgi.LARGE_READ_BYTES
+    for stream in streams[2:]:
+        await stream.aclose()
+    await counted(0)

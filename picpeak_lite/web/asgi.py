@@ -11,8 +11,16 @@ the copying showed as event-loop lag. Two rules replace that:
 * **Everything else is read with backpressure**: the connection stops reading the socket while more than
   ``STREAM_BUFFER_BYTES`` wait in the buffer, until the app either iterates the body (uploads, which call
   :meth:`BoundedBody.stream` to replace Quart's total limit by their own byte counting) or asks for it whole.
-  So a request waiting on its checks holds 64 KiB, not its whole body, and a fast sender is slowed to the
-  speed of the disk.
+  So a request waiting on its checks holds a chunk or two (64 KiB, plus at most one socket read of
+  socket read), not its whole body, and a fast sender is slowed to the speed of the disk.
+
+How much one socket read takes follows how many bodies arrive at once (:class:`ReadSize`). Every chunk costs
+the same Python on its way (hypercorn, h11, the body, the multipart decoder, the write batch), so the chunk
+size sets what receiving costs: 24 MP photos (9 MB) cost the server 36-42 ms of CPU each in 64 KiB reads and
+29-31 ms in 256 KiB reads (1 MiB was worse, 55 ms: each buffer had a mapping of its own, pipeline/memory.py).
+But each body in flight holds up to three chunks (the reader's, hypercorn's queue, this body), and 200 guests
+uploading 3 MB each took the server from 230 to 341 MB in 256 KiB reads. So a few bodies at once (a
+photographer's upload, a few guests) are read in large chunks, and many in small ones.
 """
 
 from __future__ import annotations
@@ -20,13 +28,45 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+from hypercorn.trio import tcp_server as hypercorn_tcp
 from quart_trio.asgi import TrioASGIHTTPConnection
 from quart_trio.wrappers.request import TrioBody, TrioRequest
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from picpeak_lite.perrun import PerRun
+
 # What waits for the app per connection. With 200 guests uploading at once, 64 KiB (instead of 256) took the
 # load suite's peak from about 340 to 260 MB at the same upload times: the app keeps up, the buffer only waits.
 STREAM_BUFFER_BYTES = 64 * 1024
+LARGE_READ_BYTES = 256 * 1024
+SMALL_READ_BYTES = 64 * 1024  # hypercorn's own
+LARGE_READS_UP_TO = 8  # bodies arriving at once: 8 x 3 chunks of 256 KiB is 6 MiB
+
+
+class ReadSize:
+    """Counts the request bodies being received and sets hypercorn's read size to match.
+
+    hypercorn has no setting for it, only the module constant ``MAX_RECV`` that its reader looks up on every
+    read (tests/test_asgi.py checks that it still does). A body that starts when the count passes the limit
+    makes every later read small, reads already waiting included, so the memory bound holds at once."""
+
+    def __init__(self) -> None:
+        self.receiving = 0
+
+    def started(self) -> None:
+        self.receiving += 1
+        self._apply()
+
+    def ended(self) -> None:
+        self.receiving -= 1
+        self._apply()
+
+    def _apply(self) -> None:
+        large = self.receiving <= LARGE_READS_UP_TO
+        hypercorn_tcp.MAX_RECV = LARGE_READ_BYTES if large else SMALL_READ_BYTES
+
+
+READ_SIZE = PerRun("picpeak_read_size", ReadSize)
 
 
 class BoundedBody(TrioBody):
@@ -86,13 +126,25 @@ class BoundedRequest(TrioRequest):
 class BackpressureHTTPConnection(TrioASGIHTTPConnection):
     async def handle_messages(self, nursery: trio.Nursery, request: Any, receive: Any) -> None:  # type: ignore[override]
         body = request.body
-        while True:
-            await body.wait_for_room()
-            message = await receive()
-            if message["type"] == "http.request":
-                body.append(message.get("body", b""))
-                if not message.get("more_body", False):
-                    body.set_complete()
-            elif message["type"] == "http.disconnect":
-                break
+        read_size, arriving = READ_SIZE.get(), False
+        try:
+            while True:  # until the client goes: a disconnect cancels the request's handler
+                await body.wait_for_room()
+                message = await receive()
+                if message["type"] == "http.request":
+                    more = message.get("more_body", False)
+                    if more and not arriving:
+                        arriving = True
+                        read_size.started()
+                    body.append(message.get("body", b""))
+                    if not more:
+                        body.set_complete()
+                        if arriving:
+                            arriving = False
+                            read_size.ended()
+                elif message["type"] == "http.disconnect":
+                    break
+        finally:
+            if arriving:
+                read_size.ended()
         nursery.cancel_scope.cancel()
