@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from PIL import Image, ImageChops
+from PIL import Image, ImageChops, ImageStat
 
 from picpeak_lite.media import images
 from picpeak_lite.media.exif import read_metadata
@@ -257,13 +258,34 @@ def test_big_jpeg_is_decoded_at_the_scale_that_is_its_view() -> None:
 
 
 def test_a_jpeg_whose_scales_miss_the_view_is_decoded_above_it_and_shrunk() -> None:
-    """4000x3000: 1/4 would be 1000 px, under the 1500 px floor, so 1/2 (2000x1500) and a shrink to 1600."""
-    big = save(Image.new("RGB", (4000, 3000), (90, 120, 150)), "jpeg", quality=75)
+    """3600x2400: 3/8 would be 1350 px, under the 1500 px floor, so 4/8 (1800x1200) and a shrink to 1600."""
+    big = save(Image.new("RGB", (3600, 2400), (90, 120, 150)), "jpeg", quality=75)
     decoded = images.decode(big, RenderSpec())
-    assert decoded.image.size == (2000, 1500)
+    assert decoded.image.size == (1800, 1200)
     view = images.make_view(decoded, RenderSpec())
-    assert view.image.size == (1600, 1200)
+    assert view.image.size == (1600, 1067)
     assert images.view_floor(1600) == 1500
+
+
+@pytest.mark.parametrize(("size", "decoded_size"), [((4000, 3000), (1500, 1125)), ((4243, 2829), (1592, 1061)),
+                                                    ((2829, 4243), (1061, 1592))])
+def test_a_12_mp_jpeg_is_decoded_at_3_8_and_that_is_its_view(size: tuple[int, int],
+                                                               decoded_size: tuple[int, int]) -> None:
+    """libjpeg-turbo's 3/8 scale, which Pillow's draft() does not offer: the size is libjpeg's to the pixel
+    (odd sizes round up) and the pixels are the photo's, close to a full decode shrunk with Lanczos."""
+    source = save(photo(*size, seed=3), "jpeg", quality=90)
+    decoded = images.decode(source, RenderSpec())
+    assert decoded.image.size == decoded_size
+    assert (decoded.width, decoded.height) == size
+    view = images.make_view(decoded, RenderSpec())
+    assert view.image is decoded.image  # within the floor: no resampling pass
+    reference = Image.open(io.BytesIO(source)).convert("RGB").resize(decoded_size, Image.Resampling.LANCZOS)
+    assert psnr(decoded.image, reference) > 30
+
+
+def psnr(a: Image.Image, b: Image.Image) -> float:
+    sums = ImageStat.Stat(ImageChops.difference(a, b)).sum2
+    return 10 * math.log10(255 * 255 * a.width * a.height * len(sums) / max(1e-9, sum(sums)))
 
 
 @pytest.mark.parametrize(
@@ -518,7 +540,7 @@ def test_the_view_is_turned_upright_after_shrinking() -> None:
     """The decoded image stays as stored (no full-size transpose); make_view turns the small one."""
     data = save(marked(4800, 2400), "jpeg", exif=make_exif(orientation=6))
     decoded = images.decode(data, RenderSpec())
-    assert decoded.image.size == (2400, 1200) and decoded.orientation == 6
+    assert decoded.image.size == (1800, 900) and decoded.orientation == 6  # 3/8
     view = images.make_view(decoded, RenderSpec())
     assert view.image.size == (800, 1600) and view.orientation == 1
     assert (view.width, view.height) == (2400, 4800)

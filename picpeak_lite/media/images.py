@@ -13,13 +13,13 @@ Three rules shape the code:
   so no EXIF (GPS!), XMP or comment survives. The ICC profile is kept because it is colour, not personal data.
   Downloads (the web size and watermarked copies) add back exactly the photographer's rights, rebuilt from
   the original rather than copied: EXIF Artist and Copyright, XMP dc:creator and dc:rights (:func:`rights_of`).
-* Big JPEGs are decoded at 1/2, 1/4 or 1/8 scale by libjpeg itself (``draft``), and the view is sized from
-  that scale when it lands within 1/16 below ``view_px`` (VIEW_SLACK): a 6000 px photo gives a 1500 px view
-  straight from the decoder, with no resampling at all, instead of a 3000 px decode and a Lanczos pass that
-  together cost twice as much. What is still too large is shrunk by bilinear, the grid image is made from
-  the view, and derivatives are optimised baseline JPEGs (progressive cost twice the encoder time for the
-  same bytes). Measured on camera-like 24 MP photos: within 0.2 dB PSNR of a full-resolution Lanczos
-  reference once both are JPEG-encoded (``bench/bench_quality.py``).
+* Big JPEGs are decoded at 1/8, 2/8, 3/8 or 4/8 scale by libjpeg itself (``_decode_at``), and the view is
+  sized from that scale when it lands within 1/16 below ``view_px`` (VIEW_SLACK): a 6000 px photo gives a
+  1500 px view (2/8) and a 4243 px one a 1592 px view (3/8) straight from the decoder, with no resampling at
+  all, instead of a larger decode and a resampling pass. What is still too large is shrunk by bilinear, the
+  grid image is made from the view, and derivatives are optimised baseline JPEGs (progressive cost twice the
+  encoder time for the same bytes). Measured on camera-like photos: within 0.2 dB (24 MP) and 0.5 dB (12 MP)
+  PSNR of a full-resolution Lanczos reference once both are JPEG-encoded (``bench/bench_quality.py``).
 * Memory is known before it is spent. A 560 KB PNG can claim 12000x12000 RGBA (576 MB of pixels, 1.8 GB with
   the working copies), so :func:`plan` and :func:`plan_watermark` estimate, from the header alone, the peak a
   render or a watermarked copy will need (``Cost``, calibrated against VmHWM per format: the decoded mode's
@@ -44,7 +44,7 @@ from typing import BinaryIO
 from xml.sax.saxutils import escape
 
 import pillow_heif
-from PIL import Image, ImageCms, ImageDraw, ImageFont, ImageOps
+from PIL import Image, ImageCms, ImageDraw, ImageFile, ImageFont, ImageOps, features
 
 from picpeak_lite.media.exif import read_orientation
 
@@ -473,6 +473,8 @@ def _decoder_bytes(im: Image.Image, fmt: str) -> int:
 
 
 VIEW_SLACK = 16  # a view may be up to 1/16 smaller than view_px when the JPEG's DCT scale lands there
+DCT_EIGHTHS = (1, 2, 3, 4)  # the reduced scales a view is decoded at (5/8-7/8 would cost nearly a full decode)
+LIBJPEG_TURBO = bool(features.check_feature("libjpeg_turbo"))
 
 
 def view_floor(view_px: int) -> int:
@@ -480,26 +482,51 @@ def view_floor(view_px: int) -> int:
     return view_px - view_px // VIEW_SLACK
 
 
-def _draft_request(size: tuple[int, int], view_px: int) -> tuple[int, int] | None:
-    """What ``_load`` asks ``draft()`` for, for a JPEG of ``size`` (None: no reduced scale would do)."""
+def _eighths(size: tuple[int, int], view_px: int) -> int:
+    """The M/8 scale a JPEG of ``size`` is decoded at for a view: the smallest M of 1-4 whose long edge still
+    reaches ``view_floor``, or 8 (full size) when even 4/8 misses it. 3/8 needs libjpeg-turbo (see
+    ``_decode_at``); without it, 4/8."""
     floor = view_floor(view_px)
-    return _fit(size, floor) if max(size) >= 2 * floor else None
+    for eighths in DCT_EIGHTHS:
+        if max(_scaled(size, eighths)) >= floor:
+            return eighths
+    return 8
 
 
 def _draft_size(im: Image.Image, fmt: str, view_px: int) -> tuple[int, int]:
-    """The size ``_load`` decodes at for a view image: a JPEG's draft scale, else the full size."""
-    wanted = _draft_request(im.size, view_px) if fmt == "jpeg" else None
-    return _scaled(im.size, _jpeg_scale(im.size, wanted)) if wanted else im.size
+    """The size ``_load`` decodes at for a view image: a JPEG's DCT scale, else the full size."""
+    return _scaled(im.size, _eighths(im.size, view_px)) if fmt == "jpeg" else im.size
 
 
-def _jpeg_scale(size: tuple[int, int], wanted: tuple[int, int]) -> int:
-    """The 1/n scale Pillow's JPEG draft() picks for ``wanted``: the largest of 8, 4, 2, 1 not below it."""
-    scale = min(size[0] // max(1, wanted[0]), size[1] // max(1, wanted[1]))
-    return next(n for n in (8, 4, 2, 1) if scale >= n)
+def _scaled(size: tuple[int, int], eighths: int) -> tuple[int, int]:
+    """``size`` at ``eighths``/8, rounded up as libjpeg rounds it."""
+    return -(-size[0] * eighths // 8), -(-size[1] * eighths // 8)
 
 
-def _scaled(size: tuple[int, int], scale: int) -> tuple[int, int]:
-    return (size[0] + scale - 1) // scale, (size[1] + scale - 1) // scale
+def _decode_at(im: Image.Image, eighths: int) -> None:
+    """Make a lazily opened JPEG decode at ``eighths``/8 of its size (1, 2, 3 or 4; 8 leaves it full).
+
+    Pillow's ``draft`` knows 1/2, 1/4 and 1/8 only. libjpeg-turbo also scales by 3/8, which gives a 12 MP
+    photo (4243 px) its 1592 px view straight from the decoder, where 1/2 needs a bilinear pass after it: 45
+    against 61 ms, 0.5 dB from the reference once delivered (``bench/bench_quality.py``). Pillow hands its
+    scale to libjpeg as 1/n, and libjpeg-turbo decodes 1/3 at the smallest M/8 not below it, 3/8: so the
+    draft is made for 1/2, then given n = 3 and the 3/8 size. Pillow sizes its row buffer from that size, so it
+    must be libjpeg's exactly: only with libjpeg-turbo, whose rounding ``_scaled`` follows
+    (tests/test_images.py checks the size and the pixels)."""
+    if eighths >= 8 or not isinstance(im, ImageFile.ImageFile):
+        return
+    if eighths == 3 and not LIBJPEG_TURBO:
+        eighths = 4
+    full = im.size
+    n = 8 // eighths
+    im.draft("RGB", (max(1, full[0] // n), max(1, full[1] // n)))  # draft() takes the largest 1/n not below
+    if eighths != 3 or im.decoderconfig != (2, 0):
+        return
+    size = _scaled(full, 3)
+    tile = im.tile[0]
+    im.tile = [tile._replace(extents=(0, 0, *size))]
+    im._size = size
+    im.decoderconfig = (3, 0)
 
 
 def _view_cost(im: Image.Image, fmt: str, view_px: int) -> int:
@@ -514,7 +541,7 @@ def _view_cost(im: Image.Image, fmt: str, view_px: int) -> int:
 
 def _full_cost(im: Image.Image, fmt: str, watermark: Watermark, scale: int) -> int:
     """Peak bytes of apply_watermark at 1/``scale`` (1 unless a JPEG)."""
-    width, height = _scaled(im.size, scale)
+    width, height = _scaled(im.size, 8 // scale)
     pixels = width * height
     copies = _rgb_copies(im)
     if read_orientation(_exif(im)) in ORIENT:
@@ -586,11 +613,10 @@ def _load(source: Source, max_pixels: int, draft_px: int | None, *, scale: int =
     make_view after shrinking; a full-size copy (``upright_first``) is turned here."""
     with _open(source, max_pixels) as (im, fmt):
         raw_size = im.size
-        wanted = _draft_request(raw_size, draft_px) if fmt == "jpeg" and draft_px else None
-        if wanted:
-            im.draft("RGB", wanted)  # libjpeg picks the largest 1/n scale not below this
+        if fmt == "jpeg" and draft_px:
+            _decode_at(im, _eighths(raw_size, draft_px))
         elif fmt == "jpeg" and scale > 1:
-            im.draft("RGB", (raw_size[0] // scale, raw_size[1] // scale))
+            _decode_at(im, 8 // scale)
         try:
             im.load()
         except Exception as exc:  # only Pillow decoders run here
