@@ -27,7 +27,9 @@ Every thread hop here is uncancellable (trio's default), so when the exit runs, 
 writing or moving a file: a file is either still a temp file or already in storage, never in between.
 
 No Quart and no HTTP here: ``web/views/upload.py`` turns a multipart body into :meth:`Intake.start_file` /
-:meth:`FileSink.write` / :meth:`Intake.finish_file` calls; ``ops/importer.py`` does the same from files on disk,
+:meth:`FileSink.write` / :meth:`Intake.file_arrived` calls, and stores each file that arrived
+(:meth:`Intake.store_file`, one at a time, in order) while the next one arrives; its nursery has ended before
+the intake's exit runs. ``ops/importer.py`` calls :meth:`Intake.finish_file` (both halves) for files on disk,
 and ``pipeline/resumable.py`` hands over a finished tus upload's file (:meth:`Intake.adopt_file`).
 
 Longer than 400 lines on purpose: the durable steps, the per-file commits and the take-back on every exit path
@@ -382,6 +384,15 @@ class Intake:
 
     async def finish_file(self, sink: FileSink) -> Entry | None:
         """Check a file that arrived in full and move it into storage, or record why not."""
+        entry = self.file_arrived(sink)
+        if entry is not None and entry.error is None:
+            await self.store_file(sink, entry)
+        return entry
+
+    def file_arrived(self, sink: FileSink) -> Entry | None:
+        """The first half of :meth:`finish_file`, at once and in the order files arrive: the file's entry (its
+        place in the answer), or None for a part that was no file. An entry without an error is then given to
+        :meth:`store_file`, which may run while the next file arrives."""
         if not sink.raw_name and sink.size == 0 and not sink.too_large:
             # A browser form with no file chosen sends one empty, nameless part: not a file at all.
             self._drop(sink)
@@ -393,7 +404,12 @@ class Intake:
             self._drop(sink)
             entry.error = f"The file is larger than the limit of {self.limits.sink_bytes // MB} MB."
             entry.status = 413
-            return entry
+        return entry
+
+    async def store_file(self, sink: FileSink, entry: Entry) -> None:
+        """Check the file and move it into storage (or record why not), and for an HTTP upload commit its row.
+        Files are stored one at a time, in the order they arrived: duplicates and the gallery's cap count them
+        in that order."""
         await sink.close()
         entry.sha256 = sink.sha256
         await self._check(sink, entry)
@@ -402,7 +418,6 @@ class Intake:
             await self._write_staged(who.authorize, who.uploaded_by, who.guest_session_id, who.guest_name,
                                      provisional=True)
             who.on_commit()
-        return entry
 
     async def _check(self, sink: FileSink, entry: Entry) -> None:
         earlier = self._seen.get(entry.sha256)

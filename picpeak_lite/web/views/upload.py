@@ -37,6 +37,7 @@ import functools
 from collections.abc import AsyncIterable, Callable
 from typing import Any
 
+import trio
 from quart import Blueprint, after_this_request, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder
@@ -52,7 +53,7 @@ from picpeak_lite.errors import (
     Unauthorized,
     UnsupportedMedia,
 )
-from picpeak_lite.pipeline.intake import FileSink, Intake, Limits, Uploader, clean_guest_name
+from picpeak_lite.pipeline.intake import Entry, FileSink, Intake, Limits, Uploader, clean_guest_name
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import admin_api, check_origin, current_admin, current_guest, limits, services
 from picpeak_lite.web.views.common import admin_upload_gallery, client_ip, guest_upload_gallery
@@ -202,26 +203,60 @@ async def receive_multipart(intake: Intake, body: AsyncIterable[bytes], boundary
     With ``csrf_token``, a ``csrf_token`` field must arrive before the first file part (a no-JS form puts its
     hidden input first); otherwise the request is refused before any file byte is stored.
     """
-    receiver = _Receiver(intake, boundary, csrf_token)
-    received = 0
-    async for chunk in body:
-        received += len(chunk)
-        if received > intake.limits.max_request_bytes:
-            raise TooLarge("The upload is larger than this server accepts in one request.")
-        view = memoryview(chunk)
-        for start in range(0, len(view), SLICE):
-            await receiver.feed(view[start : start + SLICE])
-    await receiver.feed(None)
+    arrived, to_store = trio.open_memory_channel[tuple[FileSink, Entry]](0)
+    receiver = _Receiver(intake, boundary, csrf_token, arrived)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_store_in_order, intake, to_store)
+            async with arrived:
+                received = 0
+                async for chunk in body:
+                    received += len(chunk)
+                    if received > intake.limits.max_request_bytes:
+                        raise TooLarge("The upload is larger than this server accepts in one request.")
+                    view = memoryview(chunk)
+                    for start in range(0, len(view), SLICE):
+                        await receiver.feed(view[start : start + SLICE])
+                await receiver.feed(None)
+    except BaseExceptionGroup as group:
+        raise _the_error(group) from None
     if csrf_token is not None and not receiver.csrf_ok:
         raise Forbidden(CSRF_MESSAGE)
     return receiver.fields
 
 
+async def _store_in_order(intake: Intake, to_store: trio.MemoryReceiveChannel[tuple[FileSink, Entry]]) -> None:
+    """Stores each file (its checks, the fsync and rename, its row) while the next one arrives: done inline,
+    those took the receiving of 50 x 24 MP photos 0.83 s out of 3.0 s, with the client held back meanwhile.
+    The channel holds nothing: a file that has arrived waits for the one before to be stored."""
+    async with to_store:
+        async for sink, entry in to_store:
+            await intake.store_file(sink, entry)
+
+
+def _the_error(group: BaseExceptionGroup) -> BaseException:
+    """What stopped the receiving or the storing (the other one was then cancelled): the error the view
+    answers with, as if there had been one task."""
+    leaves: list[BaseException] = []
+
+    def collect(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                collect(inner)
+        else:
+            leaves.append(error)
+
+    collect(group)
+    return next((e for e in leaves if not isinstance(e, trio.Cancelled)), leaves[0])
+
+
 class _Receiver:
     """Turns decoder events into intake calls; holds at most one open file and one small field at a time."""
 
-    def __init__(self, intake: Intake, boundary: bytes, csrf_token: str | None) -> None:
+    def __init__(self, intake: Intake, boundary: bytes, csrf_token: str | None,
+                 arrived: trio.MemorySendChannel[tuple[FileSink, Entry]]) -> None:
         self.intake = intake
+        self.arrived = arrived  # files that arrived in full, to be stored (_store_in_order)
         # The decoder's own buffer stays small because it is fed slices and drained after each one; this
         # bound only stops a part whose headers never end.
         self.decoder = MultipartDecoder(boundary, max_form_memory_size=4 * SLICE)
@@ -271,7 +306,9 @@ class _Receiver:
             await self._sink.write(event.data)
             if not event.more_data:
                 sink, self._sink = self._sink, None
-                await self.intake.finish_file(sink)
+                entry = self.intake.file_arrived(sink)
+                if entry is not None and entry.error is None:
+                    await self.arrived.send((sink, entry))
         elif self._field is not None:
             name, value = self._field
             value += event.data
