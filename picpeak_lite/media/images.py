@@ -242,8 +242,9 @@ def make_view(decoded: Decoded, spec: RenderSpec) -> Decoded:
 
 
 def make_grid(view: Decoded, spec: RenderSpec) -> Decoded:
-    """From the view image, not a second decode: 1600 -> 400 px costs a few milliseconds."""
-    return replace(view, image=_shrink(view.image, spec.grid_px))
+    """From the view image, not a second decode. A 3x box reduce leaves Lanczos only the last 1.25x: 3.0
+    against 4.9 ms for a 1500 px view, 47.5 dB from Lanczos all the way (the 2x reduce: 53 dB)."""
+    return replace(view, image=_shrink(view.image, spec.grid_px, reducing_gap=GRID_REDUCING_GAP))
 
 
 def add_watermark(picture: Decoded, watermark: Watermark) -> Decoded:
@@ -671,17 +672,18 @@ def _fit(size: tuple[int, int], long_edge: int) -> tuple[int, int]:
 
 
 REDUCING_GAP = 1.5  # what is left for the resampling filter after reduce()
+GRID_REDUCING_GAP = 1.0  # the grid image: reduce() as far as it stays above the size
 
 
-def _shrink(image: Image.Image, long_edge: int,
-            resample: Image.Resampling = Image.Resampling.LANCZOS) -> Image.Image:
-    """Down to ``long_edge``, never up. From 3x on, an integer box reduce() does all but the last 1.5-3x
-    (Pillow's reducing_gap idea, but by the long edge: its per-axis rounding skipped the reduce for 1500->400,
-    and the reduce halves the cost of the grid image: 8.5 against 17.6 ms).
+def _shrink(image: Image.Image, long_edge: int, resample: Image.Resampling = Image.Resampling.LANCZOS, *,
+            reducing_gap: float = REDUCING_GAP) -> Image.Image:
+    """Down to ``long_edge``, never up. From twice ``reducing_gap`` on, an integer box reduce() does all but
+    the last ``reducing_gap`` to twice that (Pillow's idea, but by the long edge: its per-axis rounding skipped
+    the reduce for 1500->400, and the reduce halves the cost of the grid image: 8.5 against 17.6 ms).
     """
     if max(image.size) <= long_edge:
         return image
-    factor = int(max(image.size) / long_edge / REDUCING_GAP)
+    factor = int(max(image.size) / long_edge / reducing_gap)
     if factor >= 2:
         image = image.reduce(factor)
     return image.resize(_fit(image.size, long_edge), resample)
