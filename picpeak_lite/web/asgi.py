@@ -25,6 +25,7 @@ photographer's upload, a few guests) are read in large chunks, and many in small
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import trio
@@ -70,12 +71,18 @@ READ_SIZE = PerRun("picpeak_read_size", ReadSize)
 
 
 class BoundedBody(TrioBody):
+    """Quart's body, with the limits above, keeping the chunks as they came: Quart copies each into one buffer
+    and out again, two copies of every byte of every upload; here a chunk is handed on as it is (and joined
+    only when more than one waits)."""
+
     def __init__(self, expected_content_length: int | None, max_content_length: int | None) -> None:
         # No refusal yet: until the app says how it reads the body, Quart's limit would only drop the data.
         super().__init__(expected_content_length, None)
         self._expected = expected_content_length or 0
         self._whole_limit = max_content_length
         self._received = 0
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
         self.wanted_whole = False
         self._room = trio.Event()
 
@@ -84,10 +91,18 @@ class BoundedBody(TrioBody):
         self._whole_limit = None
 
     def append(self, data: bytes) -> None:
+        if not data or self._must_raise is not None:
+            return
         self._received += len(data)
-        super().append(data)
+        self._chunks.append(data)
+        self._buffered += len(data)
+        self._has_data.set()
         if self.wanted_whole and self._over_limit():
             self._refuse()
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._buffered = 0
 
     def __await__(self) -> Any:
         # Read whole (JSON, small forms): stop holding the socket back; MAX_CONTENT_LENGTH bounds it instead.
@@ -95,14 +110,36 @@ class BoundedBody(TrioBody):
         self._room.set()
         if self._over_limit() or (self._whole_limit is not None and self._expected > self._whole_limit):
             self._refuse()
-        return super().__await__()
+        if self._must_raise is not None:
+            raise self._must_raise
+        yield from self._complete.wait().__await__()
+        if self._must_raise is not None:
+            raise self._must_raise
+        return self._take(keep=True)
 
     async def __anext__(self) -> bytes:
         if self._over_limit():
             raise RequestEntityTooLarge()
-        data = await super().__anext__()
+        if self._must_raise is not None:
+            raise self._must_raise
+        if not self._complete.is_set():
+            await self._has_data.wait()
+        if self._complete.is_set() and not self._chunks:
+            raise StopAsyncIteration()
+        data = self._take(keep=False)
+        self._has_data.clear()
         self._room.set()
         self._room = trio.Event()
+        return data
+
+    def _take(self, *, keep: bool) -> bytes:
+        """Everything waiting, as one bytes object; kept for the next whole read when ``keep``."""
+        data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        if keep:
+            self._chunks.append(data)
+        else:
+            self._buffered = 0
         return data
 
     def _over_limit(self) -> bool:
@@ -110,12 +147,12 @@ class BoundedBody(TrioBody):
 
     def _refuse(self) -> None:
         self._must_raise = RequestEntityTooLarge()
-        self._data.clear()
+        self.clear()
         self.set_complete()
 
     async def wait_for_room(self) -> None:
         """Block the socket reader while enough is waiting for the app (unless it wants the body whole)."""
-        while not self.wanted_whole and len(self._data) >= STREAM_BUFFER_BYTES:
+        while not self.wanted_whole and self._buffered >= STREAM_BUFFER_BYTES:
             await self._room.wait()
 
 
