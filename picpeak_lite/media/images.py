@@ -474,8 +474,9 @@ def _decoder_bytes(im: Image.Image, fmt: str) -> int:
 
 
 VIEW_SLACK = 16  # a view may be up to 1/16 smaller than view_px when the JPEG's DCT scale lands there
-DCT_EIGHTHS = (1, 2, 3, 4)  # the reduced scales a view is decoded at (5/8-7/8 would cost nearly a full decode)
 LIBJPEG_TURBO = bool(features.check_feature("libjpeg_turbo"))
+# The reduced scales a view is decoded at (5/8-7/8 would cost nearly a full decode); 3/8 only with libjpeg-turbo.
+DCT_EIGHTHS = (1, 2, 3, 4) if LIBJPEG_TURBO else (1, 2, 4)
 
 
 def view_floor(view_px: int) -> int:
@@ -485,8 +486,7 @@ def view_floor(view_px: int) -> int:
 
 def _eighths(size: tuple[int, int], view_px: int) -> int:
     """The M/8 scale a JPEG of ``size`` is decoded at for a view: the smallest M of 1-4 whose long edge still
-    reaches ``view_floor``, or 8 (full size) when even 4/8 misses it. 3/8 needs libjpeg-turbo (see
-    ``_decode_at``); without it, 4/8."""
+    reaches ``view_floor``, or 8 (full size) when even 4/8 misses it (3/8 needs libjpeg-turbo: ``_decode_at``)."""
     floor = view_floor(view_px)
     for eighths in DCT_EIGHTHS:
         if max(_scaled(size, eighths)) >= floor:
@@ -517,7 +517,7 @@ def _decode_at(im: Image.Image, eighths: int) -> None:
     if eighths >= 8 or not isinstance(im, ImageFile.ImageFile):
         return
     if eighths == 3 and not LIBJPEG_TURBO:
-        eighths = 4
+        eighths = 4  # DCT_EIGHTHS has no 3 then; a caller that asks anyway gets the next larger scale
     full = im.size
     n = 8 // eighths
     im.draft("RGB", (max(1, full[0] // n), max(1, full[1] // n)))  # draft() takes the largest 1/n not below

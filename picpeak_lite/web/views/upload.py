@@ -236,7 +236,8 @@ async def _store_in_order(intake: Intake, to_store: trio.MemoryReceiveChannel[tu
 
 def _the_error(group: BaseExceptionGroup) -> BaseException:
     """What stopped the receiving or the storing (the other one was then cancelled): the error the view
-    answers with, as if there had been one task."""
+    answers with, as if there had been one task. A group of cancellations only (the client went, the server
+    stops) stays the group, for trio's cancel scopes to take apart."""
     leaves: list[BaseException] = []
 
     def collect(error: BaseException) -> None:
@@ -247,7 +248,7 @@ def _the_error(group: BaseExceptionGroup) -> BaseException:
             leaves.append(error)
 
     collect(group)
-    return next((e for e in leaves if not isinstance(e, trio.Cancelled)), leaves[0])
+    return next((e for e in leaves if not isinstance(e, trio.Cancelled)), group)
 
 
 class _Receiver:
