@@ -11,13 +11,14 @@ the copying showed as event-loop lag. Two rules replace that:
 * **Everything else is read with backpressure**: the connection stops reading the socket while more than
   ``STREAM_BUFFER_BYTES`` wait in the buffer, until the app either iterates the body (uploads, which call
   :meth:`BoundedBody.stream` to replace Quart's total limit by their own byte counting) or asks for it whole.
-  So a request waiting on its checks holds a chunk or two (64 KiB, plus at most one socket read of
-  socket read), not its whole body, and a fast sender is slowed to the speed of the disk.
+  So a request waiting on its checks holds a chunk or two (64 KiB, or one socket read when that is larger),
+  not its whole body, and a fast sender is slowed to the speed of the disk.
 
 How much one socket read takes follows how many bodies arrive at once (:class:`ReadSize`). Every chunk costs
 the same Python on its way (hypercorn, h11, the body, the multipart decoder, the write batch), so the chunk
-size sets what receiving costs: 24 MP photos (9 MB) cost the server 36-42 ms of CPU each in 64 KiB reads and
-29-31 ms in 256 KiB reads (1 MiB was worse, 55 ms: each buffer had a mapping of its own, pipeline/memory.py).
+size sets what receiving costs: 24 MP photos (9 MB) cost the server 41-52 ms of CPU each (median 46) in 64 KiB
+reads and 31-41 ms (median 37) in 256 KiB reads, interleaved; 1 MiB was worse, 55 ms: each buffer had a
+mapping of its own (pipeline/memory.py).
 But each body in flight holds up to three chunks (the reader's, hypercorn's queue, this body), and 200 guests
 uploading 3 MB each took the server from 230 to 341 MB in 256 KiB reads. So a few bodies at once (a
 photographer's upload, a few guests) are read in large chunks, and many in small ones.
@@ -49,7 +50,8 @@ class ReadSize:
 
     hypercorn has no setting for it, only the module constant ``MAX_RECV`` that its reader looks up on every
     read (tests/test_asgi.py checks that it still does). A body that starts when the count passes the limit
-    makes every later read small, reads already waiting included, so the memory bound holds at once."""
+    makes every read that starts after it small; a read already waiting keeps the size it was called with,
+    so each connection holds at most one large chunk more than the bound."""
 
     def __init__(self) -> None:
         self.receiving = 0
