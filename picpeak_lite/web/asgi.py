@@ -84,7 +84,6 @@ class BoundedBody(TrioBody):
         self._whole_limit = max_content_length
         self._received = 0
         self._chunks: deque[bytes] = deque()
-        self._buffered = 0
         self.wanted_whole = False
         self._room = trio.Event()
 
@@ -97,14 +96,12 @@ class BoundedBody(TrioBody):
             return
         self._received += len(data)
         self._chunks.append(data)
-        self._buffered += len(data)
         self._has_data.set()
         if self.wanted_whole and self._over_limit():
             self._refuse()
 
     def clear(self) -> None:
         self._chunks.clear()
-        self._buffered = 0
 
     def __await__(self) -> Any:
         # Read whole (JSON, small forms): stop holding the socket back; MAX_CONTENT_LENGTH bounds it instead.
@@ -140,8 +137,6 @@ class BoundedBody(TrioBody):
         self._chunks.clear()
         if keep:
             self._chunks.append(data)
-        else:
-            self._buffered = 0
         return data
 
     def _over_limit(self) -> bool:
@@ -154,7 +149,7 @@ class BoundedBody(TrioBody):
 
     async def wait_for_room(self) -> None:
         """Block the socket reader while enough is waiting for the app (unless it wants the body whole)."""
-        while not self.wanted_whole and self._buffered >= STREAM_BUFFER_BYTES:
+        while not self.wanted_whole and sum(map(len, self._chunks)) >= STREAM_BUFFER_BYTES:
             await self._room.wait()
 
 
