@@ -516,12 +516,10 @@ def _decode_at(im: Image.Image, eighths: int) -> None:
     (tests/test_images.py checks the size and the pixels)."""
     if eighths >= 8 or not isinstance(im, ImageFile.ImageFile):
         return
-    if eighths == 3 and not LIBJPEG_TURBO:
-        eighths = 4  # DCT_EIGHTHS has no 3 then; a caller that asks anyway gets the next larger scale
     full = im.size
-    n = 8 // eighths
+    n = 8 // eighths  # 3/8 is first drafted at 1/2, which is also what it stays without libjpeg-turbo
     im.draft("RGB", (max(1, full[0] // n), max(1, full[1] // n)))  # draft() takes the largest 1/n not below
-    if eighths != 3 or im.decoderconfig != (2, 0):
+    if eighths != 3 or not LIBJPEG_TURBO or im.decoderconfig != (2, 0):
         return
     size = _scaled(full, 3)
     tile = im.tile[0]
