@@ -6,6 +6,7 @@ import contextlib
 import functools
 import io
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -328,6 +329,29 @@ def test_derivatives_are_baseline_jpegs_at_the_asked_quality() -> None:
     assert "progressive" not in view.info
     smaller = images.render(save(photo(800, 600), "png"), RenderSpec(quality=95))
     assert len(rendered.view_jpeg) < len(smaller.view_jpeg)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd_create is Linux's")
+def test_derivatives_are_encoded_by_descriptor_so_the_gil_is_let_go() -> None:
+    """Pillow lets go of the GIL in ``encode_to_file`` only; into a BytesIO it calls ``encode``, holding it for
+    the whole image. The encode must take the first path, and give the bytes a BytesIO would."""
+    spec = RenderSpec()
+    picture = images.make_view(images.decode(save(photo(800, 600), "jpeg"), spec), spec)
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call":
+            calls.append(getattr(arg, "__name__", ""))
+
+    sys.setprofile(profile)
+    try:
+        data = images.encode(picture, spec)
+    finally:
+        sys.setprofile(None)
+    assert "encode_to_file" in calls and "encode" not in calls
+    out = io.BytesIO()
+    picture.image.save(out, "JPEG", quality=spec.quality, optimize=True, exif=b"", comment=b"", xmp=b"")
+    assert data == out.getvalue()
 
 
 # --- metadata ------------------------------------------------------------------------------------------------

@@ -693,11 +693,30 @@ def _jpeg(image: Image.Image, quality: int, icc: bytes | None, *, compact: bool 
     nothing else. Progressive gave the same bytes for twice the encoder time (16 against 7 ms for a 1500 px
     view). ``compact``: not optimised, for full-size images, whose encoder then holds a few rows instead of
     every coefficient."""
-    out = io.BytesIO()
     image.info = {}
-    image.save(out, "JPEG", quality=quality, optimize=not compact, icc_profile=icc,
-               exif=rights.exif() if rights else b"", comment=b"", xmp=rights.xmp() if rights else b"")
-    return out.getvalue()
+    with _encoder_file() as out:
+        image.save(out, "JPEG", quality=quality, optimize=not compact, icc_profile=icc,
+                   exif=rights.exif() if rights else b"", comment=b"", xmp=rights.xmp() if rights else b"")
+        out.seek(0)
+        return out.read()
+
+
+@contextmanager
+def _encoder_file() -> Iterator[BinaryIO]:
+    """Where an encoder writes: a file in memory with a descriptor of its own (Linux), else a BytesIO.
+
+    Pillow lets go of the GIL while it encodes only into a file it can write to by descriptor. Into a BytesIO,
+    an optimised JPEG is one call that holds the GIL from the first row to the last byte (its buffer is the
+    size of the image), so the event loop and the other image thread stand still for those milliseconds, and
+    two encodes never run at once: two threads took 22.9 ms of wall time per encode of a noisy 1592 x 1061
+    image, against 13.1 ms into this file (one thread: 22 against 24). The bytes are the same."""
+    try:
+        fd = os.memfd_create("picpeak-encode", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):  # not Linux, or no descriptor to be had: the same bytes, holding the GIL
+        yield io.BytesIO()
+        return
+    with open(fd, "w+b") as out:
+        yield out
 
 
 def _watermarked(base: Image.Image, watermark: Watermark) -> Image.Image:
