@@ -76,7 +76,7 @@ class Settings:
         8, "Largest piece the upload pages send in one request, in MB: keep it under your proxy's body limit.")
     # Processing
     processing_enabled: bool = _setting(True, "Process photos here; off: they wait for `picpeak-lite worker`.")
-    workers: int = _setting(0, "Worker tasks; 0 means one per CPU core.")
+    workers: int = _setting(0, "Image threads (photos made at once); 0 means one per CPU core.")
     image_nice: int = _setting(10, "OS priority (nice, 0-19) of the image threads below the web server; 0: the same.")
     lease_seconds: float = _setting(60.0, "How long a claim lasts without renewal; a crash is recovered after this.")
     max_attempts: int = _setting(3, "Attempts before a photo that keeps failing or crashing is given up.")

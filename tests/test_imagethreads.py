@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -63,6 +64,39 @@ async def test_a_cancelled_caller_waits_for_its_job_then_sees_the_cancel() -> No
         assert finished == []  # cancelled, but the job holds its memory until it ends
         release.set()
     assert scope.cancelled_caught and finished == ["job", "returned"]
+
+
+async def test_a_cancel_stops_a_job_of_steps_at_its_next_checkpoint() -> None:
+    """The step running when the caller is cancelled ends; the next one never starts; the caller sees the cancel,
+    not the job's Stopped."""
+    threads = ImageThreads(1)
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+    scope = trio.CancelScope()
+
+    def steps(checkpoint: Callable[[], None]) -> str:
+        started.set()
+        release.wait(timeout=60)
+        ran.append("first")
+        checkpoint()
+        ran.append("second")
+        return "done"
+
+    async def call() -> None:
+        with scope:
+            await threads.run_steps(steps)
+            ran.append("returned")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call)
+        while not started.is_set():
+            await trio.sleep(0.01)
+        scope.cancel()
+        await trio.sleep(0.05)
+        assert ran == []  # the first step holds its memory until it ends
+        release.set()
+    assert scope.cancelled_caught and ran == ["first"]
+    assert await threads.run_steps(lambda checkpoint: checkpoint() or "again") == "again"  # the thread lives on
 
 
 async def test_never_more_threads_than_asked_and_they_end_when_idle() -> None:

@@ -296,7 +296,7 @@ async def test_an_older_render_never_replaces_a_newer_one(services: Services, cl
     slow = WorkerPool(services, count=1)
     # The limiter is let go before the nursery waits: the slow render, from "First", then tries to save.
     async with trio.open_nursery() as nursery, slow.image_limiter:
-        nursery.start_soon(slow.refresh_stale_views, 0)
+        nursery.start_soon(slow.refresh_stale_views, photo % slow.tasks)  # the task whose share holds the photo
         while slow.image_limiter.statistics().tasks_waiting == 0:  # it has read the settings, waits to decode
             await trio.sleep(0.005)
         assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"name": "Second"},

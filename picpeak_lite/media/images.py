@@ -206,7 +206,7 @@ def too_large_for_memory(width: int, height: int, needed: int, limit: int) -> st
 
 
 def render(source: Source, spec: RenderSpec) -> Rendered:
-    """All steps in one call, for tests and scripts; the worker runs the steps itself, one thread hop each."""
+    """All steps in one call, for tests and scripts; the worker runs them as one job of steps (pipeline/derive.py)."""
     decoded = decode(source, spec)
     view = make_view(decoded, spec)
     del decoded  # the decoded image is the largest buffer we hold: free it before encoding

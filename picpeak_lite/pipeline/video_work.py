@@ -2,10 +2,10 @@
 
 The poster frame comes back as RGB at most ``view_px`` on its long edge, with the EXIF orientation that turns it
 upright; from there it is a picture like any other (``images.from_rgb``, then ``pipeline/derive.py``: view, turned
-upright, grid, watermark, encode, one thread hop each, on the worker's image limiter), so a video's grid and view
-images are made, watermarked and stripped of metadata exactly as a photo's. The bytes those steps take in this
-process are held in the decode budget like an image's (:func:`poster_cost`); the child's own memory is bounded by
-its RLIMIT_AS instead.
+upright, grid, watermark, encode, one job of steps in an image thread, on the worker's image limiter), so a video's
+grid and view images are made, watermarked and stripped of metadata exactly as a photo's. The bytes those steps take
+in this process are held in the decode budget like an image's (:func:`poster_cost`); the child's own memory is
+bounded by its RLIMIT_AS instead.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def poster_cost(view_px: int) -> int:
     return 6 * view_px * view_px * 4
 
 
-async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, budget: MemoryBudget, run: derive.Run,
-                 deadline: float) -> tuple[bytes, bytes, dict[str, Any]] | str:
+async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, budget: MemoryBudget,
+                 run_steps: derive.RunSteps, deadline: float) -> tuple[bytes, bytes, dict[str, Any]] | str:
     """(view JPEG, grid JPEG, the columns for ``claims.complete``), or the reason the video failed."""
     try:
         async with budget.hold(min(poster_cost(spec.view_px), budget.total)):
@@ -40,7 +40,7 @@ async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, bu
             poster = functools.partial(images.from_rgb, got.poster_rgb, got.poster_size, info.width, info.height,
                                        info.container, got.poster_orientation)
             del got
-            _, view_jpeg, grid_jpeg = await derive.derivatives(poster, spec, run)
+            _, view_jpeg, grid_jpeg = await run_steps(functools.partial(derive.derivatives, poster, spec))
     except video.InvalidVideo as error:
         log.info("video %s failed: %s %s", row["id"], error.reason, error.detail)
         return error.reason
