@@ -1,8 +1,9 @@
 """Pure Pillow: a cheap header check for uploads, and the derivatives a guest sees.
 
 This is the only module that imports PIL (and pillow_heif). Everything here is sync and CPU-bound; the worker
-runs each step (:func:`decode`, :func:`make_view`, :func:`make_grid`, :func:`add_watermark`, :func:`encode`)
-in a thread of its own, so a cancellation can land between steps, and Pillow releases the GIL inside them.
+runs :func:`derivatives` (:func:`decode`, :func:`make_view`, :func:`make_grid`, :func:`add_watermark`,
+:func:`encode`) as one job in an image thread, with a checkpoint between steps where a cancellation lands, and
+Pillow releases the GIL inside them (encoding too: ``_encoder_file``).
 
 Three rules shape the code:
 
@@ -34,10 +35,11 @@ makes, so they change together; kept side by side, a change to one shows in the 
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import BinaryIO
@@ -206,14 +208,33 @@ def too_large_for_memory(width: int, height: int, needed: int, limit: int) -> st
 
 
 def render(source: Source, spec: RenderSpec) -> Rendered:
-    """All steps in one call, for tests and scripts; the worker runs them as one job of steps (pipeline/derive.py)."""
-    decoded = decode(source, spec)
+    """:func:`derivatives` of ``source`` in one call, for tests and scripts."""
+    view, view_jpeg, grid_jpeg = derivatives(functools.partial(decode, source, spec), spec)
+    return Rendered(view.format, view.width, view.height, view_jpeg, grid_jpeg, view.exif)
+
+
+def derivatives(decode: Callable[[], Decoded], spec: RenderSpec, checkpoint: Callable[[], None] = lambda: None
+                ) -> tuple[Decoded, bytes, bytes]:
+    """(the view, its JPEG, the grid's JPEG), watermarked when ``spec`` says so, without metadata: the steps
+    every picture takes, a photo's decode and a video's poster (:func:`from_rgb`) alike.
+
+    ``decode`` is a call without arguments that makes the decoded picture: this function then holds the only
+    reference to it, and it is freed as soon as the view exists (a 144 MP PNG decodes to hundreds of MB; the
+    view is a few). ``checkpoint`` is called between steps; the worker's raises there once it is cancelled
+    (``ImageThreads.run_steps``)."""
+    decoded = decode()
+    checkpoint()
     view = make_view(decoded, spec)
-    del decoded  # the decoded image is the largest buffer we hold: free it before encoding
+    del decoded
+    checkpoint()
     grid = make_grid(view, spec)
+    checkpoint()
     if spec.watermark is not None:
         view = add_watermark(view, spec.watermark)
-    return Rendered(view.format, view.width, view.height, encode(view, spec), encode(grid, spec), view.exif)
+        checkpoint()
+    view_jpeg = encode(view, spec)
+    checkpoint()
+    return view, view_jpeg, encode(grid, spec)
 
 
 def decode(source: Source, spec: RenderSpec) -> Decoded:

@@ -26,7 +26,7 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import trio
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 IDLE_SECONDS = 10.0  # a thread with no job for this long ends
 Checkpoint = Callable[[], None]
+RunSteps = Callable[[Callable[[Checkpoint], Any]], Awaitable[Any]]  # a caller's way to its run_steps
 
 
 class Stopped(BaseException):

@@ -1,7 +1,7 @@
 """A worker's work on a video: probe and poster in the child (``video_jobs.inspect``), then the photos' path.
 
 The poster frame comes back as RGB at most ``view_px`` on its long edge, with the EXIF orientation that turns it
-upright; from there it is a picture like any other (``images.from_rgb``, then ``pipeline/derive.py``: view, turned
+upright; from there it is a picture like any other (``images.from_rgb``, then ``images.derivatives``: view, turned
 upright, grid, watermark, encode, one job of steps in an image thread, on the worker's image limiter), so a video's
 grid and view images are made, watermarked and stripped of metadata exactly as a photo's. The bytes those steps take
 in this process are held in the decode budget like an image's (:func:`poster_cost`); the child's own memory is
@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from picpeak_lite.media import images, video
-from picpeak_lite.pipeline import derive, video_jobs
+from picpeak_lite.pipeline import video_jobs
 from picpeak_lite.pipeline.budget import MemoryBudget
+from picpeak_lite.pipeline.imagethreads import RunSteps
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def poster_cost(view_px: int) -> int:
 
 
 async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, budget: MemoryBudget,
-                 run_steps: derive.RunSteps, deadline: float) -> tuple[bytes, bytes, dict[str, Any]] | str:
+                 run_steps: RunSteps, deadline: float) -> tuple[bytes, bytes, dict[str, Any]] | str:
     """(view JPEG, grid JPEG, the columns for ``claims.complete``), or the reason the video failed."""
     try:
         async with budget.hold(min(poster_cost(spec.view_px), budget.total)):
@@ -40,7 +41,7 @@ async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, bu
             poster = functools.partial(images.from_rgb, got.poster_rgb, got.poster_size, info.width, info.height,
                                        info.container, got.poster_orientation)
             del got
-            _, view_jpeg, grid_jpeg = await run_steps(functools.partial(derive.derivatives, poster, spec))
+            _, view_jpeg, grid_jpeg = await run_steps(functools.partial(images.derivatives, poster, spec))
     except video.InvalidVideo as error:
         log.info("video %s failed: %s %s", row["id"], error.reason, error.detail)
         return error.reason

@@ -3,7 +3,7 @@
 A worker claims with one guarded statement, renews its lease while it works, and records the result only
 if it still holds the claim (the token). Image work (decode, view, grid, watermark, encode) runs as one job in
 an image thread, with a checkpoint between steps so that cancellation lands between them
-(``pipeline/derive.py``). A bad file fails that photo with a readable reason; the worker goes on. On shutdown a
+(``images.derivatives``). A bad file fails that photo with a readable reason; the worker goes on. On shutdown a
 worker hands its photo back to ``pending``.
 
 How the work shares the cores: there are as many image threads (and places on the image limiter) as
@@ -35,7 +35,7 @@ import trio
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import InsufficientStorage, StorageUnavailable
 from picpeak_lite.media import exif, images
-from picpeak_lite.pipeline import attempts, derive, transitions, video_work
+from picpeak_lite.pipeline import attempts, transitions, video_work
 from picpeak_lite.pipeline.imagethreads import Checkpoint, ImageThreads
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
@@ -240,7 +240,7 @@ class WorkerPool:
             cost = await self._in_thread(images.plan, path, spec, budget.total)
             async with budget.hold(cost):
                 decode = functools.partial(images.decode, path, spec)
-                view, view_jpeg, grid_jpeg = await self._in_steps(functools.partial(derive.derivatives, decode, spec))
+                view, view_jpeg, grid_jpeg = await self._in_steps(functools.partial(images.derivatives, decode, spec))
             metadata = exif.read_metadata(view.exif)
         except FileNotFoundError:  # deleted while we worked (its row is gone too), or lost from the disk
             return photo_q.ORIGINAL_MISSING
