@@ -354,6 +354,28 @@ def test_derivatives_are_encoded_by_descriptor_so_the_gil_is_let_go() -> None:
     assert data == out.getvalue()
 
 
+def test_a_jpeg_reaches_libjpeg_in_large_blocks_so_the_gil_is_taken_back_rarely() -> None:
+    """Each block Pillow hands the decoder is a return to Python, and a wait for the GIL; at Pillow's own 64 KiB
+    a camera photo is a hundred of them."""
+    from picpeak_lite.media import samples
+
+    _, data = next(samples.camera_photos(1, 3))
+    assert len(data) > 12 * 65536
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and getattr(arg, "__name__", "") == "decode":
+            calls.append("decode")
+
+    sys.setprofile(profile)
+    try:
+        decoded = images.decode(data, RenderSpec())
+    finally:
+        sys.setprofile(None)
+    assert decoded.image.size[0] >= 1000
+    assert 1 <= len(calls) <= len(data) // images.JPEG_READ_BLOCK + 2
+
+
 # --- metadata ------------------------------------------------------------------------------------------------
 
 

@@ -404,6 +404,8 @@ def _open(source: Source, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
                 f"Image is too small ({width}x{height}); at least {MIN_SIDE}x{MIN_SIDE} pixels"
             )
         _check_pixels(width, height, max_pixels)
+        if fmt == "jpeg":
+            im.decodermaxblock = JPEG_READ_BLOCK
         frames = _frames(im)
         if frames > MAX_FRAMES:
             raise InvalidImage(f"The image has {frames:,} frames; at most {MAX_FRAMES:,} are accepted "
@@ -449,6 +451,12 @@ def _frames(im: Image.Image) -> int:
 
 SHRINK_SHARE = 0.6  # reduce() output plus the resize's intermediate, as a share of the image being shrunk
 JPEG_COEF_BYTES = 2  # libjpeg keeps one 16-bit coefficient per sample for a multi-scan (progressive) JPEG
+# Pillow feeds a JPEG to libjpeg in blocks it reads in Python, taking the GIL back for each one; at its 64 KiB,
+# a 9 MB photo is 140 hand-backs, each a wait while the event loop or the other image thread holds the GIL.
+# At 1 MiB: 200 x 12 MP photos end to end went from 12.90 to 13.82 photos/s (median of 3 interleaved pairs),
+# and the first 202 from 1.97 to 1.59 s. What it holds: the block read, the unread rest, and their join.
+JPEG_READ_BLOCK = 1 << 20
+JPEG_READ_BYTES = 3 * JPEG_READ_BLOCK
 ENCODED_BYTES_PER_PIXEL = 2  # a full-size JPEG's output buffer as it grows, and the copy getvalue() makes
 
 
@@ -490,7 +498,9 @@ def _decoder_bytes(im: Image.Image, fmt: str) -> int:
         h_max = max(layer[1] for layer in layers) or 1
         v_max = max(layer[2] for layer in layers) or 1
         samples = sum(width * height * layer[1] * layer[2] / (h_max * v_max) for layer in layers)
-        return int(JPEG_COEF_BYTES * samples)
+        return int(JPEG_COEF_BYTES * samples) + JPEG_READ_BYTES
+    if fmt == "jpeg":
+        return JPEG_READ_BYTES
     return 0
 
 
