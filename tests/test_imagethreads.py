@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
@@ -36,65 +36,73 @@ async def test_the_threads_run_at_a_lower_priority_and_the_loop_does_not() -> No
     assert own_nice() == before  # the process and its event loop keep theirs
 
 
+class Gate:
+    """A job that starts, then waits for the test to let it go: what a cancelled caller waits for."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def hold(self) -> None:
+        self.started.set()
+        self.release.wait(timeout=60)
+
+    async def cancel_while_held(self, call: Callable[[], Awaitable[None]], seen: list[str]) -> trio.CancelScope:
+        """Run ``call`` in a scope, cancel it while the job is held, check that the caller waited (``seen``
+        still empty), then let the job go. The scope, once ``call`` has ended."""
+        scope = trio.CancelScope()
+
+        async def scoped() -> None:
+            with scope:
+                await call()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(scoped)
+            while not self.started.is_set():
+                await trio.sleep(0.01)
+            scope.cancel()
+            await trio.sleep(0.05)
+            assert seen == []  # cancelled, but the job holds its memory until it ends
+            self.release.set()
+        return scope
+
+
 async def test_a_cancelled_caller_waits_for_its_job_then_sees_the_cancel() -> None:
-    threads = ImageThreads(1)
-    started, release = threading.Event(), threading.Event()
+    threads, gate = ImageThreads(1), Gate()
     finished: list[str] = []
-    scope = trio.CancelScope()
 
     def job() -> str:
-        started.set()
-        release.wait(timeout=60)
+        gate.hold()
         finished.append("job")
         return "done"
 
     async def call() -> None:
-        with scope:
-            await threads.run_sync(job)
-            finished.append("returned")
-            await trio.lowlevel.checkpoint()  # the cancel lands here, at the first checkpoint after the job
-            finished.append("not reached")
+        await threads.run_sync(job)
+        finished.append("returned")
+        await trio.lowlevel.checkpoint()  # the cancel lands here, at the first checkpoint after the job
+        finished.append("not reached")
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(call)
-        while not started.is_set():
-            await trio.sleep(0.01)
-        scope.cancel()
-        await trio.sleep(0.05)
-        assert finished == []  # cancelled, but the job holds its memory until it ends
-        release.set()
+    scope = await gate.cancel_while_held(call, finished)
     assert scope.cancelled_caught and finished == ["job", "returned"]
 
 
 async def test_a_cancel_stops_a_job_of_steps_at_its_next_checkpoint() -> None:
     """The step running when the caller is cancelled ends; the next one never starts; the caller sees the cancel,
     not the job's Stopped."""
-    threads = ImageThreads(1)
-    started, release = threading.Event(), threading.Event()
+    threads, gate = ImageThreads(1), Gate()
     ran: list[str] = []
-    scope = trio.CancelScope()
 
     def steps(checkpoint: Callable[[], None]) -> str:
-        started.set()
-        release.wait(timeout=60)
+        gate.hold()
         ran.append("first")
         checkpoint()
         ran.append("second")
         return "done"
 
     async def call() -> None:
-        with scope:
-            await threads.run_steps(steps)
-            ran.append("returned")
+        await threads.run_steps(steps)
+        ran.append("returned")
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(call)
-        while not started.is_set():
-            await trio.sleep(0.01)
-        scope.cancel()
-        await trio.sleep(0.05)
-        assert ran == []  # the first step holds its memory until it ends
-        release.set()
+    scope = await gate.cancel_while_held(call, ran)
     assert scope.cancelled_caught and ran == ["first"]
     assert await threads.run_steps(lambda checkpoint: checkpoint() or "again") == "again"  # the thread lives on
 
