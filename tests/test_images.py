@@ -337,17 +337,7 @@ def test_derivatives_are_encoded_by_descriptor_so_the_gil_is_let_go() -> None:
     the whole image. The encode must take the first path, and give the bytes a BytesIO would."""
     spec = RenderSpec()
     picture = images.make_view(images.decode(save(photo(800, 600), "jpeg"), spec), spec)
-    calls: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "c_call":
-            calls.append(getattr(arg, "__name__", ""))
-
-    sys.setprofile(profile)
-    try:
-        data = images.encode(picture, spec)
-    finally:
-        sys.setprofile(None)
+    data, calls = calls_into_c(images.encode, picture, spec)
     assert "encode_to_file" in calls and "encode" not in calls
     out = io.BytesIO()
     picture.image.save(out, "JPEG", quality=spec.quality, optimize=True, exif=b"", comment=b"", xmp=b"")
@@ -361,19 +351,25 @@ def test_a_jpeg_reaches_libjpeg_in_large_blocks_so_the_gil_is_taken_back_rarely(
 
     _, data = next(samples.camera_photos(1, 3))
     assert len(data) > 12 * 65536
+    decoded, calls = calls_into_c(images.decode, data, RenderSpec())
+    assert decoded.image.size[0] >= 1000
+    assert 1 <= calls.count("decode") <= len(data) // images.JPEG_READ_BLOCK + 2
+
+
+def calls_into_c(fn: Any, *args: Any) -> tuple[Any, list[str]]:
+    """``fn(*args)``, and the names of the C functions it called, in order (sys.setprofile's c_call)."""
     calls: list[str] = []
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "c_call" and getattr(arg, "__name__", "") == "decode":
-            calls.append("decode")
+        if event == "c_call":
+            calls.append(getattr(arg, "__name__", ""))
 
     sys.setprofile(profile)
     try:
-        decoded = images.decode(data, RenderSpec())
+        result = fn(*args)
     finally:
         sys.setprofile(None)
-    assert decoded.image.size[0] >= 1000
-    assert 1 <= len(calls) <= len(data) // images.JPEG_READ_BLOCK + 2
+    return result, calls
 
 
 # --- metadata ------------------------------------------------------------------------------------------------
