@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import io
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -14,7 +15,7 @@ from PIL import Image
 from picpeak_lite.web import asgi
 from picpeak_lite.web.asgi import STREAM_BUFFER_BYTES, BoundedBody
 
-from .test_tus import served  # noqa: F401  # a real server on port 0, with an API token and a gallery
+from .served import Served, serve
 
 
 async def test_reader_waits_until_the_app_takes_what_is_buffered(autojump_clock: Any) -> None:
@@ -99,9 +100,14 @@ async def test_reads_are_large_for_a_few_bodies_at_once_and_small_for_many() -> 
     assert tcp_server.MAX_RECV == asgi.LARGE_READ_BYTES
 
 
-async def test_the_real_server_reads_small_chunks_while_many_bodies_arrive(served: Any) -> None:  # noqa: F811
+async def test_the_real_server_reads_small_chunks_while_many_bodies_arrive(tmp_path: Path) -> None:
     """Ten uploads that are still sending: reads are small; once only eight are left, large again; once they
     are gone, nothing is left counted."""
+    async with serve(tmp_path) as served:
+        await _count_read_sizes(served)
+
+
+async def _count_read_sizes(served: Served) -> None:
     read_size = asgi.READ_SIZE.get()
     host, port = served.url.removeprefix("http://").split(":")
     head = (f"POST /api/admin/galleries/{served.gallery_id}/upload HTTP/1.1\r\nHost: {host}\r\n"

@@ -12,13 +12,11 @@ algorithm we do not offer); expiry (the janitor, with trio's autojump clock: 410
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import itertools
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +25,20 @@ import pytest
 import trio
 from tusclient import client as tus_client
 
-from picpeak_lite import server
-from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline import resumable
 from picpeak_lite.pipeline.intake import WRITE_BATCH
 from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.services import Services
-from picpeak_lite.store import db
 from picpeak_lite.store.db import Database
 from picpeak_lite.web.app import create_app
 
-from .conftest import ADMIN_PASSWORD, make_settings
-from .factories import gallery_row, photo_jpeg, run_pool_until_idle
+from .conftest import make_settings
+from .factories import photo_jpeg, run_pool_until_idle
 from .harness import ServerProcess, figures, query, write_config
+from .served import Served, prepare, serve
 
 TUS = {"Tus-Resumable": "1.0.0"}
 OCTETS = {**TUS, "Content-Type": "application/offset+octet-stream"}
-CSRF_META = re.compile(r'<meta name="csrf-token" content="([^"]+)"')
 GUEST_FILE_MB = 2
 
 
@@ -57,59 +52,10 @@ def big_jpeg(seed: int, extra: int = 0) -> bytes:
     return photo_jpeg(seed, size=(1200, 900), quality=95) + bytes(extra)
 
 
-@dataclass
-class Served:
-    """A real server (``server.run`` on port 0) for the tus tests, and what they need to reach it."""
-
-    url: str
-    token: str
-    services: Services
-    slug: str = "g"
-    gallery_id: int = 1
-
-    def admin(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=120)
-
-    @contextlib.asynccontextmanager
-    async def guest(self) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
-        """A browser's guest session: its cookie, and the CSRF token its upload page carries."""
-        async with httpx.AsyncClient(base_url=self.url, timeout=120) as http:
-            page = await http.get(f"/g/{self.slug}/upload")
-            assert page.status_code == 200
-            csrf = CSRF_META.search(page.text).group(1)  # type: ignore[union-attr]
-            http.headers["X-CSRF-Token"] = csrf
-            yield http, csrf
-
-    @property
-    def admin_tus(self) -> str:
-        return f"/api/admin/galleries/{self.gallery_id}/tus"
-
-    @property
-    def guest_tus(self) -> str:
-        return f"/api/g/{self.slug}/tus"
-
-
-def prepare(settings: Any) -> str:
-    bootstrap.prepare(settings)
-    bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    conn = db.connect(settings.database_path)
-    with db.transaction(conn):
-        token = bootstrap.create_api_token(conn, "test", time.time())
-        gallery_id = gallery_row(conn, "G", slug="g", share_token="share")
-        conn.execute("UPDATE galleries SET allow_guest_uploads = 1 WHERE id = ?", (gallery_id,))
-    conn.close()
-    return token
-
-
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    settings = make_settings(tmp_path, guest_max_file_mb=GUEST_FILE_MB, guest_max_files=3,
-                             shutdown_grace_seconds=1)
-    token = prepare(settings)
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(server.run, settings)
-        yield Served(running.url, token, running.services)
-        running.stop()
+    async with serve(tmp_path, guest_max_file_mb=GUEST_FILE_MB, guest_max_files=3) as running:
+        yield running
 
 
 async def create(http: httpx.AsyncClient, url: str, length: int, **metadata: str) -> str:
