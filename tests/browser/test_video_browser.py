@@ -62,7 +62,10 @@ def test_lightbox_shows_the_poster_then_plays(server: LiveServer, api: httpx.Cli
     page.screenshot("video-playing")
     page.keyboard.press("Escape")
     page.locator("#lightbox").wait_for(state="hidden")
-    assert page.evaluate("() => document.getElementById('lb-video').paused")
+    # The dialog hides at once on Escape, but its "close" event (whose handler stops the clip) is a task queued
+    # after that: wait for the handler, then check that the clip is stopped and let go of.
+    page.wait_for_function("() => { const v = document.getElementById('lb-video'); "
+                           "return v.paused && !v.hasAttribute('src') && v.hidden; }", timeout=PATIENCE_MS)
 
 
 def test_a_guest_sends_a_clip_from_the_phone(server: LiveServer, api: httpx.Client, phone: Page,
