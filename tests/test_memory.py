@@ -98,10 +98,12 @@ def test_a_freed_photo_buffer_is_reused_without_new_page_faults() -> None:
         return [int(v) for v in done.stdout.split()]
 
     pages = (12 << 20) // 4096
-    assert all(f < pages // 20 for f in faults("ours")), faults("ours")
+    ours = faults("ours")
+    assert all(f < pages // 20 for f in ours), ours
     # Why the trim threshold is set: without it, each free hands the pages back and the next photo faults
     # every one of them in again.
-    assert all(f > pages // 2 for f in faults("mmap-threshold-only")), faults("mmap-threshold-only")
+    without = faults("mmap-threshold-only")
+    assert all(f > pages // 2 for f in without), without
 
 
 async def trims_reach(trimmer: MemoryTrimmer, count: int) -> float:
