@@ -1,6 +1,7 @@
 """Is the server still responsive while it processes at full speed? Issue 18's third table, from outside.
 
     python bench/bench_responsive.py [--photos 30] [--megapixels 24] [--guests 20]
+                                     [--build NAME=PYTHON ... --rounds 3]
 
 Runs ``picpeak-lite serve`` (``picpeak_lite.ops.bench.Server``: a fresh data directory, port 0, its defaults)
 and measures, on one published gallery:
@@ -131,16 +132,24 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=30)
     parser.add_argument("--megapixels", type=float, default=24)
     parser.add_argument("--guests", type=int, default=20)
+    parser.add_argument("--build", action="append", default=[], metavar="NAME=PYTHON",
+                        help="run the server of each build in turn (a name and its venv's Python), same photos; "
+                             "default: this checkout's")
+    parser.add_argument("--rounds", type=int, default=1, help="with --build: builds interleaved, this many times")
     args = parser.parse_args()
+    builds = [tuple(b.split("=", 1)) for b in args.build] or [("this", sys.executable)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         paths = bench.make_photos(root / "photos", args.photos, args.megapixels)
-        server = bench.Server(root / "data")
-        server.start()
-        try:
-            trio.run(measure, server, paths, args.guests)
-        finally:
-            server.stop()
+        for round_ in range(args.rounds):
+            for name, python in builds:
+                print(f"responsive: round {round_ + 1}, build {name}", flush=True)
+                server = bench.Server(root / f"data-{name}-{round_}", python=python)
+                server.start()
+                try:
+                    trio.run(measure, server, paths, args.guests)
+                finally:
+                    server.stop()
 
 
 if __name__ == "__main__":
