@@ -149,7 +149,7 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
     """Start the memory trimmer, the webhook sender, the janitor and (unless processing is off) the worker
     pool, each ready before the next. Shared by ``run`` and by ``picpeak-lite worker``."""
     svc.storage.create_dirs()
-    memory.set_malloc_thresholds()
+    memory.set_mmap_threshold()
     await nursery.start(svc.trimmer.run)
     await nursery.start(WebhookSender(svc.db, svc.settings, bell=svc.webhooks_bell, clock=svc.clock).run)
     await nursery.start(Janitor(svc).run)

@@ -26,7 +26,7 @@ def rss_mb():
     return int(re.search(r"^VmRSS:\\s+(\\d+) kB", status, re.MULTILINE).group(1)) / 1024
 
 size, count, in_thread = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "thread"
-memory.set_malloc_thresholds()
+memory.set_mmap_threshold()
 before = rss_mb()
 buffers, keep, steps = [], [], []
 
@@ -60,50 +60,6 @@ def test_trim_gives_scattered_free_pages_back(size: int, count: int, where: str)
     assert burst > 90  # 100-112 MB of buffers were resident
     assert freed - before > 0.8 * burst  # freeing them gave nothing back: the heap keeps them (for reuse)
     assert trimmed - before < 0.2 * burst, (before, full, freed, trimmed)
-
-
-# In a fresh process, in a thread (as an image thread works): a photo's buffer (12 MiB, a 24 MP photo's decode at
-# 2/8 is 6 MB) is made, written and freed three times. Prints the page faults of the second and third.
-REUSED_BUFFER = """
-import resource
-import sys
-import threading
-from picpeak_lite.pipeline import memory
-
-if sys.argv[1] == "ours":
-    memory.set_malloc_thresholds()
-else:  # the mmap threshold alone, which leaves glibc's trim threshold at its 128 KiB default
-    memory._LIBC.mallopt(memory.M_MMAP_THRESHOLD, memory.MMAP_THRESHOLD_BYTES)
-faults = []
-
-def photos():
-    for _ in range(3):
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        buffer = bytearray(12 << 20)  # written in full (zeroed): every page is touched
-        del buffer
-        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
-
-worker = threading.Thread(target=photos)
-worker.start()
-worker.join()
-print(*faults[1:])
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux") or memory._LIBC is None, reason="glibc only")
-def test_a_freed_photo_buffer_is_reused_without_new_page_faults() -> None:
-    def faults(variant: str) -> list[int]:
-        done = subprocess.run([sys.executable, "-c", REUSED_BUFFER, variant], capture_output=True, text=True,
-                              check=True)
-        return [int(v) for v in done.stdout.split()]
-
-    pages = (12 << 20) // 4096
-    ours = faults("ours")
-    assert all(f < pages // 20 for f in ours), ours
-    # Why the trim threshold is set: without it, each free hands the pages back and the next photo faults
-    # every one of them in again.
-    without = faults("mmap-threshold-only")
-    assert all(f > pages // 2 for f in without), without
 
 
 async def trims_reach(trimmer: MemoryTrimmer, count: int) -> float:

@@ -2,25 +2,16 @@
 
 A photographer's box is small, and the server's resident size is what the box feels. Python frees an object at
 once, but glibc keeps what was freed for reuse, and hands it back only from the top of a heap. Two patterns
-made the server stay far larger than what it used (the first and the last point below); the cure for the first
-was then paid for in page faults (the middle point):
+made the server stay far larger than what it used:
 
 * **Big buffers.** glibc raises its mmap threshold after the first large free (up to 32 MiB), and until the
   trimmer below existed, Pillow's image blocks then stayed in per-thread heaps that were seldom given back: one
   144 MP decode left a server 300-500 MB larger for good (``tests/test_badinput.py`` measures it). A fixed
   threshold of 1 MiB cured that by giving every big block its own mapping, but a fresh mapping is paid for again
-  in page faults each time: a 24 MP photo's render in an image thread faulted in 28 MB of new pages (6,900
-  faults). So the threshold is fixed at 32 MiB, glibc's own ceiling: a photo's buffers (the decoder's reads,
-  Pillow's blocks of up to 16 MiB) come from the heap, and the trim gives back what is free once the work
-  stops, as it does for the small buffers.
-* **The top of a thread's heap.** Coming from the heap is not yet reuse. Fixing the mmap threshold also fixes
-  glibc's trim threshold at its 128 KiB default, and an image thread frees a photo's buffers last-in, at the
-  top of its heap: every free gave them back to the OS at once, and the next photo faulted them in again
-  (5,800 faults per render were left). A trim threshold of 16 MiB, more than a 45 MP photo's decode at 2/8
-  (11 MB), keeps them for the next photo: 28 faults per render, and 120-130 ms of CPU instead of 140-150 (the
-  same render in an image thread, in one process). The price is at most 16 MiB that stays resident at the top
-  of each thread's heap that made such buffers (``malloc_trim`` gives back free pages inside a thread's heap,
-  but not its top): at most 32 MiB for the two image threads.
+  in page faults each time: a 24 MP photo's decode and derivatives touched 28 MB of new pages (7,200 faults),
+  and cost 140 ms of CPU instead of 115-120. So the threshold is fixed at 32 MiB, glibc's own ceiling: a photo's
+  buffers (the decoder's reads, Pillow's blocks of up to 16 MiB) come from the heap and are reused by the next
+  photo, and the trim gives back what is free once the work stops, as it does for the small buffers.
 * **Bursts of small buffers.** 200 guests uploading at once go through some 100 MB of 16-256 KiB buffers
   (socket reads, body chunks, write batches). When the burst is over, those pages are free but scattered
   between live objects, so the heap cannot shrink: the server stayed 110 MB larger while it went on to make
@@ -41,10 +32,8 @@ import trio
 
 log = logging.getLogger(__name__)
 
-M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
-M_MMAP_THRESHOLD = -3
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 MMAP_THRESHOLD_BYTES = 32 << 20
-TRIM_THRESHOLD_BYTES = 16 << 20
 TRIM_INTERVAL_SECONDS = 1.0
 
 
@@ -61,13 +50,11 @@ def _load_glibc() -> ctypes.CDLL | None:
 _LIBC = _load_glibc()
 
 
-def set_malloc_thresholds() -> None:
-    """Only allocations of 32 MiB or more get a mapping of their own, and a heap keeps up to 16 MiB free at its
-    top; the rest is reused from the heap and given back by :func:`trim` (see the module docstring). Both fixed,
-    so glibc does not move them."""
+def set_mmap_threshold() -> None:
+    """Only allocations of 32 MiB or more get a mapping of their own; the rest is reused from the heap and
+    given back by :func:`trim` (see the module docstring). Fixed, so glibc does not move it."""
     if _LIBC is not None:
         _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-        _LIBC.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 def trim() -> None:
