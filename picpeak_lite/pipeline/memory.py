@@ -8,10 +8,15 @@ made the server stay far larger than what it used:
   trimmer below existed, Pillow's image blocks then stayed in per-thread heaps that were seldom given back: one
   144 MP decode left a server 300-500 MB larger for good (``tests/test_badinput.py`` measures it). A fixed
   threshold of 1 MiB cured that by giving every big block its own mapping, but a fresh mapping is paid for again
-  in page faults each time: a 24 MP photo's decode and derivatives touched 28 MB of new pages (7,200 faults),
-  and cost 140 ms of CPU instead of 115-120. So the threshold is fixed at 32 MiB, glibc's own ceiling: a photo's
-  buffers (the decoder's reads, Pillow's blocks of up to 16 MiB) come from the heap and are reused by the next
-  photo, and the trim gives back what is free once the work stops, as it does for the small buffers.
+  in page faults each time: a 24 MP photo's decode and derivatives touched 28 MB of new pages (7,200 faults).
+  So the threshold is fixed at 32 MiB, glibc's own ceiling: a photo's buffers (the decoder's reads, Pillow's
+  blocks of up to 16 MiB) come from the heap, and the trim gives back what is free once the work stops, as it
+  does for the small buffers. In the main thread that took one render from 140 to 115-120 ms of CPU. In an
+  image thread most of the faults stay (5,800 of 6,900 per 24 MP render): it frees a photo's buffers at the top
+  of its heap, and glibc gives a free top back at once (its trim threshold, 128 KiB). A 16 MiB trim threshold
+  removed those faults too (15-20 ms of CPU per render) but was taken back: ``malloc_trim`` never gives back a
+  thread heap's top, so every thread that makes big buffers, a guest's download included, could keep 16 MiB,
+  and the decompression-bomb suite's peak rose from 229 MB to 268-320.
 * **Bursts of small buffers.** 200 guests uploading at once go through some 100 MB of 16-256 KiB buffers
   (socket reads, body chunks, write batches). When the burst is over, those pages are free but scattered
   between live objects, so the heap cannot shrink: the server stayed 110 MB larger while it went on to make
