@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -135,21 +137,24 @@ def main() -> None:
     parser.add_argument("--build", action="append", default=[], metavar="NAME=PYTHON",
                         help="run the server of each build in turn (a name and its venv's Python), same photos; "
                              "default: this checkout's")
-    parser.add_argument("--rounds", type=int, default=1, help="with --build: builds interleaved, this many times")
+    parser.add_argument("--rounds", type=int, default=1, help="how many times the builds run, interleaved")
     args = parser.parse_args()
-    builds = [tuple(b.split("=", 1)) for b in args.build] or [("this", sys.executable)]
+    # Absolute, as the server starts in its data directory's parent (not resolved: a venv's python is a link).
+    builds = [(name, os.path.abspath(python)) for name, python in (b.split("=", 1) for b in args.build)]
+    builds = builds or [("this", sys.executable)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         paths = bench.make_photos(root / "photos", args.photos, args.megapixels)
         for round_ in range(args.rounds):
             for name, python in builds:
                 print(f"responsive: round {round_ + 1}, build {name}", flush=True)
-                server = bench.Server(root / f"data-{name}-{round_}", python=python)
+                server = bench.Server(root / "data", python=python)
                 server.start()
                 try:
                     trio.run(measure, server, paths, args.guests)
                 finally:
                     server.stop()
+                    shutil.rmtree(server.data_dir)  # 30 originals and their images: a fresh directory per run
 
 
 if __name__ == "__main__":
