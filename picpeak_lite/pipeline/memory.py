@@ -15,8 +15,8 @@ made the server stay far larger than what it used:
   image thread most of the faults stay (5,800 of 6,900 per 24 MP render): it frees a photo's buffers at the top
   of its heap, and glibc gives a free top back at once (its trim threshold, 128 KiB). A 16 MiB trim threshold
   removed those faults too (15-20 ms of CPU per render) but was taken back: ``malloc_trim`` never gives back a
-  thread heap's top, so every thread that makes big buffers, a guest's download included, could keep 16 MiB,
-  and the decompression-bomb suite's peak rose from 229 MB to 268-320.
+  thread heap's top, so every thread that makes big buffers, a guest's download included, could keep 16 MiB
+  (the decompression-bomb suite peaked at 268-320 MB with it, 229-267 without).
 * **Bursts of small buffers.** 200 guests uploading at once go through some 100 MB of 16-256 KiB buffers
   (socket reads, body chunks, write batches). When the burst is over, those pages are free but scattered
   between live objects, so the heap cannot shrink: the server stayed 110 MB larger while it went on to make
