@@ -72,6 +72,8 @@ class Settings:
     temp_max_age_seconds: int = _setting(3600, "Temp files older than this are swept away.")
     tus_expiry_hours: int = _setting(
         24, "An unfinished resumable (tus) upload is removed this long after its last bytes.")
+    upload_lead: int = _setting(
+        40, "Photos that may wait for a worker before uploads are read only as fast as workers take them; 0: no limit.")
     upload_chunk_mb: int = _setting(
         8, "Largest piece the upload pages send in one request, in MB: keep it under your proxy's body limit.")
     # Processing
@@ -300,6 +302,7 @@ def _validate(s: Settings) -> None:
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",
                 "tus_expiry_hours", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
+    require(s.upload_lead >= 0, "upload_lead", "must be 0 (no limit) or more")
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
     require(0 <= s.image_nice <= 19, "image_nice", "must be between 0 (the server's own priority) and 19")
     require(s.lease_seconds >= 5, "lease_seconds", "must be at least 5")

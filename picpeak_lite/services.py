@@ -20,6 +20,7 @@ from picpeak_lite.config import Settings
 from picpeak_lite.events.activity import Activity
 from picpeak_lite.events.bell import Bell
 from picpeak_lite.events.broker import Broker
+from picpeak_lite.pipeline.backlog import Backlog
 from picpeak_lite.pipeline.budget import MemoryBudget
 from picpeak_lite.pipeline.memory import MemoryTrimmer
 from picpeak_lite.store.db import Database
@@ -49,6 +50,8 @@ class Services:
     # settings preview all take their estimated bytes from before they decode (pipeline/budget.py).
     decode_budget: MemoryBudget = field(init=False)
     storage: Storage = field(init=False)
+    # How far uploads may run ahead of the workers (settings.upload_lead); the change feed tells it of claims.
+    backlog: Backlog = field(init=False)
     # Views, downloads and favourites counted in memory, stored in batches by its task (events/activity.py).
     activity: Activity = field(init=False)
 
@@ -58,6 +61,7 @@ class Services:
             self.bind_url = f"http://{s.listen_address}"
         self.storage = open_storage(s)
         self.decode_budget = MemoryBudget.megabytes(s.decode_memory_mb)
+        self.backlog = Backlog(self.db, s.upload_lead)
         self.activity = Activity(self.db, lambda: self.clock())
 
     async def hash_password(self, password: str) -> str:

@@ -66,6 +66,7 @@ class ChangeFeed:
             for row in rows:
                 change = Change.from_row(row)
                 self.broker.publish(change)
+                self.svc.backlog.saw(change)
                 self.last_seq = change.seq
                 wake_workers |= change.status == PhotoStatus.PENDING
             published += len(rows)

@@ -344,6 +344,11 @@ def rows_with_keys(conn: Connection) -> list[Row]:
     return conn.execute("SELECT id, storage_key, status FROM photos").fetchall()
 
 
+def count_pending(conn: Connection) -> int:
+    """Photos waiting for a worker (on the queue's index)."""
+    return conn.execute("SELECT count(*) AS n FROM photos WHERE status = 'pending'").fetchall()[0]["n"]
+
+
 def queue_counts(conn: Connection) -> Row:
     return conn.execute(
         "SELECT coalesce(sum(status = 'pending'), 0) AS pending, "

@@ -243,6 +243,7 @@ async def _receive(row: Row, offset: int, authorize: Authorize, file_limits: Lim
                    checksum: tuple[str, bytes] | None = None) -> tuple[int, Finished | None]:
     """Write the body at ``offset``; when that completes the file, hand it to the intake."""
     svc = services()
+    await svc.backlog.wait_for_room()  # once upload_lead photos wait for a worker (pipeline/backlog.py)
     request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py): counted by resumable
     new_offset = await resumable.write_chunk(svc, row, offset, request.body, content_length=request.content_length,
                                              checksum=checksum)
