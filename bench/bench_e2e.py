@@ -17,6 +17,7 @@ run's figures, then the table rows as median [min-max].
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -73,6 +74,8 @@ def main() -> None:
         builds.insert(0, ("before", args.before_python))
     if args.build:
         builds = [(b.split("=", 1)[0], b.split("=", 1)[1]) for b in args.build]
+    # Absolute, as the server starts in its data directory's parent (not resolved: a venv's python is a link).
+    builds = [(name, os.path.abspath(python)) for name, python in builds]
     results: dict[str, list[bench.Result]] = {name: [] for name, _ in builds}
     with tempfile.TemporaryDirectory() as tmp:
         print(f"making {args.photos} photos of {args.megapixels:g} MP ...", flush=True)
