@@ -14,15 +14,14 @@ import trio
 from picpeak_lite.events.broker import Change
 from picpeak_lite.pipeline.backlog import STALL_SECONDS, Backlog
 from picpeak_lite.services import Services
-from picpeak_lite.store import db
 from picpeak_lite.store.queries import claims
 
 from .conftest import make_settings, own_services
 from .factories import add_photo, create_gallery, jpeg
 from .harness import query
+from .test_streaming_intake import HANG_GUARD
+from .test_streaming_intake import _wait as _until
 from .test_upload import _serve, multipart
-
-HANG_GUARD = 60  # seconds: only so that a bug fails the test instead of hanging CI; never a speed bound
 
 
 def _claimed(photo_id: int) -> Change:
@@ -30,25 +29,26 @@ def _claimed(photo_id: int) -> Change:
     return Change(seq=photo_id, photo_id=photo_id, gallery_id=1, upload_id="u", status="processing", hidden=False)
 
 
-def _pending_photos(svc: Services, count: int) -> list[int]:
-    conn = db.connect(svc.settings.database_path)
-    try:
-        with db.transaction(conn):
-            gallery_id = create_gallery(conn)
-    finally:
-        conn.close()
+async def _pending_photos(svc: Services, count: int) -> list[int]:
+    gallery_id = await svc.db.write(create_gallery)
     return [add_photo(svc, gallery_id, status="pending") for _ in range(count)]
 
 
-async def _until(condition: Any) -> None:
-    with trio.fail_after(HANG_GUARD):
-        while not condition():
-            await trio.sleep(0.01)
+async def _upload_six(settings: Any, nursery: trio.Nursery) -> Any:
+    """The real server on ``settings``, once it has answered one admin request of six photos with a 202."""
+    running, token = await _serve(settings, nursery)
+    body, headers = multipart([(f"{i}.jpg", jpeg(i, (320, 240))) for i in range(6)])
+    async with httpx.AsyncClient(base_url=running.url, headers={"Authorization": f"Bearer {token}"},
+                                 timeout=HANG_GUARD) as http:
+        answer = await http.post("/api/admin/galleries/1/upload", content=body, headers=headers)
+    assert answer.status_code == 202, answer.text
+    assert len(answer.json()["photos"]) == 6
+    return running
 
 
 async def test_an_upload_waits_for_a_worker_once_the_lead_is_reached(tmp_path: Path) -> None:
     with own_services(tmp_path) as svc:
-        ids = _pending_photos(svc, 2)
+        ids = await _pending_photos(svc, 2)
         backlog = Backlog(svc.db, lead=2)
         backlog.saw(_claimed(0))  # a worker is taking photos
         done = trio.Event()
@@ -72,7 +72,7 @@ async def test_an_upload_waits_for_a_worker_once_the_lead_is_reached(tmp_path: P
 
 async def test_below_the_lead_or_with_no_lead_nothing_waits(tmp_path: Path, autojump_clock: Any) -> None:
     with own_services(tmp_path) as svc:
-        _pending_photos(svc, 2)
+        await _pending_photos(svc, 2)
         began = trio.current_time()
         for backlog in (Backlog(svc.db, lead=3), Backlog(svc.db, lead=0)):
             backlog.saw(_claimed(0))
@@ -84,7 +84,7 @@ async def test_with_no_worker_taking_photos_uploads_are_not_held_back(tmp_path: 
     """Holding an upload back helps only while workers take photos: with none known (processing off, no
     ``picpeak-lite worker``), the gate is open at once; once they stop, it opens after STALL_SECONDS."""
     with own_services(tmp_path) as svc:
-        _pending_photos(svc, 2)
+        await _pending_photos(svc, 2)
         backlog = Backlog(svc.db, lead=1)
         began = trio.current_time()
         await backlog.wait_for_room()
@@ -101,13 +101,7 @@ async def test_a_request_larger_than_the_lead_is_taken_and_processed(tmp_path: P
     and let each file of the request in; nothing is lost or stuck."""
     settings = make_settings(tmp_path, shutdown_grace_seconds=1, workers=1, upload_lead=1)
     async with trio.open_nursery() as nursery:
-        running, token = await _serve(settings, nursery)
-        body, headers = multipart([(f"{i}.jpg", jpeg(i, (320, 240))) for i in range(6)])
-        async with httpx.AsyncClient(base_url=running.url, headers={"Authorization": f"Bearer {token}"},
-                                     timeout=HANG_GUARD) as http:
-            answer = await http.post("/api/admin/galleries/1/upload", content=body, headers=headers)
-        assert answer.status_code == 202, answer.text
-        assert len(answer.json()["photos"]) == 6
+        running = await _upload_six(settings, nursery)
         assert running.services.backlog.workers_taking()  # told of the claims by the change feed
 
         def statuses() -> list[str]:
@@ -120,12 +114,7 @@ async def test_a_request_larger_than_the_lead_is_taken_and_processed(tmp_path: P
 async def test_with_processing_off_a_request_larger_than_the_lead_is_not_held(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, shutdown_grace_seconds=1, processing_enabled=False, upload_lead=1)
     async with trio.open_nursery() as nursery:
-        running, token = await _serve(settings, nursery)
-        body, headers = multipart([(f"{i}.jpg", jpeg(i, (320, 240))) for i in range(6)])
-        async with httpx.AsyncClient(base_url=running.url, headers={"Authorization": f"Bearer {token}"},
-                                     timeout=HANG_GUARD) as http:
-            answer = await http.post("/api/admin/galleries/1/upload", content=body, headers=headers)
-        assert answer.status_code == 202, answer.text
+        running = await _upload_six(settings, nursery)
         assert running.services.backlog.waiting == 0 and not running.services.backlog.workers_taking()
         rows = query(settings.data_path, "SELECT status FROM photos")
         assert [r["status"] for r in rows] == ["pending"] * 6  # for `picpeak-lite worker`, when it runs
