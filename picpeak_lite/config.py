@@ -71,7 +71,13 @@ class Settings:
     gallery_photo_cap: int = _setting(10000, "Most photos in one gallery, unless the gallery sets its own cap.")
     temp_max_age_seconds: int = _setting(3600, "Temp files older than this are swept away.")
     tus_expiry_hours: int = _setting(
-        24, "An unfinished resumable (tus) upload is removed this long after its last bytes.")
+        24, "Longest a resumable (tus) upload may take in all; a finished or expired one is remembered this long.")
+    tus_idle_minutes: int = _setting(
+        15, "An unfinished resumable (tus) upload that receives no bytes for this long expires; the page starts over.")
+    tus_unfinished_mb_per_client: int = _setting(
+        2048, "Most MB that guests at one client address may have announced in unfinished resumable uploads.")
+    tus_unfinished_mb_per_gallery: int = _setting(
+        8192, "Most MB that guests may have announced in unfinished resumable uploads in one gallery.")
     upload_lead: int = _setting(
         40, "Photos that may wait for a worker before uploads are read only as fast as workers take them; 0: no limit.")
     upload_chunk_mb: int = _setting(
@@ -300,7 +306,8 @@ def _validate(s: Settings) -> None:
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
                 "guest_max_video_seconds",
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",
-                "tus_expiry_hours", "upload_chunk_mb"):
+                "tus_expiry_hours", "tus_idle_minutes", "tus_unfinished_mb_per_client",
+                "tus_unfinished_mb_per_gallery", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
     require(s.upload_lead >= 0, "upload_lead", "must be 0 (no limit) or more")
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")

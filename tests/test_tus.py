@@ -12,11 +12,13 @@ algorithm we do not offer); expiry (the janitor, with trio's autojump clock: 410
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import itertools
 import re
 import time
 from collections.abc import AsyncIterator
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from picpeak_lite.web.app import create_app
 from .conftest import make_settings
 from .factories import photo_jpeg, run_pool_until_idle
 from .harness import ServerProcess, figures, query, write_config
-from .served import Served, prepare, serve
+from .served import CSRF_META, Served, prepare, serve
 
 TUS = {"Tus-Resumable": "1.0.0"}
 OCTETS = {**TUS, "Content-Type": "application/offset+octet-stream"}
@@ -347,6 +349,59 @@ async def test_guest_limits(served: Served) -> None:
         assert closed.status_code == 403 and "does not accept photos" in closed.json()["error"]
 
 
+async def test_upload_metadata_is_capped(served: Served) -> None:
+    async with served.admin() as http:
+        huge = await http.post(served.admin_tus, headers={**TUS, "Upload-Length": "100",
+                                                          "Upload-Metadata": meta(filename="a" * 5000)})
+        assert huge.status_code == 400 and "at most 4 KB" in huge.json()["error"]
+        await create(http, served.admin_tus, 100, filename="a" * 2000)
+    assert sql(served.services, "SELECT count(*) AS n FROM tus_uploads")[0]["n"] == 1
+
+
+@contextlib.asynccontextmanager
+async def guest_at(served: Served, address: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A new guest session whose connections come from ``address`` (127.0.0.x: still this machine)."""
+    transport = httpx.AsyncHTTPTransport(local_address=address)
+    async with httpx.AsyncClient(base_url=served.url, timeout=120, transport=transport) as http:
+        page = await http.get(f"/g/{served.slug}/upload")
+        assert page.status_code == 200
+        csrf = CSRF_META.search(page.text)
+        assert csrf is not None
+        http.headers["X-CSRF-Token"] = csrf.group(1)
+        yield http
+
+
+async def test_guest_reservations_are_capped_per_client_and_per_gallery(tmp_path: Path) -> None:
+    """Guests' unfinished uploads are capped by the bytes they announced: per client address across sessions,
+    and per gallery; 429 with a sentence past a cap; the admin is not held by them; ended uploads free it."""
+    mb = 2**20
+    async with serve(tmp_path, guest_max_file_mb=GUEST_FILE_MB, guest_max_files=3, tus_unfinished_mb_per_client=5,
+                     tus_unfinished_mb_per_gallery=7) as served:
+        async with guest_at(served, "127.0.0.1") as one, guest_at(served, "127.0.0.1") as two:
+            first = await create(one, served.guest_tus, 2 * mb)
+            await create(one, served.guest_tus, 2 * mb)
+            # Another session at the same address shares the address's cap (5 MB): 4 + 2 is too much ...
+            over = await two.post(served.guest_tus, headers={**TUS, "Upload-Length": str(2 * mb)})
+            assert over.status_code == 429 and "from your network" in over.json()["error"]
+            assert int(over.headers["retry-after"]) > 0
+            # ... but 1 MB fits.
+            await create(two, served.guest_tus, 1 * mb)
+            async with guest_at(served, "127.0.0.2") as other:
+                # Another address has its own share, within the gallery's 7 MB: 5 + 2 fits, 5 + 2 + 1 does not.
+                await create(other, served.guest_tus, 2 * mb)
+                full = await other.post(served.guest_tus, headers={**TUS, "Upload-Length": str(1 * mb)})
+                assert full.status_code == 429 and "this gallery" in full.json()["error"]
+                # The admin's uploads are the admin's: guests' reservations do not hold them.
+                async with served.admin() as admin:
+                    await create(admin, served.admin_tus, 100 * mb)
+                # An upload that ends (here: cancelled) frees its share at once.
+                assert (await one.delete(first, headers=TUS)).status_code == 204
+                await create(other, served.guest_tus, 1 * mb)
+        rows = sql(served.services, "SELECT client_ip, sum(upload_length) AS n FROM tus_uploads "
+                                    "WHERE uploaded_by = 'guest' GROUP BY client_ip ORDER BY client_ip")
+        assert [(r["client_ip"], r["n"]) for r in rows] == [("127.0.0.1", 3 * mb), ("127.0.0.2", 3 * mb)]
+
+
 # --- a third-party client -------------------------------------------------------------------------------------------
 
 def tuspy_upload(url: str, path: Path, headers: dict[str, str], *, chunk: int, metadata: dict[str, str],
@@ -465,9 +520,9 @@ async def test_kill_9_mid_chunk_then_resume_from_the_durable_offset(tmp_path: Pa
 
 # --- expiry, on trio's autojump clock -------------------------------------------------------------------------------
 
-async def test_unfinished_uploads_expire_and_the_janitor_removes_their_bytes(
+async def test_unfinished_uploads_expire_when_idle_and_the_janitor_removes_their_bytes(
         tmp_path: Path, autojump_clock: Any) -> None:
-    settings = make_settings(tmp_path, lease_seconds=3600, tus_expiry_hours=24)
+    settings = make_settings(tmp_path, lease_seconds=3600, tus_expiry_hours=24, tus_idle_minutes=15)
     token = prepare(settings)
     base = time.time()
     svc = Services(settings=settings, db=Database(settings.database_path), monotonic=trio.current_time,
@@ -481,8 +536,14 @@ async def test_unfinished_uploads_expire_and_the_janitor_removes_their_bytes(
             answer = await http.post("/api/admin/galleries/1/tus", headers={
                 **auth, **TUS, "Upload-Length": "5000", "Upload-Metadata": meta(filename=name, upload_group=group)})
             assert answer.status_code == 201
+            # A new upload holds its reservation for the idle period, not a day.
+            assert parsedate_to_datetime(answer.headers["Upload-Expires"]).timestamp() <= svc.clock() + 15 * 60
             return answer.headers["Location"]
 
+        def stored(location: str) -> dict[str, Any]:
+            return sql(svc, "SELECT * FROM tus_uploads WHERE id = ?", location.rsplit("/", 1)[1])[0]
+
+        created = svc.clock()
         idle, busy = await start("idle.jpg", "b"), await start("busy.jpg", "b")
         for location in (idle, busy):
             answer = await http.patch(location, data=b"\xff" * 1000, headers={**auth, **OCTETS, "Upload-Offset": "0"})
@@ -490,31 +551,50 @@ async def test_unfinished_uploads_expire_and_the_janitor_removes_their_bytes(
         # The janitor's passes run at the moments the test picks: run as a task beside requests, the autojump
         # clock would also jump while a request waits for a thread (trio counts that task as blocked).
         janitor = Janitor(svc)
-        await trio.sleep(20 * 3600)
+        await trio.sleep(10 * 60)
         await janitor.reconcile()
-        # The busy one sends a chunk: its expiry slides 24 h on from now.
+        # The busy one sends a chunk: its expiry slides 15 minutes on from now (and the answer says so).
         answer = await http.patch(busy, data=b"\xff" * 1000, headers={**auth, **OCTETS, "Upload-Offset": "1000"})
         assert answer.status_code == 204
-        await trio.sleep(5 * 3600)
-        # Past its expiry, before the janitor's pass: already 410.
+        expires = parsedate_to_datetime(answer.headers["Upload-Expires"]).timestamp()
+        assert svc.clock() + 14 * 60 <= expires <= svc.clock() + 15 * 60
+        assert abs(stored(busy)["expires_at"] - expires) < 1
+        # An empty PATCH is no progress: it moves nothing.
+        answer = await http.patch(busy, data=b"", headers={**auth, **OCTETS, "Upload-Offset": "2000"})
+        assert answer.status_code == 204 and abs(stored(busy)["expires_at"] - expires) < 1
+        await trio.sleep(10 * 60)
+        # Idle for 20 minutes, before the janitor's pass: already 410, and its reservation no longer counts.
         assert (await http.head(idle, headers={**auth, **TUS})).status_code == 410
         assert resumable.partial_path(svc.storage, idle.rsplit("/", 1)[1]).exists()
+        assert sql(svc, "SELECT count(*) AS n FROM tus_uploads WHERE expires_at >= ?", svc.clock())[0]["n"] == 1
         await janitor.reconcile()
         assert (await http.head(idle, headers={**auth, **TUS})).status_code == 410
         assert (await http.patch(idle, data=b"x", headers={**auth, **OCTETS, "Upload-Offset": "1000"})
                 ).status_code == 410
         assert not resumable.partial_path(svc.storage, idle.rsplit("/", 1)[1]).exists()
+        tombstone = stored(idle)
+        assert tombstone["state"] == "expired" and tombstone["metadata"] == ""  # a tombstone keeps no metadata
         assert (await http.head(busy, headers={**auth, **TUS})).status_code == 200
-        # The group waits for its busy file; when that one expires too, the group (no photo) goes.
         assert sql(svc, "SELECT count(*) AS n FROM uploads")[0]["n"] == 1
-        await trio.sleep(24 * 3600)
-        await janitor.reconcile()
+        # A trickle (one byte every 14 minutes) keeps the busy one alive, but never past a day from its creation.
+        offset = 2000
+        while svc.clock() < created + 24 * 3600:
+            answer = await http.patch(busy, data=b"\xff", headers={**auth, **OCTETS, "Upload-Offset": str(offset)})
+            if answer.status_code == 410:
+                break
+            assert answer.status_code == 204
+            offset += 1
+            assert stored(busy)["expires_at"] <= created + 24 * 3600
+            await trio.sleep(14 * 60)
         assert (await http.head(busy, headers={**auth, **TUS})).status_code == 410
+        # The group waited for its busy file; now that it expired too, the group (no photo) goes.
+        await janitor.reconcile()
         assert sql(svc, "SELECT count(*) AS n FROM uploads")[0]["n"] == 0
         assert list((svc.storage.tmp_dir / resumable.TUS_DIR).iterdir()) == []
         # Tombstones are forgotten after another period: unknown (404) from then on.
         await trio.sleep(25 * 3600)
         await janitor.reconcile()
         assert (await http.head(idle, headers={**auth, **TUS})).status_code == 404
+        assert sql(svc, "SELECT count(*) AS n FROM tus_uploads")[0]["n"] == 0
     finally:
         svc.db.close()

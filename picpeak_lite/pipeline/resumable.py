@@ -22,9 +22,21 @@ Two uploads of the same file never write at once: a new request for an upload th
 writing (a client that reconnected before the server noticed the old connection drop) cancels the old one,
 which records what it had, and then goes on from the offset it learns.
 
-Expiry: an unfinished upload expires ``tus_expiry_hours`` after its last chunk; the janitor (:func:`expire`)
-removes its bytes and leaves a tombstone (410) for another such period; a finished upload's row is kept as
-long, so that a client that lost the last answer can still learn its photo.
+Reservations are charged to their owner (issue 27). An unfinished upload holds the bytes it announced: for
+the disk check at creation they count against the party that made them only (the admin, or the guests at one
+client address), never against anyone else, so a stranger's empty uploads cannot make the disk look full to
+others (a chunk's own write still checks the real free space). A guest's announced length is charged to its
+upload budget at creation (``web/views/tus.py``), and guests' unfinished uploads are capped, from the
+database and so across sessions and restarts: ``tus_unfinished_mb_per_client`` bytes and
+:data:`CLIENT_FILES_PER_SESSION_CAP` times ``guest_max_files`` uploads per client address, and
+``tus_unfinished_mb_per_gallery`` bytes per gallery (429 past them, as a budget would); ``Upload-Metadata`` is
+at most :data:`METADATA_MAX` bytes (it is stored with the row).
+
+Expiry: an unfinished upload expires ``tus_idle_minutes`` after its last progress (its creation, or a chunk
+that added bytes), and at the latest ``tus_expiry_hours`` after its creation: a trickle of bytes cannot hold a
+reservation for long. Expired, it answers 410 at once and stops counting; the janitor (:func:`expire`) removes
+its bytes and leaves a small tombstone (410, without its metadata) for ``tus_expiry_hours``; a finished
+upload's row is kept as long, so that a client that lost the last answer can still learn its photo.
 """
 
 from __future__ import annotations
@@ -35,15 +47,24 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import trio
 
-from picpeak_lite.config import WebhookEndpoint
-from picpeak_lite.errors import AppError, BadRequest, Conflict, Gone, NotFound, TooLarge, UnsupportedMedia
+from picpeak_lite.config import Settings, WebhookEndpoint
+from picpeak_lite.errors import (
+    AppError,
+    BadRequest,
+    Conflict,
+    Gone,
+    NotFound,
+    TooLarge,
+    TooManyRequests,
+    UnsupportedMedia,
+)
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.pipeline.intake import (
@@ -71,6 +92,9 @@ CHECKSUMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256}
 GROUP_KEY = re.compile(r"[A-Za-z0-9._~-]{1,64}")
 LOST = "The bytes of this upload were lost on the server; please send the file again."
 REFUSALS: dict[int, type[AppError]] = {413: TooLarge, 415: UnsupportedMedia, 409: Conflict}
+METADATA_MAX = 4096  # Upload-Metadata, as sent: a file name, a type, a guest name and a group key need far less
+CLIENT_FILES_PER_SESSION_CAP = 5  # one address's unfinished uploads: as many as 5 sessions', as its budgets are
+RESERVATION_RETRY_SECONDS = 60  # Retry-After when a cap on unfinished uploads is reached: others end meanwhile
 
 _WRITERS: PerRun[dict[str, _Writer]] = PerRun("picpeak_tus_writers", dict)
 
@@ -111,14 +135,24 @@ def partial_path(storage: Storage, tus_id: str) -> Path:
 
 
 def expiry_seconds(svc: Services) -> float:
+    """How long a finished upload or a tombstone is remembered, and the longest an upload may take in all."""
     return svc.settings.tus_expiry_hours * 3600.0
 
 
+def idle_expiry(svc: Services, created_at: float, now: float) -> float:
+    """When an unfinished upload that made progress at ``now`` expires: ``tus_idle_minutes`` on, but never past
+    ``tus_expiry_hours`` after its creation."""
+    return min(now + svc.settings.tus_idle_minutes * 60.0, created_at + expiry_seconds(svc))
+
+
 def parse_metadata(header: str | None) -> dict[str, bytes]:
-    """``Upload-Metadata``: comma-separated ``key base64value`` pairs (the value may be left out)."""
+    """``Upload-Metadata``: comma-separated ``key base64value`` pairs (the value may be left out), at most
+    :data:`METADATA_MAX` bytes (it is stored with the upload)."""
     pairs: dict[str, bytes] = {}
     if not header or not header.strip():
         return pairs
+    if len(header) > METADATA_MAX:
+        raise BadRequest(f"Upload-Metadata may be at most {METADATA_MAX // 1024} KB; send a shorter file name.")
     for item in header.split(","):
         parts = item.strip().split(" ")
         key = parts[0]
@@ -154,9 +188,10 @@ def text(meta: dict[str, bytes], *keys: str) -> str | None:
 # --- creation ----------------------------------------------------------------------------------------------
 
 async def create(svc: Services, *, authorize: Authorize, owner: Owner, limits: Limits, length: int,
-                 metadata: str | None) -> Row:
-    """A new upload for ``owner``: checked against the same limits as a multipart file before any byte is sent
-    (size, the gallery's cap, the disk reserve counting what other unfinished uploads still announce)."""
+                 metadata: str | None, client_ip: str | None) -> Row:
+    """A new upload for ``owner`` at ``client_ip``: checked against the same limits as a multipart file before
+    any byte is sent (size, the gallery's cap, the disk reserve counting what this party's other unfinished
+    uploads still announce), and a guest's against the caps on unfinished uploads."""
     meta = parse_metadata(metadata)
     if length > limits.max_file_bytes:
         raise TooLarge(f"The file is larger than the limit of {limits.max_file_bytes // MB} MB.")
@@ -168,7 +203,7 @@ async def create(svc: Services, *, authorize: Authorize, owner: Owner, limits: L
     if owner.uploaded_by == "guest":
         guest_name = clean_guest_name(text(meta, "guest_name")) or owner.guest_name
     now = svc.clock()
-    outstanding = await svc.db.read(tus_q.outstanding_bytes, now)
+    outstanding = await svc.db.read(tus_q.outstanding_bytes, owner.uploaded_by, client_ip, now)
     await trio.to_thread.run_sync(svc.storage.ensure_space, length + outstanding, limiter=io_limiter())
     tus_id = secrets.token_hex(16)
     path = partial_path(svc.storage, tus_id)
@@ -176,7 +211,7 @@ async def create(svc: Services, *, authorize: Authorize, owner: Owner, limits: L
     try:
         return await svc.db.write(
             _create_row, authorize, owner, limits, tus_id, group_key, length, metadata or "", filename, guest_name,
-            svc.settings.gallery_photo_cap, now, now + expiry_seconds(svc))
+            client_ip, svc.settings, now, idle_expiry(svc, now, now))
     except BaseException:
         remove_quietly(path)
         raise
@@ -192,16 +227,18 @@ def _create_file(path: Path) -> None:
 
 def _create_row(conn: Connection, authorize: Authorize, owner: Owner, limits: Limits, tus_id: str,
                 group_key: str | None, length: int, metadata: str, filename: str, guest_name: str | None,
-                default_cap: int, now: float, expires_at: float) -> Row:
+                client_ip: str | None, settings: Settings, now: float, expires_at: float) -> Row:
     gallery = authorize(conn)
-    cap = gallery["photo_cap"] or default_cap
+    cap = gallery["photo_cap"] or settings.gallery_photo_cap
     if photo_q.count_in_gallery(conn, gallery["id"]) >= cap:
         raise Conflict(gallery_full(cap))
-    unfinished = tus_q.unfinished_of_owner(conn, gallery["id"], owner.uploaded_by, owner.guest_session_id)
+    unfinished = tus_q.unfinished_of_owner(conn, gallery["id"], owner.uploaded_by, owner.guest_session_id, now)
     most = limits.max_files or 1
     if unfinished >= most:
         raise Conflict(f"You have {unfinished} unfinished uploads in this gallery, the most allowed at once; "
                        "finish or cancel some of them first.")
+    if owner.uploaded_by == "guest":
+        _check_guest_reservations(conn, gallery["id"], client_ip, length, settings, now)
     upload_id = None
     if group_key is not None:
         upload_id = tus_q.open_group(conn, gallery["id"], owner.uploaded_by, owner.guest_session_id, group_key)
@@ -215,10 +252,33 @@ def _create_row(conn: Connection, authorize: Authorize, owner: Owner, limits: Li
         tus_q.extend_group(conn, upload_id, expires_at)
     tus_q.insert(conn, tus_id=tus_id, gallery_id=gallery["id"], uploaded_by=owner.uploaded_by,
                  guest_session_id=owner.guest_session_id, upload_id=upload_id, group_key=group_key, length=length,
-                 metadata=metadata, filename=filename, guest_name=guest_name, now=now, expires_at=expires_at)
+                 metadata=metadata, filename=filename, guest_name=guest_name, client_ip=client_ip, now=now,
+                 expires_at=expires_at)
     row = tus_q.get(conn, tus_id)
     assert row is not None
     return row
+
+
+def _check_guest_reservations(conn: Connection, gallery_id: int, client_ip: str | None, length: int,
+                              settings: Settings, now: float) -> None:
+    """A guest's new upload fits the caps on unfinished uploads, or is refused (429) until some end. Checked
+    in the write transaction that inserts the row, so that requests at once cannot all slip under a cap."""
+    if client_ip is not None:
+        count, announced = tus_q.guest_unfinished_of_client(conn, client_ip, now)
+        if count >= CLIENT_FILES_PER_SESSION_CAP * settings.guest_max_files:
+            raise TooManyRequests(RESERVATION_RETRY_SECONDS, (
+                f"There are {count} unfinished uploads from your network, the most allowed at once; "
+                "finish or cancel some of them, or wait a little and retry."))
+        if announced + length > settings.tus_unfinished_mb_per_client * MB:
+            raise TooManyRequests(RESERVATION_RETRY_SECONDS, (
+                f"Unfinished uploads from your network already hold {announced // MB} MB of the "
+                f"{settings.tus_unfinished_mb_per_client} MB allowed at once; finish some first, "
+                "or wait a little and retry."))
+    in_gallery = tus_q.guest_unfinished_bytes_in_gallery(conn, gallery_id, now)
+    if in_gallery + length > settings.tus_unfinished_mb_per_gallery * MB:
+        raise TooManyRequests(RESERVATION_RETRY_SECONDS, (
+            f"Guests' unfinished uploads to this gallery already hold {in_gallery // MB} MB of the "
+            f"{settings.tus_unfinished_mb_per_gallery} MB allowed at once; please wait a little and retry."))
 
 
 # --- looking an upload up ------------------------------------------------------------------------------------
@@ -296,7 +356,7 @@ async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[
                 new_offset = await chunk.settle()
                 if new_offset != offset:
                     await svc.db.write(_record_offset, tus_id, current["upload_id"], new_offset,
-                                       svc.clock() + expiry_seconds(svc))
+                                       idle_expiry(svc, current["created_at"], svc.clock()))
         return new_offset
     finally:
         _release(tus_id, writer)
@@ -409,8 +469,7 @@ def _close_at(f: BinaryIO | None, path: Path, end: int) -> None:
 
 # --- finishing -----------------------------------------------------------------------------------------------
 
-async def finish(svc: Services, row: Row, *, authorize: Authorize, limits: Limits,
-                 on_accepted: Callable[[int], None] | None = None) -> Finished:
+async def finish(svc: Services, row: Row, *, authorize: Authorize, limits: Limits) -> Finished:
     """The last byte is durable: the file goes through the intake as the photo of the row's group. A refused
     file ends its upload with the reason (413, 415, 409 or 400); any other failure leaves the upload as it is,
     complete, so that an empty PATCH at its end tries again."""
@@ -437,8 +496,6 @@ async def finish(svc: Services, row: Row, *, authorize: Authorize, limits: Limit
         raise REFUSALS.get(entry.status, BadRequest)(entry.error, errors=[entry.to_json()])
     if not entry.duplicate:
         svc.workers_bell.ring()
-    if on_accepted is not None:
-        on_accepted(size)
     await _end(svc, tus_id, entry)
     done = await svc.db.read(tus_q.get, tus_id)
     upload_id = intake.upload_id if done is None else done["upload_id"]
@@ -506,7 +563,8 @@ async def expire(svc: Services) -> int:
     unfinished upload owns (a crash between the file and its row, a deleted gallery) go. Returns how many
     uploads expired."""
     now = svc.clock()
-    rows = await svc.db.write(_expire_rows, svc.settings.webhooks, now, now + expiry_seconds(svc))
+    busy = sorted(_WRITERS.get())  # a chunk still arriving (slowly) records its progress and expiry on its way out
+    rows = await svc.db.write(_expire_rows, svc.settings.webhooks, now, now + expiry_seconds(svc), busy)
     keep = await svc.db.read(tus_q.receiving_ids)
     await trio.to_thread.run_sync(_remove_partials, svc.storage, [r["id"] for r in rows], keep, now,
                                   limiter=io_limiter())
@@ -517,9 +575,9 @@ async def expire(svc: Services) -> int:
 
 
 def _expire_rows(conn: Connection, endpoints: tuple[WebhookEndpoint, ...], now: float,
-                 tombstone_until: float) -> list[Row]:
+                 tombstone_until: float, busy: list[str]) -> list[Row]:
     tus_q.forget_old(conn, now)
-    rows = tus_q.expire_due(conn, now, tombstone_until)
+    rows = tus_q.expire_due(conn, now, tombstone_until, busy)
     for upload_id in sorted({r["upload_id"] for r in rows if r["upload_id"] is not None}):
         close_group_if_last(conn, endpoints, upload_id, now)
     return rows

@@ -355,6 +355,13 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE type = 'table' AND name = 'photos';
     PRAGMA writable_schema = RESET;
     """,
+    # tus reservations charged to their owner (issue 27): the client address that created an unfinished upload,
+    # so that guests' announced bytes are capped per address across sessions (pipeline/resumable.py). NULL on
+    # rows made before this step (they count against no address).
+    """
+    ALTER TABLE tus_uploads ADD COLUMN client_ip TEXT;
+    CREATE INDEX tus_uploads_client ON tus_uploads(client_ip) WHERE state = 'receiving';
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -6,6 +6,8 @@ writes, each a sync ``fn(conn, ...)`` run inside ``Database.read`` / ``Database.
 
 from __future__ import annotations
 
+import json
+
 from picpeak_lite.store.db import Connection, Row
 
 RECEIVING = "receiving"
@@ -15,13 +17,13 @@ EXPIRED = "expired"
 
 def insert(conn: Connection, *, tus_id: str, gallery_id: int, uploaded_by: str, guest_session_id: int | None,
            upload_id: str, group_key: str | None, length: int, metadata: str, filename: str,
-           guest_name: str | None, now: float, expires_at: float) -> None:
+           guest_name: str | None, client_ip: str | None, now: float, expires_at: float) -> None:
     conn.execute(
         "INSERT INTO tus_uploads (id, gallery_id, uploaded_by, guest_session_id, upload_id, group_key, "
-        "upload_length, metadata, filename, guest_name, created_at, expires_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "upload_length, metadata, filename, guest_name, client_ip, created_at, expires_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (tus_id, gallery_id, uploaded_by, guest_session_id, upload_id, group_key, length, metadata, filename,
-         guest_name, now, expires_at),
+         guest_name, client_ip, now, expires_at),
     )
 
 
@@ -47,22 +49,46 @@ def count_in_group(conn: Connection, upload_id: str) -> int:
 
 
 def unfinished_of_owner(conn: Connection, gallery_id: int, uploaded_by: str,
-                        guest_session_id: int | None) -> int:
+                        guest_session_id: int | None, now: float) -> int:
     rows = conn.execute(
         "SELECT count(*) AS n FROM tus_uploads WHERE gallery_id = ? AND uploaded_by = ? AND guest_session_id IS ? "
-        "AND state = 'receiving'",
-        (gallery_id, uploaded_by, guest_session_id),
+        "AND state = 'receiving' AND expires_at >= ?",
+        (gallery_id, uploaded_by, guest_session_id, now),
     ).fetchall()
     return rows[0]["n"]
 
 
-def outstanding_bytes(conn: Connection, now: float) -> int:
-    """Bytes that unfinished, unexpired uploads have announced and not sent yet: they count against the disk
-    reserve when a new upload is created."""
+def outstanding_bytes(conn: Connection, uploaded_by: str, client_ip: str | None, now: float) -> int:
+    """Bytes that one party's unfinished, unexpired uploads have announced and not sent yet: they count against
+    the disk reserve when that party creates another upload. A party is the admin, or the guests at one client
+    address; nobody's reservations are counted against anyone else, so a stranger cannot make the disk look
+    full to others (each guest party's are capped, see :func:`guest_unfinished_of_client`)."""
     rows = conn.execute(
         "SELECT coalesce(sum(upload_length - upload_offset), 0) AS n FROM tus_uploads "
-        "WHERE state = 'receiving' AND expires_at >= ?",
-        (now,),
+        "WHERE state = 'receiving' AND expires_at >= ? AND uploaded_by = ? "
+        "AND (uploaded_by = 'admin' OR client_ip IS ?)",
+        (now, uploaded_by, client_ip),
+    ).fetchall()
+    return rows[0]["n"]
+
+
+def guest_unfinished_of_client(conn: Connection, client_ip: str, now: float) -> tuple[int, int]:
+    """Guests' unfinished, unexpired uploads created from ``client_ip`` (all sessions, all galleries): how many,
+    and the bytes they announced."""
+    row = conn.execute(
+        "SELECT count(*) AS n, coalesce(sum(upload_length), 0) AS bytes FROM tus_uploads "
+        "WHERE client_ip = ? AND state = 'receiving' AND uploaded_by = 'guest' AND expires_at >= ?",
+        (client_ip, now),
+    ).fetchall()[0]
+    return row["n"], row["bytes"]
+
+
+def guest_unfinished_bytes_in_gallery(conn: Connection, gallery_id: int, now: float) -> int:
+    """The bytes guests' unfinished, unexpired uploads in one gallery announced."""
+    rows = conn.execute(
+        "SELECT coalesce(sum(upload_length), 0) AS n FROM tus_uploads "
+        "WHERE gallery_id = ? AND state = 'receiving' AND uploaded_by = 'guest' AND expires_at >= ?",
+        (gallery_id, now),
     ).fetchall()
     return rows[0]["n"]
 
@@ -100,12 +126,14 @@ def receiving_in_group(conn: Connection, upload_id: str) -> int:
     return rows[0]["n"]
 
 
-def expire_due(conn: Connection, now: float, tombstone_until: float) -> list[Row]:
-    """Unfinished uploads past their expiry become tombstones (410 from now on); returns them (their bytes go)."""
+def expire_due(conn: Connection, now: float, tombstone_until: float, busy: list[str]) -> list[Row]:
+    """Unfinished uploads past their expiry become tombstones (410 from now on); returns them (their bytes go).
+    A tombstone keeps only what a 410 needs: its metadata (up to a few KB) is dropped. ``busy``: uploads a
+    request is writing now, left alone (that request records their progress)."""
     return conn.execute(
-        "UPDATE tus_uploads SET state = 'expired', expires_at = ? WHERE state = 'receiving' AND expires_at < ? "
-        "RETURNING *",
-        (tombstone_until, now),
+        "UPDATE tus_uploads SET state = 'expired', expires_at = ?, metadata = '', guest_name = NULL "
+        "WHERE state = 'receiving' AND expires_at < ? AND id NOT IN (SELECT value FROM json_each(?)) RETURNING *",
+        (tombstone_until, now, json.dumps(busy)),
     ).fetchall()
 
 

@@ -20,10 +20,13 @@ on the status route and ``/ws/uploads/<id>``; absent when the group has no photo
 A file the intake refuses ends its upload, and that ``PATCH`` is answered as a multipart file's refusal would
 be (413, 415, 409 or 400, with ``{"error": ...}``).
 
-Guest budgets: creating an upload costs one request of the guest's upload budget (``ratelimit.py``), and its
-bytes are charged when it is accepted, as for multipart. A request refused before its body was read has the
-rest read and dropped (up to DRAIN_MAX; beyond that the answer says ``Connection: close``): an HTTP client
-reads the answer only once it has sent its body, so a 409 would otherwise reach it only at its timeout.
+Guest budgets: creating an upload costs one request of the guest's upload budget (``ratelimit.py``), and the
+length it announces is charged to the byte budgets (session and address) at once: an announced upload holds
+its bytes whether or not any arrive (``pipeline/resumable.py`` caps what guests may hold unfinished).
+
+A request refused before its body was read has the rest read and dropped (up to DRAIN_MAX; beyond that the
+answer says ``Connection: close``): an HTTP client reads the answer only once it has sent its body, so a 409
+would otherwise reach it only at its timeout.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ async def admin_create(gallery_id: int) -> Any:
     _check_protocol()
     authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)
     return await _create(authorize, Limits.admin(services().settings), Owner("admin"),
-                         lambda tus_id: url_for("tus.admin_upload", gallery_id=gallery_id, tus_id=tus_id))
+                         lambda tus_id: url_for("tus.admin_upload", gallery_id=gallery_id, tus_id=tus_id),
+                         client_ip=client_ip())
 
 
 @blueprint.route("/api/admin/galleries/<int:gallery_id>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"])
@@ -126,15 +130,14 @@ async def guest_create(slug: str) -> Any:
     budgets.take(owner.guest_session_id or 0, ip)
     return await _create(authorize, Limits.guest(services().settings), owner,
                          lambda tus_id: url_for("tus.guest_upload", slug=slug, tus_id=tus_id),
-                         on_accepted=_charge(owner, ip))
+                         client_ip=ip, on_created=_charge(owner, ip))
 
 
 @blueprint.route("/api/g/<slug>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"])
 async def guest_upload(slug: str, tus_id: str) -> Any:
     owner, authorize, gallery = await _guest(slug)
     _check_protocol()
-    return await _upload(tus_id, gallery["id"], authorize, Limits.guest(services().settings), owner,
-                         on_accepted=_charge(owner, client_ip()))
+    return await _upload(tus_id, gallery["id"], authorize, Limits.guest(services().settings), owner)
 
 
 async def _guest(slug: str) -> tuple[Owner, Authorize, dict[str, Any]]:
@@ -184,17 +187,22 @@ def _number(name: str) -> int:
 
 
 async def _create(authorize: Authorize, file_limits: Limits, owner: Owner, location: Callable[[str], str], *,
-                  on_accepted: Callable[[int], None] | None = None) -> Any:
+                  client_ip: str, on_created: Callable[[int], None] | None = None) -> Any:
     if "Upload-Defer-Length" in request.headers:
         raise BadRequest("Upload-Defer-Length is not supported: send Upload-Length.")
     length = _number("Upload-Length")
     if length == 0:
         raise BadRequest("The file is empty: an empty file is not a photo.")
     row = await resumable.create(services(), authorize=authorize, owner=owner, limits=file_limits, length=length,
-                                 metadata=request.headers.get("Upload-Metadata"))
+                                 metadata=request.headers.get("Upload-Metadata"), client_ip=client_ip)
+    if on_created is not None:
+        on_created(length)
     headers = {"Location": location(row["id"]), "Upload-Expires": _http_date(row["expires_at"])}
     if request.mimetype == OFFSET_TYPE:  # creation-with-upload: the body is the first chunk
-        offset, done = await _receive(row, 0, authorize, file_limits, on_accepted)
+        offset, done = await _receive(row, 0, authorize, file_limits)
+        if done is None and offset > 0:
+            headers["Upload-Expires"] = _http_date(resumable.idle_expiry(services(), row["created_at"],
+                                                                         services().clock()))
         headers["Upload-Offset"] = str(offset)
         headers.update(_finished_headers(done))
     elif not request.content_length:
@@ -202,8 +210,7 @@ async def _create(authorize: Authorize, file_limits: Limits, owner: Owner, locat
     return "", 201, headers
 
 
-async def _upload(tus_id: str, gallery_id: int, authorize: Authorize, file_limits: Limits, owner: Owner, *,
-                  on_accepted: Callable[[int], None] | None = None) -> Any:
+async def _upload(tus_id: str, gallery_id: int, authorize: Authorize, file_limits: Limits, owner: Owner) -> Any:
     svc = services()
     row = await resumable.find(svc, tus_id, gallery_id, owner)
     if request.method == "HEAD":
@@ -231,15 +238,16 @@ async def _upload(tus_id: str, gallery_id: int, authorize: Authorize, file_limit
         g.tus_drained = True
         again = await resumable.finished(svc, row)
         return "", 204, {"Upload-Offset": str(row["upload_length"]), **_finished_headers(again)}
-    new_offset, done = await _receive(row, offset, authorize, file_limits, on_accepted, checksum)
+    new_offset, done = await _receive(row, offset, authorize, file_limits, checksum)
     headers = {"Upload-Offset": str(new_offset), **_finished_headers(done)}
-    if done is None:
-        headers["Upload-Expires"] = _http_date(svc.clock() + resumable.expiry_seconds(svc))
+    if done is None:  # a chunk that added bytes moved the expiry on (resumable.idle_expiry); an empty one did not
+        expires = row["expires_at"] if new_offset == offset else resumable.idle_expiry(svc, row["created_at"],
+                                                                                       svc.clock())
+        headers["Upload-Expires"] = _http_date(expires)
     return "", 204, headers
 
 
 async def _receive(row: Row, offset: int, authorize: Authorize, file_limits: Limits,
-                   on_accepted: Callable[[int], None] | None,
                    checksum: tuple[str, bytes] | None = None) -> tuple[int, Finished | None]:
     """Write the body at ``offset``; when that completes the file, hand it to the intake."""
     svc = services()
@@ -250,8 +258,7 @@ async def _receive(row: Row, offset: int, authorize: Authorize, file_limits: Lim
     g.tus_drained = True
     if new_offset < row["upload_length"]:
         return new_offset, None
-    return new_offset, await resumable.finish(svc, row, authorize=authorize, limits=file_limits,
-                                              on_accepted=on_accepted)
+    return new_offset, await resumable.finish(svc, row, authorize=authorize, limits=file_limits)
 
 
 def _finished_headers(done: Finished | None) -> dict[str, str]:
