@@ -31,6 +31,8 @@
 // reload asks the server where it got to (HEAD) and goes on from there. A dropped connection is retried with
 // backoff from the offset the server reports; while the browser is offline the file waits ("paused") and goes
 // on by itself when it is back online. item.sent counts bytes the server has acknowledged plus those in flight.
+// An upload the server no longer has (404 or 410: it expired after tus_idle_minutes without a byte, say a phone
+// that slept) is started again from the first byte, at most MAX_RESTARTS times per file.
 //
 // Following an accepted upload is PicpeakLive.watchUpload's job (WebSocket, with its own polling fallback):
 // this module never polls. It needs http.js and live.js loaded before it.
@@ -59,6 +61,7 @@
   // --- tus: the resumable protocol (the server side is web/views/tus.py) --------------------------------------
   const TUS_STORE = "picpeak-tus:";
   const MAX_FAILURES = 10;  // in a row, while online; then the file is "unsent" and Retry resumes it
+  const MAX_RESTARTS = 3;  // an upload the server lost (expired) is created afresh at most this often per file
   const live = new Set();   // XHRs in flight: aborted when the browser goes offline, so they fail at once
 
   window.addEventListener("offline", () => { for (const xhr of live) xhr.abort(); });
@@ -236,7 +239,7 @@
       const group = randomKey();
       const ready = [];
       for (const item of batch) if (await tusPrepare(item, group)) ready.push(item);
-      for (const item of ready) if (item.state === "sending") await tusTransfer(item);
+      for (const item of ready) if (item.state === "sending") await tusTransfer(item, group);
       active -= 1;
       pump();
       if (!frame) frame = requestAnimationFrame(flush);
@@ -293,7 +296,16 @@
       return true;
     };
 
-    const tusTransfer = async (item) => {
+    // The upload is gone on the server (expired or unknown): forget it and create it afresh. False when it may not.
+    const tusRestart = async (item, group) => {
+      store.remove(item.tusKey);
+      item.restarts = (item.restarts || 0) + 1;
+      if (item.restarts > MAX_RESTARTS) return false;
+      touch(item, { sent: 0, resumed: false, paused: false, error: null });
+      return tusPrepare(item, group);
+    };
+
+    const tusTransfer = async (item, group) => {
       let failures = 0;
       for (;;) {
         const start = item.offset;
@@ -311,7 +323,10 @@
           continue;
         }
         if (!transient(answer)) {
-          if (answer.status === 404 || answer.status === 410) store.remove(item.tusKey);
+          if (answer.status === 404 || answer.status === 410) {
+            if (await tusRestart(item, group)) continue;
+            if (item.state !== "sending") return;  // the new upload was refused (tusPrepare said why)
+          }
           tusFailed(item, answer);
           return;
         }
@@ -321,7 +336,10 @@
         // Where did the server get to? It keeps what arrived of a cut-off chunk.
         const head = await persist(item, () => tusRequest("HEAD", item.tusUrl));
         if (head.status !== 200) {
-          if (head.status === 404 || head.status === 410) store.remove(item.tusKey);
+          if (head.status === 404 || head.status === 410) {
+            if (await tusRestart(item, group)) { failures = 0; continue; }
+            if (item.state !== "sending") return;
+          }
           tusFailed(item, head);
           return;
         }
