@@ -6,7 +6,9 @@ Protocol rules checked here: OPTIONS capabilities; 412 without Tus-Resumable; cr
 Upload-Expires, Upload-Metadata) and creation-with-upload; HEAD (Upload-Offset, Upload-Length, no-store);
 PATCH (204, 415 on a wrong Content-Type, 409 on an offset mismatch, 413 past Upload-Length); 404 for an unknown
 upload and for someone else's; termination; checksum (sha1 and sha256, 460 and the chunk discarded, 400 for an
-algorithm we do not offer); expiry (the janitor, with trio's autojump clock: 410, bytes gone).
+algorithm we do not offer); expiry (the janitor, with trio's autojump clock: idle for tus_idle_minutes or a day
+after creation, 410, bytes gone, a tombstone without metadata). Reservations (issue 27): Upload-Metadata capped;
+guests' unfinished announced bytes capped per client address (across sessions) and per gallery, never the admin's.
 """
 
 from __future__ import annotations
