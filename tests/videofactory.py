@@ -119,3 +119,47 @@ def truncated(source: Path, target: Path, keep: float = 0.5) -> Path:
     data = source.read_bytes()
     target.write_bytes(data[: int(len(data) * keep)])
     return target
+
+
+def _boxes(data: bytes | bytearray, start: int, end: int) -> list[tuple[bytes, int, int]]:
+    """The boxes between ``start`` and ``end``: (type, offset of the box, its end); 32-bit sizes only (enough
+    for the factory's own small files)."""
+    found, at = [], start
+    while at + 8 <= end:
+        size, kind = int.from_bytes(data[at : at + 4], "big"), bytes(data[at + 4 : at + 8])
+        if size < 8:
+            break
+        found.append((kind, at, at + size))
+        at += size
+    return found
+
+
+def _find(data: bytes | bytearray, path: list[bytes], start: int = 0, end: int | None = None) -> list[int]:
+    """Offsets of every box at ``path`` (e.g. moov/trak/mdia/minf/stbl/stsz)."""
+    end = len(data) if end is None else end
+    hits = []
+    for kind, at, stop in _boxes(data, start, end):
+        if kind == path[0]:
+            hits += [at] if len(path) == 1 else _find(data, path[1:], at + 8, stop)
+    return hits
+
+
+STBL = [b"moov", b"trak", b"mdia", b"minf", b"stbl"]
+
+
+def sample_table_bomb(path: Path, *, samples: int = 10_000_000, variant: int = 0) -> Path:
+    """A real 64x64 H.264 MP4 (about 2 KB) whose sample tables claim ``samples`` one-byte samples of one tick
+    each in one chunk: ``stsz`` a constant size of 1, ``stts`` one run of ``samples``, ``stsc`` one chunk of
+    ``samples``. Every box keeps its size (the tables' old entries are left as unread bytes), so the file is as
+    well-formed as before; only the counts lie. FFmpeg builds an index entry per claimed sample (about 75
+    bytes each) before it reads a frame. ``variant`` changes the clip's colours so files differ."""
+    make_clip(path, width=64, height=64, fps=10, frames=3 + variant % 5, crf=40)
+    data = bytearray(path.read_bytes())
+    (stsz,) = _find(data, [*STBL, b"stsz"])
+    data[stsz + 12 : stsz + 20] = (1).to_bytes(4, "big") + samples.to_bytes(4, "big")
+    (stts,) = _find(data, [*STBL, b"stts"])
+    data[stts + 12 : stts + 24] = (1).to_bytes(4, "big") + samples.to_bytes(4, "big") + (1).to_bytes(4, "big")
+    (stsc,) = _find(data, [*STBL, b"stsc"])
+    data[stsc + 12 : stsc + 28] = b"".join(n.to_bytes(4, "big") for n in (1, 1, samples, 1))
+    path.write_bytes(bytes(data))
+    return path

@@ -54,6 +54,8 @@ UNSUPPORTED = "Not a supported video (MP4, MOV, M4V or WebM)"
 CORRUPT = "The video file is truncated or corrupt"
 NO_VIDEO = "The file has no video track (is it audio only?)"
 NO_FRAMES = "The video has no frame that could be decoded: the file is truncated, empty or corrupt"
+INDEX_CLAIMS = "The video's index claims {count:,} frames in a {size:,}-byte file; it is damaged."
+INDEX_TABLE = "The video's index is damaged: its {box} table claims {count:,} entries in {room:,} bytes."
 
 
 class InvalidVideo(ValueError):
@@ -152,7 +154,141 @@ def _container_name(path: str) -> str:
         container_name = sniff_container(fp.read(64))
     if container_name is None:
         raise InvalidVideo(UNSUPPORTED)
+    if container_name in ("mp4", "mov"):
+        check_index(path)
     return container_name
+
+
+# --- the MP4/MOV index, checked before FFmpeg reads it ------------------------------------------------------
+# FFmpeg's MOV demuxer builds an index entry (about 75 bytes with its side tables) for every sample the sample
+# tables claim, before it decodes a frame: a 2 KB file whose stsz/stts/stsc claim 10 million samples made a
+# probe child take 730 MB. A sample is at least one byte of the file and a table entry is its bytes in the
+# box, so a claim larger than the file is a lie that costs nothing to spot. Only box headers and the stts/ctts
+# runs are read (seeks, never past the file's end, never more boxes than INDEX_MAX_BOXES).
+
+INDEX_CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl", b"moof", b"traf"}
+INDEX_MAX_BOXES = 200_000  # a long fragmented file has one moof per second or two; past this, FFmpeg's own limits
+INDEX_MAX_DEPTH = 8
+# table box -> (bytes before its entries after the full-box header, bytes per entry)
+INDEX_TABLES = {b"stts": 8, b"ctts": 8, b"stsc": 12, b"stco": 4, b"co64": 8, b"stss": 4}
+
+
+def check_index(path: str) -> None:
+    """Refuse (:class:`InvalidVideo`) an MP4/MOV whose sample tables claim more samples than its size allows:
+    every table's entries must fit in its box, and no track (nor all fragments together) may claim more samples
+    than the file has bytes. Pure, bounded reads; run in the child before FFmpeg opens the file."""
+    with open(path, "rb") as fp:
+        size = os.fstat(fp.fileno()).st_size
+        state = {"boxes": 0, "fragment_samples": 0}
+        _check_boxes(fp, 0, size, size, 0, state)
+        if state["fragment_samples"] > size:
+            raise InvalidVideo(INDEX_CLAIMS.format(count=state["fragment_samples"], size=size))
+
+
+def _check_boxes(fp: Any, start: int, end: int, size: int, depth: int, state: dict[str, int]) -> None:
+    at = start
+    while at + 8 <= end:
+        state["boxes"] += 1
+        if state["boxes"] > INDEX_MAX_BOXES:
+            return
+        fp.seek(at)
+        head = fp.read(16)
+        if len(head) < 8:
+            return
+        length, kind, body = int.from_bytes(head[:4], "big"), head[4:8], at + 8
+        if length == 1:  # a 64-bit size follows the type
+            if len(head) < 16:
+                return
+            length, body = int.from_bytes(head[8:16], "big"), at + 16
+        elif length == 0:  # to the end of the enclosing box
+            length = end - at
+        if length < body - at or at + length > end:
+            return  # a box past its parent's end: FFmpeg's own checks see that; nothing to count here
+        stop = at + length
+        if kind in INDEX_CONTAINERS and depth < INDEX_MAX_DEPTH:
+            _check_boxes(fp, body, stop, size, depth + 1, state)
+        elif kind in (b"stsz", b"stz2"):
+            _check_sizes(fp, kind, body, stop, size)
+        elif kind in INDEX_TABLES:
+            _check_table(fp, kind, body, stop, size)
+        elif kind == b"trun":
+            state["fragment_samples"] += _check_run(fp, body, stop, size)
+        at = stop
+
+
+def _full_box(fp: Any, body: int, stop: int, fields: int) -> list[int] | None:
+    """The full box's flags and then ``fields`` 32-bit fields after its version/flags, or None when short."""
+    fp.seek(body)
+    raw = fp.read(4 + 4 * fields)
+    if len(raw) < 4 + 4 * fields or body + len(raw) > stop:
+        return None
+    return [int.from_bytes(raw[1:4], "big")] + [int.from_bytes(raw[i : i + 4], "big")
+                                                 for i in range(4, len(raw), 4)]
+
+
+def _claims(count: int, size: int) -> None:
+    if count > size:
+        raise InvalidVideo(INDEX_CLAIMS.format(count=count, size=size))
+
+
+def _room(kind: bytes, count: int, each: float, room: int) -> None:
+    if count * each > room:
+        raise InvalidVideo(INDEX_TABLE.format(box=kind.decode("latin-1"), count=count, room=room))
+
+
+def _check_sizes(fp: Any, kind: bytes, body: int, stop: int, size: int) -> None:
+    """stsz: one size for all (then count x size bytes of samples) or a 4-byte entry per sample; stz2: entries
+    of 4, 8 or 16 bits."""
+    fields = _full_box(fp, body, stop, 2)
+    if fields is None:
+        return
+    _, first, count = fields
+    _claims(count, size)
+    if kind == b"stsz":
+        if first:
+            _claims(count * first, size)
+        else:
+            _room(kind, count, 4, stop - body - 12)
+    else:
+        _room(kind, count, max(4, first & 0xFF) / 8, stop - body - 12)
+
+
+def _check_table(fp: Any, kind: bytes, body: int, stop: int, size: int) -> None:
+    """An entry-count table: its entries must fit in the box; stts/ctts runs may not add up to more samples
+    than the file has bytes, nor may one stsc chunk hold more."""
+    fields = _full_box(fp, body, stop, 1)
+    if fields is None:
+        return
+    count, each = fields[1], INDEX_TABLES[kind]
+    room = stop - body - 8
+    _room(kind, count, each, room)
+    if kind not in (b"stts", b"ctts", b"stsc"):
+        _claims(count, size)
+        return
+    total, left = 0, count * each
+    while left > 0:
+        chunk = fp.read(min(left, 1 << 16) // each * each)
+        if not chunk:
+            return
+        left -= len(chunk)
+        if kind == b"stsc":  # first chunk, samples per chunk, description: one chunk's samples are the claim
+            total = max([total] + [int.from_bytes(chunk[i + 4 : i + 8], "big") for i in range(0, len(chunk), 12)])
+        else:  # sample count, then duration or offset
+            total += sum(int.from_bytes(chunk[i : i + 4], "big") for i in range(0, len(chunk), 8))
+        _claims(total, size)
+
+
+def _check_run(fp: Any, body: int, stop: int, size: int) -> int:
+    """trun (a fragment's samples): its count, with the per-sample fields its flags name fitting in the box."""
+    fields = _full_box(fp, body, stop, 1)
+    if fields is None:
+        return 0
+    flags, count = fields
+    before = 4 * bool(flags & 0x1) + 4 * bool(flags & 0x4)
+    each = 4 * sum(bool(flags & bit) for bit in (0x100, 0x200, 0x400, 0x800))
+    _claims(count, size)
+    _room(b"trun", count, each, stop - body - 8 - before)
+    return count
 
 
 def _facts(container: Any, container_name: str, max_pixels: int, first: Any = None) -> VideoInfo:
@@ -388,6 +524,7 @@ def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) 
     picture stay together. No metadata is copied."""
     import av
 
+    _container_name(source)  # the index check, as for the probe
     with _open(source) as inp, av.open(target, "w", format="mp4", options={"movflags": "+faststart"}) as out:
         vin = _video_stream(inp)
         vin.thread_type = "AUTO"
