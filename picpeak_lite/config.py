@@ -95,6 +95,7 @@ class Settings:
     view_px: int = _setting(1600, "Long edge of the view image.")
     jpeg_quality: int = _setting(85, "JPEG quality of derivatives (60-95).")
     video_deadline_seconds: float = _setting(120.0, "Longest a video's probe or poster may take before it fails.")
+    media_children: int = _setting(2, "Video children (probe, poster, preview) this process runs at once (2 or more).")
     video_previews: bool = _setting(True, "Make a playable H.264 preview of videos browsers cannot play (HEVC).")
     # Watermark
     watermark_text: str = _setting("", "Watermark text for galleries that ask for one; empty uses the gallery name.")
@@ -317,6 +318,7 @@ def _validate(s: Settings) -> None:
     require(s.guest_max_pixels >= 100, "guest_max_pixels", "must be at least 100")
     require(s.decode_memory_mb >= 64, "decode_memory_mb", "must be at least 64")
     require(s.video_deadline_seconds >= 5, "video_deadline_seconds", "must be at least 5")
+    require(s.media_children >= 2, "media_children", "must be at least 2 (a paused preview holds one)")
     require(64 <= s.grid_px <= s.view_px <= 8192, "grid_px", "must be between 64 and view_px (at most 8192)")
     require(60 <= s.jpeg_quality <= 95, "jpeg_quality", "must be between 60 and 95")
     require(s.watermark_position in WATERMARK_POSITIONS, "watermark_position",

@@ -173,3 +173,78 @@ def _children() -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == me and b"picpeak_lite.media.video" in command:
                 found.append(int(entry))
     return found
+
+
+def test_an_index_that_claims_millions_of_samples_is_refused_before_ffmpeg_reads_it(tmp_path: Path) -> None:
+    """A real 2 KB H.264 MP4 whose stsz/stts/stsc claim 10 million samples: FFmpeg built an index of 730 MB for
+    it (issue 27); the child now refuses it from its box headers, with the counts in the sentence."""
+    bomb = vf.sample_table_bomb(tmp_path / "bomb.mp4")
+    size = bomb.stat().st_size
+    assert size < 4096
+    with pytest.raises(video.InvalidVideo) as caught:
+        probe(bomb)
+    assert caught.value.reason == video.INDEX_CLAIMS.format(count=10_000_000, size=size)
+    assert caught.value.reason.endswith("in a " + f"{size:,}" + "-byte file; it is damaged.")
+
+
+def _rewrite(source: Path, target: Path, box: bytes, at: int, value: bytes) -> Path:
+    data = bytearray(source.read_bytes())
+    offset = vf._find(data, [*vf.STBL, box])[0]  # the first track's (the video)
+    data[offset + at : offset + at + len(value)] = value
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_each_sample_table_is_held_to_the_file_size(tmp_path: Path, clips: dict[str, Path]) -> None:
+    """One lie at a time: a stts run, a stsc chunk, or a table whose entries do not fit in its box."""
+    good = clips["rotated"]
+    size = good.stat().st_size
+    stts = _rewrite(good, tmp_path / "stts.mp4", b"stts", 16, (size + 1).to_bytes(4, "big"))
+    stsc = _rewrite(good, tmp_path / "stsc.mp4", b"stsc", 20, (5_000_000).to_bytes(4, "big"))
+    stco = _rewrite(good, tmp_path / "stco.mp4", b"stco", 12, (1_000_000).to_bytes(4, "big"))
+    for path in (stts, stsc):
+        with pytest.raises(video.InvalidVideo) as caught:
+            video.check_index(str(path))
+        assert caught.value.reason.startswith("The video's index claims ")
+        assert caught.value.reason.endswith(f" frames in a {size:,}-byte file; it is damaged.")
+    with pytest.raises(video.InvalidVideo) as caught:
+        video.check_index(str(stco))
+    assert caught.value.reason.startswith("The video's index is damaged: its stco table claims 1,000,000 entries")
+
+
+def test_real_clips_pass_the_index_check(clips: dict[str, Path]) -> None:
+    for name in ("rotated", "two", "audio", "truncated", "hevc"):
+        if name in clips:
+            video.check_index(str(clips[name]))  # raises nothing
+
+
+@pytest.mark.skipif(not vf.has_encoder("libx265"), reason="this PyAV has no HEVC encoder")
+def test_a_4k_hevc_clip_probes_within_the_probe_memory_limit(tmp_path: Path) -> None:
+    """PROBE_MEMORY is sized from this clip (192 MB of address space measured) with headroom."""
+    clip = vf.make_clip(tmp_path / "4k.mov", codec="libx265", width=3840, height=2160, frames=2, audio=True)
+    info = probe(clip)
+    assert (info.width, info.height, info.video_codec) == (3840, 2160, "hevc")
+
+
+async def test_media_children_wait_their_turn_and_none_fails(clips: dict[str, Path]) -> None:
+    """Eight probes at once with two places: never more than two children, and every probe answers."""
+    most, answers = 0, []
+
+    async def count() -> None:
+        nonlocal most
+        while True:
+            most = max(most, len(_children()))
+            await trio.sleep(0.002)
+
+    async def one() -> None:
+        answers.append(await video_jobs.probe(clips["two"], deadline=DEADLINE, max_pixels=video.MAX_FRAME_PIXELS,
+                                              places=2))
+
+    async with trio.open_nursery() as outer:
+        outer.start_soon(count)
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(one)
+        outer.cancel_scope.cancel()
+    assert len(answers) == 8 and all(a.video_codec == "h264" for a in answers)
+    assert 1 <= most <= 2

@@ -38,7 +38,8 @@ async def check(path: Path, size: int, *, settings: Settings, max_bytes: int, ma
     if size > max_bytes:
         raise Refused(f"The video is larger than the limit of {max_bytes // MB} MB for videos.", 413)
     try:
-        info = await video_jobs.probe(path, deadline=settings.video_deadline_seconds, max_pixels=max_pixels)
+        info = await video_jobs.probe(path, deadline=settings.video_deadline_seconds, max_pixels=max_pixels,
+                                      places=settings.media_children)
     except video.InvalidVideo as error:
         status = 413 if error.too_large else 415 if error.reason in (video.UNSUPPORTED, video.NO_VIDEO) else 400
         raise Refused(error.reason, status) from error

@@ -96,7 +96,8 @@ class PreviewLane:
                 # The original as a local file for the decoder: itself, or a temp copy of the bucket's object.
                 with await trio.to_thread.run_sync(storage.local_copy, original_name(key)) as source:
                     await video_jobs.transcode(source.path, temp, deadline=transcode_deadline(
-                        row["duration"], svc.settings.video_deadline_seconds), give_way=self.photos_first)
+                        row["duration"], svc.settings.video_deadline_seconds), give_way=self.photos_first,
+                        places=svc.settings.media_children)
                 await trio.to_thread.run_sync(storage.put_file, temp, preview_name(key))
             except FileNotFoundError:
                 await svc.db.write(photo_q.preview_failed, row["id"], photo_q.ORIGINAL_MISSING)

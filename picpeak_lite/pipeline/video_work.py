@@ -30,12 +30,13 @@ def poster_cost(view_px: int) -> int:
 
 
 async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, budget: MemoryBudget,
-                 run_steps: RunSteps, deadline: float) -> tuple[bytes, bytes, dict[str, Any]] | str:
+                 run_steps: RunSteps, deadline: float, places: int = video_jobs.MEDIA_CHILDREN
+                 ) -> tuple[bytes, bytes, dict[str, Any]] | str:
     """(view JPEG, grid JPEG, the columns for ``claims.complete``), or the reason the video failed."""
     try:
         async with budget.hold(min(poster_cost(spec.view_px), budget.total)):
             got = await video_jobs.inspect(path, deadline=deadline, view_px=spec.view_px,
-                                           max_pixels=min(spec.max_pixels, video.MAX_FRAME_PIXELS))
+                                           max_pixels=min(spec.max_pixels, video.MAX_FRAME_PIXELS), places=places)
             assert got.poster_size is not None
             info = got.info
             poster = functools.partial(images.from_rgb, got.poster_rgb, got.poster_size, info.width, info.height,

@@ -234,7 +234,8 @@ class WorkerPool:
         budget = self.svc.decode_budget
         if row.get("media_type") == "video":  # its poster frame, then the same steps (pipeline/video_work.py)
             made = await video_work.render(path, row, spec, budget=budget, run_steps=self._in_steps,
-                                           deadline=self.svc.settings.video_deadline_seconds)
+                                           deadline=self.svc.settings.video_deadline_seconds,
+                                           places=self.svc.settings.media_children)
             return made if isinstance(made, str) else _Rendered(*made)
         try:
             cost = await self._in_thread(images.plan, path, spec, budget.total)
