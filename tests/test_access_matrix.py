@@ -484,3 +484,27 @@ async def test_a_photo_waiting_for_approval_is_its_uploaders_alone(app: Any, ser
     figures(capsys, f"access_matrix_awaiting: photo_routes={len(photo_rules)} calls={count} "
                     f"mismatches={len(mismatches)}")
     assert mismatches == [], "\n".join(mismatches)
+
+
+async def test_play_with_downloads_off_never_sends_the_original(app: Any, services: Any, admin: AuthActions,
+                                                                tmp_path: Any) -> None:
+    """A guest with access to a gallery whose downloads are off: /download is 403, and /play (whole or any
+    range) carries none of the original's bytes; it answers 409 until the playable copy is made."""
+    from . import videofactory
+
+    clip = videofactory.make_clip(tmp_path / "clip.mp4", width=320, height=240, seconds=1.0).read_bytes()
+    gallery = await published(admin, name="No downloads", password="nodl-pass", allow_downloads=False)
+    body, headers = multipart([("clip.mp4", clip)])
+    sent = await admin.client.post(f"/api/admin/galleries/{gallery['id']}/upload", data=body,
+                                   headers={**headers, **admin.headers()})
+    assert sent.status_code == 202, await sent.get_json()
+    photo_id = (await sent.get_json())["photo_ids"][0]
+    await run_pool_until_idle(services)
+    guest = app.test_client()
+    await enter(guest, gallery["slug"], "nodl-pass")
+    base = f"/g/{gallery['slug']}/photos/{photo_id}"
+    assert (await guest.get(f"{base}/download")).status_code == 403
+    for extra in ({}, {"Range": "bytes=0-"}, {"Range": f"bytes=0-{len(clip) - 1}"}):
+        response = await guest.get(f"{base}/play", headers=extra)
+        data = await response.get_data()
+        assert response.status_code == 409 and clip[:64] not in data, (extra, response.status_code)

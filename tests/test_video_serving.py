@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from picpeak_lite.pipeline.video_previews import PreviewLane
 from picpeak_lite.services import Services
 from picpeak_lite.web import playback
 
@@ -94,7 +95,9 @@ async def test_the_page_shows_a_badge_and_the_player_data(admin: AuthActions, gu
     listing = await (await guest.get(f"/api/g/{gallery['slug']}/photos")).get_json()
     [item] = listing["photos"]
     assert (item["duration"], item["play_note"]) == ("0:02", "")
-    await services.db.write(lambda conn: conn.execute("UPDATE photos SET preview_status = 'pending'"))
+    # as an HEVC clip waits for its copy (an H.264 one plays its original meanwhile)
+    await services.db.write(lambda conn: conn.execute(
+        "UPDATE photos SET preview_status = 'pending', video_codec = 'hevc'"))
     listing = await (await guest.get(f"/api/g/{gallery['slug']}/photos")).get_json()
     assert (listing["photos"][0]["play_url"], listing["photos"][0]["play_note"]) == (None, playback.NO_PREVIEW)
     waiting = await guest.get(f"/g/{gallery['slug']}/photos/{photo_id}/play")
@@ -129,3 +132,47 @@ async def test_favourite_delete_and_check(admin: AuthActions, guest: Any, servic
     gone = await admin.client.delete(f"/api/admin/photos/{photo_id}", headers=admin.headers())
     assert gone.status_code == 204
     assert not services.storage.original_path(key).exists() and not services.storage.preview_path(key).exists()
+
+
+async def test_with_downloads_off_a_guest_plays_the_made_copy_never_the_original(
+        admin: AuthActions, guest: Any, services: Services, clip: bytes) -> None:
+    """/download answers 403 in such a gallery, so /play may not hand out the same bytes: the preview lane makes
+    a copy of every video there (H.264 here too), /play answers 409 with a sentence until it exists and then
+    sends it."""
+    gallery, photo_id = await gallery_with_video(admin, services, clip, allow_downloads=False)
+    await start_guest_session(services, guest)
+    play = f"/g/{gallery['slug']}/photos/{photo_id}/play"
+    assert (await guest.get(f"/g/{gallery['slug']}/photos/{photo_id}/download")).status_code == 403
+    waiting = await guest.get(play)
+    body = await waiting.get_data()
+    assert waiting.status_code == 409 and clip not in body
+    assert playback.PREPARING in html.unescape(body.decode())
+    listing = await (await guest.get(f"/api/g/{gallery['slug']}/photos")).get_json()
+    assert (listing["photos"][0]["play_url"], listing["photos"][0]["play_note"]) == (None, playback.PREPARING)
+    assert await PreviewLane(services).make_one() is True
+    copy = services.storage.preview_path(services_key := (await rows(
+        services, "SELECT storage_key FROM photos"))[0]["storage_key"]).read_bytes()
+    assert services_key and copy != clip
+    played = await guest.get(play)
+    assert played.status_code == 200 and played.content_type == "video/mp4"
+    assert await played.get_data() == copy
+    part = await guest.get(play, headers={"Range": "bytes=0-99"})
+    assert part.status_code == 206 and await part.get_data() == copy[:100]
+
+
+async def test_turning_downloads_off_makes_copies_and_on_again_plays_the_original(
+        admin: AuthActions, guest: Any, services: Services, clip: bytes) -> None:
+    gallery, photo_id = await gallery_with_video(admin, services, clip, allow_downloads=True)
+    await start_guest_session(services, guest)
+    play = f"/g/{gallery['slug']}/photos/{photo_id}/play"
+    assert await (await guest.get(play)).get_data() == clip
+    path = f"/api/admin/galleries/{gallery['id']}"
+    off = await admin.client.patch(path, json={"allow_downloads": False}, headers=admin.headers())
+    assert off.status_code == 200, await off.get_json()
+    [row] = await rows(services, "SELECT preview_status FROM photos")
+    assert row["preview_status"] == "pending"
+    refused = await guest.get(play)
+    assert refused.status_code == 409 and clip not in await refused.get_data()
+    on = await admin.client.patch(path, json={"allow_downloads": True}, headers=admin.headers())
+    assert on.status_code == 200
+    assert await (await guest.get(play)).get_data() == clip  # its own file again, copy or not

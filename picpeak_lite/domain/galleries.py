@@ -87,6 +87,9 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
         row = _row_if(gallery_q.update(conn, gallery_id, values, svc.clock()), conn, gallery_id)
         # Watermark on or off, or a new name in it: the view images are made again.
         admin_settings.mark_changed_watermarks(conn, svc.settings, before, gallery_id)
+        # Downloads off: guests play a made copy of each video, never the original (web/views/video.py).
+        if not row["allow_downloads"]:
+            photo_q.want_previews(conn, gallery_id)
         return row
 
     row = await svc.db.write(change)

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from picpeak_lite.store.queries.photos import BROWSER_CODECS
+
 NO_PREVIEW = ("This video's format does not play in every browser; a playable copy is being made. "
               "Until then you can download it.")
 PREVIEW_FAILED = "This video's format does not play in this browser, and no playable copy could be made."
+# Downloads off: guests play a copy made for watching (H.264, at most 1080p), never the original file.
+PREPARING = "This video is being prepared for playback; it will play here in a few minutes."
+NO_PLAYBACK = "This video could not be prepared for playback here."
 
 
 def duration_label(seconds: float | None) -> str:
@@ -20,11 +25,17 @@ def duration_label(seconds: float | None) -> str:
     return f"{whole // 60}:{whole % 60:02d}"
 
 
-def video_fields(photo: dict[str, Any], play_url: str) -> dict[str, Any]:
+def video_fields(photo: dict[str, Any], play_url: str, *, originals: bool = True) -> dict[str, Any]:
     """``play_url`` (None for a photo, or while a video waits for its playable copy), ``duration`` ('m:ss') and
-    ``play_note`` (the sentence shown instead of the player)."""
+    ``play_note`` (the sentence shown instead of the player). ``originals``: whether this viewer may have the
+    original file (a guest in a gallery with downloads off may not: only the made copy plays)."""
     if photo.get("media_type") != "video":
         return {"play_url": None, "duration": "", "play_note": ""}
-    note = {"pending": NO_PREVIEW, "failed": PREVIEW_FAILED}.get(photo.get("preview_status") or "", "")
+    preview = photo.get("preview_status") or ""
+    if originals:
+        playable = not preview or preview == "complete" or photo.get("video_codec") in BROWSER_CODECS
+        note = "" if playable else {"pending": NO_PREVIEW, "failed": PREVIEW_FAILED}.get(preview, "")
+    else:
+        note = {"complete": "", "failed": NO_PLAYBACK}.get(preview, PREPARING)
     return {"play_url": None if note else play_url, "duration": duration_label(photo.get("duration")),
             "play_note": note}

@@ -36,7 +36,7 @@ TAKEN_KEY = "coalesce(taken_at, strftime('%Y-%m-%dT%H:%M:%S', created_at, 'unixe
 
 COLUMNS = (
     "id, display_name, width, height, taken_at, camera_make, camera_model, lens, focal_length, aperture, "
-    "exposure, iso, format, size, created_at, media_type, duration, preview_status"
+    "exposure, iso, format, size, created_at, media_type, duration, preview_status, video_codec"
 )
 
 

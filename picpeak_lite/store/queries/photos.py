@@ -135,14 +135,24 @@ def insert_photo(conn: Connection, *, gallery_id: int, upload_id: str, storage_k
 
 def set_video_facts(conn: Connection, photo_id: int, facts: dict[str, Any]) -> None:
     """A video's probe facts (at upload, and again by the worker's own probe). A clip browsers cannot play
-    gets ``preview_status = 'pending'``: the preview lane makes a playable copy (pipeline/video_previews.py)."""
+    gets ``preview_status = 'pending'``: the preview lane makes a playable copy (pipeline/video_previews.py).
+    So does every clip in a gallery with downloads off: guests play the copy there, never the original."""
     needs_preview = facts.get("video_codec") not in BROWSER_CODECS
     conn.execute(
         "UPDATE photos SET media_type = 'video', duration = ?, fps = ?, video_codec = ?, audio_codec = ?, "
-        "preview_status = CASE WHEN ? THEN coalesce(preview_status, 'pending') ELSE NULL END WHERE id = ?",
+        "preview_status = CASE WHEN ? OR (SELECT allow_downloads = 0 FROM galleries g WHERE g.id = gallery_id) "
+        "THEN coalesce(preview_status, 'pending') ELSE NULL END WHERE id = ?",
         (facts.get("duration"), facts.get("fps"), facts.get("video_codec"), facts.get("audio_codec"),
          int(needs_preview), photo_id),
     )
+
+
+def want_previews(conn: Connection, gallery_id: int) -> int:
+    """Downloads were turned off: every video of the gallery without a playable copy gets one made (guests
+    play the copy, not the original). Returns how many were marked."""
+    conn.execute("UPDATE photos SET preview_status = 'pending' WHERE gallery_id = ? AND media_type = 'video' "
+                 "AND preview_status IS NULL", (gallery_id,))
+    return conn.changes()
 
 
 def next_preview(conn: Connection) -> Row | None:

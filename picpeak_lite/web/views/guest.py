@@ -104,7 +104,8 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
         "taken": taken,
         "camera": camera_line(photo),
         "alt": alt,
-        **video_fields(photo, url_for("video.guest_play", slug=slug, photo_id=pid)),
+        **video_fields(photo, url_for("video.guest_play", slug=slug, photo_id=pid),
+                       originals=bool(gallery["allow_downloads"])),
     }
 
 

@@ -6,6 +6,11 @@ the admin. Browsers fetch video in byte ranges to start fast and to seek: ``web/
 206 with ``Content-Range``, honours ``If-Range`` (a changed file gets the whole body) and answers 416 for a range
 past the end. A clip Chromium cannot play (HEVC) is served as its H.264 preview once the preview lane made one;
 until then this answers 409 with the sentence the lightbox shows next to its download link.
+
+In a gallery with downloads off (``/download`` answers 403 there) a guest's ``/play`` never sends the original:
+it sends the playable copy, which the preview lane makes for every video of such a gallery (at upload, or when
+downloads are turned off), and answers 409 with :data:`PREPARING` until the copy exists. The copy is to the
+original what the view image is to a photo: good to watch, not the photographer's file.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import original_name, preview_name
 from picpeak_lite.web.auth import admin_api, services
 from picpeak_lite.web.files import send_media, send_stored
-from picpeak_lite.web.playback import NO_PREVIEW, PREVIEW_FAILED
+from picpeak_lite.web.playback import NO_PLAYBACK, NO_PREVIEW, PREPARING, PREVIEW_FAILED
 from picpeak_lite.web.views.common import load_gallery
 
 blueprint = Blueprint("video", __name__)
@@ -42,20 +47,25 @@ async def admin_play(photo_id: int) -> Response:
 async def guest_play(slug: str, photo_id: int) -> Response:
     gallery = await load_gallery(slug)
     photo = await services().db.read(access.visible_photo, gallery, photo_id)
-    return await play(photo)
+    return await play(photo, originals=bool(gallery["allow_downloads"]))
 
 
-async def play(photo: dict[str, Any]) -> Response:
+async def play(photo: dict[str, Any], *, originals: bool = True) -> Response:
+    """The video's playable copy when one is made, else its original when browsers play it and ``originals``
+    (the viewer may have the file: the admin, or a guest where downloads are on)."""
     if photo.get("media_type") != "video":
         raise NotFound(NOT_A_VIDEO)
     if photo["status"] in (PhotoStatus.PENDING, PhotoStatus.PROCESSING):
         raise NotReady("This video is still being processed.", retry_after=5)
     storage = services().storage
     preview = photo.get("preview_status")
-    if preview is None:
-        name, mime = original_name(photo["storage_key"]), photo_q.VIDEO_MIME[photo["format"]]
-    elif preview == "complete":
+    playable = preview is None or photo.get("video_codec") in photo_q.BROWSER_CODECS
+    if preview == "complete":
         name, mime = preview_name(photo["storage_key"]), "video/mp4"
+    elif originals and playable:
+        name, mime = original_name(photo["storage_key"]), photo_q.VIDEO_MIME[photo["format"]]
+    elif not originals:
+        raise Conflict(NO_PLAYBACK if preview == "failed" else PREPARING)
     else:
         raise Conflict(PREVIEW_FAILED if preview == "failed" else NO_PREVIEW)
     path = storage.local_path(name)
