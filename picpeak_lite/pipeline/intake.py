@@ -64,6 +64,7 @@ MB = 1024 * 1024
 WRITE_BATCH = 1024 * 1024  # bytes collected before one thread hop writes them (memory per upload vs. hops)
 PART_OVERHEAD = 64 * 1024  # per-part headers and boundaries, for the request-size cap
 NAME_MAX_BYTES = 255
+ERRORS_LISTED = 50  # refused files named in one answer; the rest are counted (Intake.errors_json)
 GUEST_NAME_MAX = 100
 # Bidi embedding/override/isolate marks and invisible direction marks: they make "gpj.exe" look like "exe.jpg".
 BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
@@ -362,11 +363,16 @@ class Intake:
                 self.storage.forget_original(entry.key)
                 entry.key = None
 
-    def start_file(self, raw_name: str) -> FileSink:
+    def count_file(self) -> None:
+        """One more file part in this request, whatever its field: past ``max_files`` the request is refused
+        at once, so that no part a client sends is free (each would cost an entry and a line of the answer)."""
         self.files_seen += 1
         if self.limits.max_files is not None and self.files_seen > self.limits.max_files:
-            raise TooLarge(f"Too many files in one upload: at most {self.limits.max_files}. "
-                           "Nothing was saved; please send them in smaller batches.")
+            raise TooLarge(f"Too many files in one upload (at most {self.limits.max_files}); nothing was saved, "
+                           "please send them in smaller batches.")
+
+    def start_file(self, raw_name: str) -> FileSink:
+        self.count_file()
         sink = FileSink(self.storage, raw_name, self.limits.sink_bytes)
         self._open.add(sink)
         return sink
@@ -557,6 +563,15 @@ class Intake:
     def errors(self) -> list[Entry]:
         return [e for e in self.entries if e.error is not None]
 
+    def errors_json(self) -> list[dict[str, Any]]:
+        """The refused files for an answer: the first :data:`ERRORS_LISTED`, then one line that counts the rest,
+        so that no answer grows with the number of files refused (the importer prints its own)."""
+        errors = self.errors()
+        listed = [e.to_json() for e in errors[:ERRORS_LISTED]]
+        if len(errors) > ERRORS_LISTED:
+            listed.append({"filename": "", "error": f"and {len(errors) - ERRORS_LISTED} more files refused."})
+        return listed
+
     def answer(self) -> dict[str, Any]:
         """The 202 body. ``photo_ids`` lists every accepted file's photo, duplicates' existing ids included."""
         accepted, errors = self.accepted(), self.errors()
@@ -566,7 +581,7 @@ class Intake:
             "count": len(accepted),
             "photo_ids": [e.photo_id for e in accepted],
             "photos": [e.to_json() for e in accepted],
-            "errors": [e.to_json() for e in errors],
+            "errors": self.errors_json(),
             "successCount": len(accepted),
             "failureCount": len(errors),
             "totalFiles": len(self.entries),

@@ -11,8 +11,9 @@ Limits, and why they differ:
 * Request-level problems stop reading at once and answer with ``Connection: close`` (the only way to stop a
   client that is still sending without leaving the keep-alive connection in a broken state): a
   ``Content-Length`` above what a legitimate request can be, more bytes than that counted as they arrive,
-  more files than allowed (413; nothing of that request is kept), a malformed body (400), a missing CSRF
-  token before the first file (403).
+  more files than allowed, whatever their field (413; nothing of that request is kept), more fields or empty
+  parts than a form has, a part's headers or a boundary too long, a malformed body (400), a missing CSRF
+  token before the first file (403). The answer names at most 50 refused files and counts the rest.
 * A full disk (507) stops storing at once, but the rest of the body (within the request cap) is read and
   dropped before the answer: most HTTP clients read the answer only once they have sent everything, and with
   the server no longer reading, a client with a megabyte still to send would wait for its timeout instead.
@@ -40,7 +41,7 @@ from typing import Any
 import trio
 from quart import Blueprint, after_this_request, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
-from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder
+from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder, State
 
 from picpeak_lite import security
 from picpeak_lite.errors import (
@@ -68,6 +69,11 @@ async def _after_upload(_error: BaseException | None) -> None:
 SLICE = 256 * 1024  # most bytes handed to the decoder at once: Quart hands over everything buffered
 FIELD_MAX = 4096  # form fields (csrf_token, guest_name) are small
 MAX_FIELDS = 16
+# Parts that are neither a file nor a field: a browser sends one empty, nameless file part per file input left
+# empty. Without a bound, a body of nothing else would be decoded part by part to its end.
+MAX_EMPTY_PARTS = 16
+HEAD_MAX = 16 * 1024  # a part's headers, or the text before the first boundary (browsers send none)
+BOUNDARY_MAX = 70  # RFC 2046: a boundary is 1 to 70 characters
 FILE_FIELD = "photos"
 MALFORMED = "The upload was cut off or is not valid multipart/form-data."
 CSRF_MESSAGE = "The form has expired or is missing its security token. Reload the page and try again."
@@ -149,6 +155,8 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
     if await svc.db.read(photo_q.count_in_gallery, gallery["id"]) >= cap:
         raise Conflict(f"The gallery is full: it holds at most {cap} photos.")
     boundary = request.mimetype_params["boundary"].encode("latin-1")
+    if len(boundary) > BOUNDARY_MAX:
+        raise BadRequest(f"The multipart boundary is longer than {BOUNDARY_MAX} characters.")
     # Each file's row is committed (provisional) as soon as its original is durable, and the workers are woken,
     # so processing starts on the first photo; finish() makes them permanent once the body has been read, and
     # a request that ends any other way keeps nothing (see intake's module docstring).
@@ -181,7 +189,7 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
         on_accepted(sum(e.size for e in intake.accepted()))
     if not intake.accepted():
         error: AppError = FAILURES.get(intake.failure_status(), BadRequest)(
-            "None of the files could be accepted.", errors=[e.to_json() for e in intake.errors()])
+            "None of the files could be accepted.", errors=intake.errors_json())
         raise error
     return intake.answer(), 202
 
@@ -255,7 +263,13 @@ def _the_error(group: BaseExceptionGroup) -> BaseException:
 
 
 class _Receiver:
-    """Turns decoder events into intake calls; holds at most one open file and one small field at a time."""
+    """Turns decoder events into intake calls; holds at most one open file and one small field at a time.
+
+    Every part counts (issue 27): a file part under any field counts toward the request's file limit
+    (``Intake.count_file``), any other named part toward :data:`MAX_FIELDS`, an empty nameless file part toward
+    :data:`MAX_EMPTY_PARTS`, and a part's headers may not pass :data:`HEAD_MAX`; past any of them the request is
+    refused at once with one sentence. So what a request costs and what its answer lists is bounded by those
+    limits, never by how many parts a client sends."""
 
     def __init__(self, intake: Intake, boundary: bytes, csrf_token: str | None,
                  arrived: trio.MemorySendChannel[tuple[FileSink, Entry]]) -> None:
@@ -271,7 +285,9 @@ class _Receiver:
         self._sink: FileSink | None = None
         self._field: tuple[str, bytearray] | None = None
         self._stray: str | None = None  # a file sent under another field name: its bytes are dropped
+        self._stray_bytes = 0
         self._field_count = 0
+        self._empty_parts = 0
 
     async def feed(self, data: memoryview | None) -> None:
         if self.done:
@@ -286,6 +302,10 @@ class _Receiver:
             except ValueError:  # werkzeug's word for a malformed or truncated body
                 raise BadRequest(MALFORMED) from None
             if event is NEED_DATA:
+                # Waiting for the end of a part's headers (or the first boundary), the decoder keeps all of
+                # it: its own bound (4 x SLICE) is far more than any form's headers need.
+                if self.decoder.state in (State.PREAMBLE, State.PART) and len(self.decoder.buffer) > HEAD_MAX:
+                    raise BadRequest(f"A part's headers in the upload are longer than {HEAD_MAX // 1024} KiB.")
                 return
             if isinstance(event, Epilogue):
                 self.done = True
@@ -296,7 +316,9 @@ class _Receiver:
                 if event.name == FILE_FIELD:
                     self._sink = self.intake.start_file(event.filename)
                 else:
-                    self._stray = event.filename
+                    if event.filename:
+                        self.intake.count_file()
+                    self._stray, self._stray_bytes = event.filename, 0
             elif isinstance(event, Field):
                 self._field_count += 1
                 if self._field_count > MAX_FIELDS:
@@ -311,7 +333,9 @@ class _Receiver:
             if not event.more_data:
                 sink, self._sink = self._sink, None
                 entry = self.intake.file_arrived(sink)
-                if entry is not None and entry.error is None:
+                if entry is None:
+                    self._empty_part()
+                elif entry.error is None:
                     await self.arrived.send((sink, entry))
         elif self._field is not None:
             name, value = self._field
@@ -321,9 +345,21 @@ class _Receiver:
             if not event.more_data:
                 self._field = None
                 self._end_field(name, value.decode("utf-8", "replace"))
-        elif self._stray is not None and not event.more_data:
-            self.intake.add_error(self._stray, f"Send photos in the '{FILE_FIELD}' field.", 400)
-            self._stray = None
+        elif self._stray is not None:
+            self._stray_bytes += len(event.data)  # dropped: only whether there were any matters
+            if not event.more_data:
+                name, self._stray = self._stray, None
+                if not name and not self._stray_bytes:
+                    self._empty_part()  # an empty file input under another name: not a file at all
+                    return
+                if not name:
+                    self.intake.count_file()  # a named one was counted when its headers arrived
+                self.intake.add_error(name, f"Send photos in the '{FILE_FIELD}' field.", 400)
+
+    def _empty_part(self) -> None:
+        self._empty_parts += 1
+        if self._empty_parts > MAX_EMPTY_PARTS:
+            raise BadRequest("The upload form has too many empty file parts.")
 
     def _end_field(self, name: str, value: str) -> None:
         if name == "csrf_token" and self.csrf_token is not None:
