@@ -107,12 +107,13 @@ def _live_admin(method: str, variant: str) -> dict[str, set[int]]:
 
 def _wall(method: str, variant: str) -> dict[str, set[int]]:
     """The live wall: the admin's, whatever the gallery's state, or a wall link's (the galleries here have none,
-    so everyone else is refused; test_wall covers the links)."""
-    return _all({403}, admin={200})
+    so everyone else is refused; test_wall covers the links). Without the admin's session it tells what the
+    gallery page tells a stranger: a draft is 404 (as an unknown slug), an expired gallery 410."""
+    return _all({410} if variant == "expired" else {404} if variant == "draft" else {403}, admin={200})
 
 
 def _live_wall(method: str, variant: str) -> dict[str, set[int]]:
-    return _all({403}, admin={101})
+    return _all({410} if variant == "expired" else {404} if variant == "draft" else {403}, admin={101})
 
 
 CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
@@ -377,6 +378,41 @@ async def test_access_matrix(app: Any, services: Any, admin: AuthActions, capsys
                     f"out_of_range_mismatches={len(id_mismatches)}")
     assert mismatches == [], "\n".join(mismatches)
     assert id_mismatches == [], "\n".join(id_mismatches)
+
+
+async def test_the_wall_tells_a_stranger_no_more_than_the_gallery_page(app: Any, services: Any,
+                                                                         admin: AuthActions) -> None:
+    """Every wall route (page, photo list, images, QR code, feed), for an unknown slug, a draft and an expired
+    gallery, with no key and with a made-up one, answers a stranger and a guest of another gallery exactly as
+    ``/g/<slug>`` answers them: whether a slug exists is not told by the wall (issue 27)."""
+    world = await build_world(app, services, admin)
+    wall_rules = [rule for rule in rules(app) if ROUTES[rule.endpoint][0] in ("wall", "live_wall")]
+    assert {rule.endpoint for rule in wall_rules} >= {"wall.page", "wall.photos", "wall.image", "live.wall_feed"}
+    slugs = {"unknown": "no-such-gallery", "draft": world.values["draft"]["slug"],
+             "expired": world.values["expired"]["slug"]}
+    mismatches: list[str] = []
+    count = 0
+    for role in ("nobody", "guest_other", "guest_expired"):
+        client = world.clients[role]
+        for variant, slug in slugs.items():
+            page = await client.get(f"/g/{slug}")
+            await page.get_data()
+            assert page.status_code in (404, 410), (role, variant, page.status_code)
+            values = {**world.values["expired" if variant == "unknown" else variant], "slug": slug}
+            for rule in wall_rules:
+                for query in ("", "?key=made-up-key"):
+                    path = url_for_rule(rule, values) + query
+                    if getattr(rule, "websocket", False):
+                        status = await ws_status(client, path)
+                    else:
+                        response = await client.get(path)
+                        await response.get_data()
+                        status = response.status_code
+                    count += 1
+                    if status != page.status_code:
+                        mismatches.append(f"{role} {path}: {status}, the gallery page {page.status_code}")
+    assert count >= 3 * 3 * 2 * 4
+    assert mismatches == [], "\n".join(mismatches)
 
 
 # Ids no row can have: SQLite's INTEGER is 64-bit signed, so 2**63 cannot even be bound as a parameter (it used

@@ -27,18 +27,19 @@ def new_token() -> str:
 
 
 def wall_gallery(conn: Connection, slug: str, key: str | None, is_admin: bool, now: float) -> Row:
-    """The gallery whose wall this visitor may open; raises otherwise (404 unknown, 403 a bad link, and for a
-    link 404 a draft, 410 expired, as guests are told)."""
-    gallery = gallery_q.get_by_slug(conn, slug)
-    if gallery is None:
-        raise NotFound("There is no gallery at this address.")
+    """The gallery whose wall this visitor may open; raises otherwise.
+
+    Without the admin's session the wall tells no more than the gallery page tells a stranger: an unknown slug
+    and a draft are both 404, an expired gallery 410 (with the photographer's contact), whatever the key
+    (issue 27: a 403 for a draft told that its slug exists). Only for a gallery guests could open is a missing
+    or wrong key 403."""
     if is_admin:
+        gallery = gallery_q.get_by_slug(conn, slug)
+        if gallery is None:
+            raise NotFound("There is no gallery at this address.")
         return gallery
+    gallery = access.gallery_for_password_form(conn, slug, now)  # the page's rules short of the password
     token = gallery["wall_token"]
     if not key or token is None or not secrets.compare_digest(key.encode(), token.encode()):
         raise Forbidden(BAD_LINK)
-    if gallery["is_draft"]:
-        raise NotFound("There is no gallery at this address.")
-    if access.is_expired(gallery, now):
-        raise access.GalleryExpired()
     return gallery
