@@ -20,6 +20,7 @@ from picpeak_lite.web.accesslog import AccessLog
 from picpeak_lite.web.asgi import BackpressureHTTPConnection, BoundedRequest
 from picpeak_lite.web.auth import ADMIN_COOKIE, GUEST_COOKIE, services
 from picpeak_lite.web.limits import WebLimits
+from picpeak_lite.web.passwords import DEVICE_COOKIE, DEVICE_COOKIE_DAYS
 from picpeak_lite.web.resources import STATIC_DIR, TEMPLATES_DIR
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,8 @@ def _after_request(response: Response) -> Response:
             response.set_cookie(ADMIN_COOKIE, value, max_age=max_age, **cookie_args)
     if "new_guest_cookie" in g:
         response.set_cookie(GUEST_COOKIE, g.new_guest_cookie, max_age=400 * 86400, **cookie_args)
+    if "set_device_cookie" in g:
+        response.set_cookie(DEVICE_COOKIE, g.set_device_cookie, max_age=DEVICE_COOKIE_DAYS * 86400, **cookie_args)
     return response
 
 

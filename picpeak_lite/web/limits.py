@@ -11,14 +11,14 @@ from dataclasses import dataclass
 import trio
 
 from picpeak_lite.config import Settings
+from picpeak_lite.web.passwords import PasswordThrottle
 from picpeak_lite.web.ratelimit import GuestUploadLimits, RateLimit
-from picpeak_lite.web.throttle import Throttle
 
 
 @dataclass
 class WebLimits:
-    login_throttle: Throttle
-    gallery_throttle: Throttle
+    # Failed passwords at the admin login and at galleries, per device or IP (web/passwords.py).
+    password_throttle: PasswordThrottle
     # Guest state changes (hearts, names), per guest session: 60 changes at once, then 2 a second.
     guest_rate_limit: RateLimit
     # Guest upload budgets per session and per IP (ratelimit.GUEST_*), read when this is made.
@@ -31,8 +31,8 @@ class WebLimits:
     @classmethod
     def for_settings(cls, settings: Settings, monotonic: Callable[[], float]) -> WebLimits:
         return cls(
-            login_throttle=Throttle(settings.login_attempts, settings.login_window_seconds, clock=monotonic),
-            gallery_throttle=Throttle(settings.login_attempts, settings.login_window_seconds, clock=monotonic),
+            password_throttle=PasswordThrottle(settings.login_attempts, settings.login_window_seconds,
+                                               settings.login_backoff_seconds, clock=monotonic),
             guest_rate_limit=RateLimit(60, 2, clock=monotonic),
             guest_upload_limits=GuestUploadLimits(monotonic),
             watermark_limiter=trio.CapacityLimiter(1),

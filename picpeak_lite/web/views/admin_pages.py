@@ -24,7 +24,15 @@ from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.store.queries import proofing as proofing_q
 from picpeak_lite.web import qr
 from picpeak_lite.web.auth import admin_page, check_origin, current_admin, limits, services
-from picpeak_lite.web.views.common import admin_image_url, client_ip, load_grid, read_filters, share_url
+from picpeak_lite.web.views.common import (
+    admin_image_url,
+    client_ip,
+    load_grid,
+    prove_device,
+    read_filters,
+    share_url,
+    trusted_device,
+)
 
 EXPIRY_WARNING_DAYS = 7
 # Where a login may send the admin on: a path on this site under /admin, in the characters a URL path and query
@@ -50,14 +58,15 @@ async def login_submit() -> Any:
     svc = services()
     form = await request.form
     next_url = _safe_next(form.get("next"))
-    ip = client_ip()
-    async with limits().login_throttle.guard("admin", ip):
-        user = await svc.db.read(admin_q.get_user_by_name, form.get("username", "").strip())
+    user = await svc.db.read(admin_q.get_user_by_name, form.get("username", "").strip())
+    proof = f"a{user['id']}" if user else ""
+    device = trusted_device(proof, user["password_hash"] if user else None)
+    async with limits().password_throttle.guard("admin", client_ip(), device) as attempt:
         ok = await svc.verify_password(user["password_hash"] if user else None, form.get("password", ""))
         if not ok or user is None:
-            limits().login_throttle.failed("admin", ip)
+            attempt.failed()
         else:
-            limits().login_throttle.succeeded("admin", ip)
+            attempt.succeeded()
     if not ok or user is None:
         html = await render_template(
             "admin/login.html", next=next_url, error="Wrong user name or password.",
@@ -71,6 +80,7 @@ async def login_submit() -> Any:
         admin_q.create_session, user["id"], security.token_hash(token), security.new_token(), now, now + max_age
     )
     g.set_admin_cookie = (token, max_age)
+    prove_device(proof, user["password_hash"])
     return redirect(next_url or url_for("admin.dashboard"))
 
 

@@ -21,6 +21,7 @@ from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.web.auth import SAFE_METHODS, admin_from_cookie, current_guest, services
+from picpeak_lite.web.passwords import DEVICE_COOKIE, Device
 
 
 def client_ip() -> str:
@@ -33,6 +34,21 @@ def client_ip() -> str:
     trusted = trusted_set(services().settings.trusted_proxies)
     address = real_client(request.remote_addr or "unknown", request.headers.get("X-Forwarded-For", ""), trusted)
     return throttle_key(address)
+
+
+def trusted_device(proof: str, password_hash: str | None) -> str | None:
+    """The id of this browser's device cookie when it proved ``proof``'s current password (its failures are
+    then counted for it alone), else None: an untrusted client (web/passwords.py)."""
+    device = Device.parse(request.cookies.get(DEVICE_COOKIE))
+    if device is None or password_hash is None or not device.proved(proof, password_hash):
+        return None
+    return device.device_id
+
+
+def prove_device(proof: str, password_hash: str) -> None:
+    """The right password was given: this browser's device cookie (made if it had none) now vouches for it."""
+    device = Device.parse(request.cookies.get(DEVICE_COOKIE)) or Device.new()
+    g.set_device_cookie = device.with_proof(proof, password_hash).value()
 
 
 def trusted_set(trusted_proxies: str) -> frozenset[str]:

@@ -20,7 +20,7 @@ from picpeak_lite.store.queries import listing
 from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, limits, services
 from picpeak_lite.web.playback import duration_label, video_fields
-from picpeak_lite.web.views.common import base_url, client_ip, load_gallery
+from picpeak_lite.web.views.common import base_url, client_ip, load_gallery, prove_device, trusted_device
 
 blueprint = Blueprint("guest", __name__)
 
@@ -198,15 +198,16 @@ async def password_submit(slug: str) -> Any:
     back = asked if asked in pages else pages[0]
     if row["password_hash"] is None:
         return redirect(back)
-    ip = client_ip()
-    target = f"gallery:{row['id']}"
-    async with limits().gallery_throttle.guard(target, ip):
+    proof = f"g{row['id']}"
+    device = trusted_device(proof, row["password_hash"])
+    async with limits().password_throttle.guard(f"gallery:{row['id']}", client_ip(), device) as attempt:
         ok = await svc.verify_password(row["password_hash"], form.get("password", ""))
         if ok:
-            limits().gallery_throttle.succeeded(target, ip)
+            attempt.succeeded()
         else:
-            limits().gallery_throttle.failed(target, ip)
+            attempt.failed()
     if not ok:
         raise access.PasswordRequired(row, wrong_password=True, return_to=back)
+    prove_device(proof, row["password_hash"])
     await svc.db.write(guest_q.grant_access, guest.id, row["id"], row["password_version"], svc.clock())
     return redirect(back)
