@@ -97,6 +97,8 @@ class Settings:
     grid_px: int = _setting(400, "Long edge of the grid image.")
     view_px: int = _setting(1600, "Long edge of the view image.")
     jpeg_quality: int = _setting(85, "JPEG quality of derivatives (60-95).")
+    decode_deadline_seconds: float = _setting(
+        60.0, "Longest a photo's decode and images may take in a worker before it fails (a retry tries again).")
     video_deadline_seconds: float = _setting(120.0, "Longest a video's probe or poster may take before it fails.")
     media_children: int = _setting(2, "Video children (probe, poster, preview) this process runs at once (2 or more).")
     video_previews: bool = _setting(True, "Make a playable H.264 preview of videos browsers cannot play (HEVC).")
@@ -321,6 +323,7 @@ def _validate(s: Settings) -> None:
     require(s.max_pixels >= 100, "max_pixels", "must be at least 100")
     require(s.guest_max_pixels >= 100, "guest_max_pixels", "must be at least 100")
     require(s.decode_memory_mb >= 64, "decode_memory_mb", "must be at least 64")
+    require(s.decode_deadline_seconds >= 1, "decode_deadline_seconds", "must be at least 1")
     require(s.video_deadline_seconds >= 5, "video_deadline_seconds", "must be at least 5")
     require(s.media_children >= 2, "media_children", "must be at least 2 (a paused preview holds one)")
     require(64 <= s.grid_px <= s.view_px <= 8192, "grid_px", "must be between 64 and view_px (at most 8192)")

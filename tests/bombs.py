@@ -167,3 +167,71 @@ def jpeg_big(variant: int = 0) -> bytes:
     comment = f"variant {variant}".encode()
     data = _big_jpeg()
     return data[:2] + b"\xff\xfe" + struct.pack(">H", len(comment) + 2) + comment + data[2:]
+
+
+class _Bits:
+    """An entropy-coded segment written bit by bit: 0xFF stuffed as FF 00, the last byte padded with ones."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.acc = 0
+        self.count = 0
+
+    def put(self, value: int, length: int) -> None:
+        for shift in range(length - 1, -1, -1):
+            self.acc = (self.acc << 1) | ((value >> shift) & 1)
+            self.count += 1
+            if self.count == 8:
+                self._byte()
+
+    def _byte(self) -> None:
+        self.out.append(self.acc)
+        if self.acc == 0xFF:
+            self.out.append(0)
+        self.acc = self.count = 0
+
+    def done(self) -> bytes:
+        if self.count:
+            self.acc = (self.acc << (8 - self.count)) | ((1 << (8 - self.count)) - 1)
+            self._byte()
+        return bytes(self.out)
+
+
+def _segment(marker: int, payload: bytes) -> bytes:
+    return bytes((0xFF, marker)) + struct.pack(">H", len(payload) + 2) + payload
+
+
+def jpeg_scans(scans: int, *, width: int = 4000, height: int = 4000, refine: bool = False, variant: int = 0
+               ) -> bytes:
+    """The issue's progressive-JPEG "scan bomb": a grey SOF2 header, one DC scan, then ``scans`` identical AC
+    scans (Ss=1..63) coded as runs of empty blocks (EOB14, up to 32767 blocks a symbol), 15-55 bytes each, so
+    that the file stays small while libjpeg walks every block of the image once per scan. ``refine``: the AC
+    scans are refinement scans (Ah=1), in which libjpeg also looks at each of a block's 63 coefficients."""
+    blocks = -(-width // 8) * -(-height // 8)
+    dc = _Bits()
+    for _ in range(blocks):
+        dc.put(0, 1)  # DC category 0: no change
+    ac = _Bits()
+    left = blocks
+    while left:
+        run = min(left, 32767)
+        if run >= 16384:
+            ac.put(0, 1)  # EOB14, then 14 bits: the run is 16384 + those
+            ac.put(run - 16384, 14)
+        else:  # the last, shorter run: EOBr, r = its bit length - 1, then r bits
+            r = run.bit_length() - 1
+            ac.put(0b10000 | r, 5)
+            ac.put(run - (1 << r), r)
+        left -= run
+    ac_data = ac.done()
+    comment = f"variant {variant}".encode()
+    head = (b"\xff\xd8" + _segment(0xFE, comment) + _segment(0xDB, b"\x00" + b"\x01" * 64)
+            + _segment(0xC2, struct.pack(">BHHB", 8, height, width, 1) + b"\x01\x11\x00")
+            + _segment(0xC4, b"\x00" + bytes([1] + [0] * 15) + b"\x00"))
+    # AC table (canonical codes): EOB14 (0xE0) is 0, EOBr for r = 0..13 is 1rrrr.
+    ac_table = _segment(0xC4, b"\x10" + bytes([1, 0, 0, 0, 14] + [0] * 11) + b"\xe0"
+                        + bytes(r << 4 for r in range(14)))
+    dc_scan = _segment(0xDA, b"\x01\x01\x00\x00\x00\x00") + dc.done()
+    ah_al = 0x10 if refine else 0x00
+    ac_scan = _segment(0xDA, b"\x01\x01\x00\x01\x3f" + bytes([ah_al])) + ac_data
+    return head + ac_table + dc_scan + ac_scan * scans + b"\xff\xd9"

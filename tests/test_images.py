@@ -6,6 +6,7 @@ import contextlib
 import functools
 import io
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -665,3 +666,102 @@ def jpeg_bytes_plain() -> bytes:
     out = io.BytesIO()
     photo(300, 200, seed=2).save(out, "JPEG")
     return out.getvalue()
+
+
+# --- scans and checkpoints (issue 27: the progressive "scan bomb") -------------------------------------------
+
+def test_a_scan_bomb_is_refused_at_the_header_check() -> None:
+    """The issue's file: a grey SOF2 header, one DC scan, then thousands of AC scans of runs of empty blocks.
+    Before the scan limit it passed sniff and its decode took minutes; now the header check names the reason."""
+    from tests import bombs
+
+    bomb = bombs.jpeg_scans(20_000, width=2000, height=2000)
+    assert len(bomb) < 700_000
+    with pytest.raises(InvalidImage) as refused:
+        images.sniff(bomb, max_bytes=256 << 20)
+    assert refused.value.reason == images.TOO_MANY_SCANS
+    assert "more than 100 scans" in refused.value.reason
+
+
+def test_a_jpeg_at_the_scan_limit_passes_and_one_past_it_does_not() -> None:
+    from tests import bombs
+
+    at_limit = bombs.jpeg_scans(images.MAX_SCANS - 1, width=64, height=64)  # the DC scan and 99 AC scans
+    assert at_limit.count(images.SOS) == images.MAX_SCANS
+    assert images.sniff(at_limit).width == 64
+    assert images.render(at_limit, RenderSpec()).width == 64
+    past = bombs.jpeg_scans(images.MAX_SCANS, width=64, height=64, refine=True)
+    with pytest.raises(InvalidImage, match="more than 100 scans"):
+        images.sniff(past)
+
+
+def test_a_scan_bomb_an_older_check_let_in_stops_at_the_limit_in_the_decode() -> None:
+    """A file stored before the limit existed reaches the worker without sniff: the decoder is handed at most
+    MAX_SCANS scans and the photo fails with the same sentence (every decode path: the view, downloads)."""
+    from tests import bombs
+
+    bomb = bombs.jpeg_scans(20_000, width=2000, height=2000, refine=True)
+    assert images.plan(bomb, RenderSpec()) > 0  # the header alone says nothing of the scans
+    for make in (lambda: images.render(bomb, RenderSpec()), lambda: images.web_copy(bomb, None),
+                 lambda: images.apply_watermark(bomb, Watermark(text="x"))):
+        with pytest.raises(InvalidImage) as refused:
+            make()
+        assert refused.value.reason == images.TOO_MANY_SCANS
+
+
+@pytest.mark.parametrize("kind", ["progressive", "baseline"])
+def test_ordinary_jpegs_are_not_held_to_the_scan_count(kind: str) -> None:
+    """A progressive photo (Pillow's libjpeg writes 10 scans) passes; a baseline one is never counted, even
+    with scan markers in a metadata segment's bytes."""
+    out = io.BytesIO()
+    comment = (images.SOS * 300) if kind == "baseline" else b"x"
+    photo(900, 600).save(out, "JPEG", quality=85, progressive=kind == "progressive", comment=comment)
+    data = out.getvalue()
+    assert (data.count(images.SOS) > images.MAX_SCANS) == (kind == "baseline")
+    assert images.sniff(data).width == 900
+    assert images.render(data, RenderSpec()).width == 900
+
+
+class Stop(BaseException):
+    """Like the worker's Stopped, a BaseException: no decoder error handling may take it for a bad file."""
+
+
+def test_a_decode_calls_its_checkpoint_before_every_block_it_reads() -> None:
+    """The worker's deadline and cancellation land inside a long decode: ``checkpoint`` runs before each
+    1 MiB the JPEG decoder reads (and each read of the header), and what it raises ends the decode there."""
+    out = io.BytesIO()
+    Image.effect_noise((3000, 2500), 80).convert("RGB").save(out, "JPEG", quality=98, progressive=True)
+    data = out.getvalue()
+    blocks = -(-len(data) // images.JPEG_READ_BLOCK)
+    assert blocks >= 3, len(data)
+    calls: list[int] = []
+    images.decode(data, RenderSpec(), checkpoint=lambda: calls.append(1))
+    every = len(calls)
+    assert every >= blocks
+
+    def stop_before_the_last_block() -> None:
+        calls.append(1)
+        if len(calls) == every - 1:
+            raise Stop()
+
+    calls.clear()
+    with pytest.raises(Stop):
+        images.decode(data, RenderSpec(), checkpoint=stop_before_the_last_block)
+    assert len(calls) == every - 1
+
+
+def test_counting_scans_in_a_50_mb_file(capsys: Any) -> None:
+    """What the header check's count costs a legitimate 50 MB progressive JPEG, which it reads to the end
+    (printed, not asserted): 50 MB of random bytes in comment segments between the header and the scans."""
+    from tests import bombs
+
+    bomb = bombs.jpeg_scans(9, width=64, height=64)
+    noise = os.urandom(65_000).replace(b"\xff", b"\xfe")
+    segment = b"\xff\xfe" + len(noise + b"..").to_bytes(2, "big") + noise
+    at = bomb.index(images.SOS)
+    big = bomb[:at] + segment * (50 * images.MB // len(segment)) + bomb[at:]
+    began = time.perf_counter()
+    assert images.sniff(big).width == 64
+    counted_ms = (time.perf_counter() - began) * 1000
+    figures(capsys, f"images scan count: a {len(big) / images.MB:.0f} MB progressive JPEG checked (read to its "
+                    f"end, {big.count(images.SOS)} scans) in {counted_ms:.0f} ms")

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import trio
 
+from picpeak_lite.media import images
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.pipeline.janitor import Janitor
-from picpeak_lite.pipeline.worker import WorkerPool, _Claim
+from picpeak_lite.pipeline.worker import TOO_SLOW, WorkerPool, _Claim
 from picpeak_lite.services import Services
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import claims
@@ -25,7 +26,7 @@ from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import webhooks as webhook_q
 from picpeak_lite.store.storage import new_key
 
-from . import imagefactory
+from . import bombs, imagefactory
 from .conftest import AuthActions, own_services
 from .factories import create_gallery, photo_jpeg, run_pool_until_idle, stage_photo
 
@@ -541,3 +542,37 @@ async def test_sending_a_failed_photo_again_retries_it(services: Services, clien
     row = status_of(conn, photo_id)
     assert (row["status"], row["error"], row["attempts"]) == ("pending", None, 0)
     assert conn.execute("SELECT count(*) AS n FROM photos").fetchall()[0]["n"] == 1
+
+
+# --- decode deadline and scan limit (issue 27) --------------------------------------------------------------
+
+async def test_a_scan_bomb_an_older_check_let_in_fails_with_its_sentence(services: Services, conn: Any,
+                                                                        gallery_id: int) -> None:
+    """Stored without the header check (as by an older version): the decode is handed at most MAX_SCANS scans,
+    the photo fails with the sentence, and a good photo of the same run completes."""
+    bomb, upload = stage_photo(services, gallery_id, bombs.jpeg_scans(20_000, width=2000, height=2000))
+    good, _ = stage_photo(services, gallery_id, photo_jpeg(11), upload_id=upload)
+    await run_pool_until_idle(services)
+    row = status_of(conn, bomb)
+    assert row["status"] == "failed" and row["error"] == images.TOO_MANY_SCANS
+    assert status_of(conn, good)["status"] == "complete"
+
+
+async def test_a_photo_past_its_decode_deadline_fails_and_is_tried_again_on_retry(tmp_path: Path,
+                                                                                  autojump_clock: Any) -> None:
+    """On trio's virtual clock the deadline passes as soon as the event loop waits for the image thread; the
+    decode (a scan bomb at the limit, seconds of real work in one block) is stopped at its next checkpoint and
+    the photo fails with the deadline's sentence. A retry runs it again (a fresh attempt, which fails the same way)."""
+    with own_services(tmp_path, decode_deadline_seconds=1) as svc:
+        svc.clock = trio.current_time
+        gid = await svc.db.write(create_gallery)
+        slow = bombs.jpeg_scans(images.MAX_SCANS - 1, width=4000, height=4000, refine=True)
+        photo_id, _ = stage_photo(svc, gid, slow)
+        await run_pool_until_idle(svc)
+        row = await svc.db.read(photo_q.get, photo_id)
+        assert row["status"] == "failed" and row["error"] == TOO_SLOW.format(seconds=1)
+        assert "1 seconds" in row["error"] and row["attempts"] == 1
+        assert await svc.db.write(photo_q.retry, photo_id)
+        await run_pool_until_idle(svc)
+        row = await svc.db.read(photo_q.get, photo_id)
+        assert row["status"] == "failed" and row["error"] == TOO_SLOW.format(seconds=1) and row["attempts"] == 1

@@ -42,7 +42,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import BinaryIO
+from typing import BinaryIO, cast
 from xml.sax.saxutils import escape
 
 import pillow_heif
@@ -89,6 +89,17 @@ MB = 1024 * 1024
 # Only the first frame of an animated WebP, APNG or HEIF sequence is decoded; more frames than this is a file
 # made to exhaust the demuxer's tables, not a photo.
 MAX_FRAMES = 1000
+# libjpeg walks every block of a component once per scan, however few bytes the scan has: a progressive "scan
+# bomb" of 20,000 scans of 30 bytes each (runs of empty blocks) holds a decode for minutes. Encoders write far
+# fewer (libjpeg's progressive default 10 (6 grey), mozjpeg's searched scripts about 10-20, Photoshop 3-5);
+# libjpeg-turbo's own answer is a scan limit (djpeg -maxscans, TJPARAM_SCANLIMIT). At 100 the worst case
+# measured on a 2-core box (refinement scans of runs of empty blocks, the costliest per byte) is about 5 s for
+# a 49 MP image and 11 s for 144 MP, within the decode deadline. Only JPEGs that are not sequential Huffman
+# (progressive, arithmetic, lossless) are counted: a sequential Huffman scan costs at least two bits a block,
+# so its decode time is bounded by the file's size.
+MAX_SCANS = 100
+SOS = b"\xff\xda"  # in entropy-coded data 0xFF is always stuffed as FF 00: FF DA starts a scan (or sits in
+# a metadata segment's bytes, which only makes the count an upper bound)
 
 
 class InvalidImage(ValueError):
@@ -169,9 +180,10 @@ def sniff(source: Source, *, max_pixels: int = 150_000_000, max_bytes: int | Non
     """Check an upload from its magic bytes and header only: no pixel is decoded, nothing large allocated.
 
     With ``max_bytes``, an image whose view would need more memory than that (``plan``) is refused here, so that
-    the worker never meets it.
+    the worker never meets it. A progressive (or arithmetic) JPEG's scans are counted, which reads the file once
+    (``MAX_SCANS``; about 3 ms a MB).
     """
-    with _open(source, max_pixels) as (im, fmt):
+    with _open(source, max_pixels, count_scans=True) as (im, fmt):
         width, height = _upright(im.size, read_orientation(_exif(im)))
         frames = _frames(im)
         memory = _view_cost(im, fmt, view_px)
@@ -237,9 +249,12 @@ def derivatives(decode: Callable[[], Decoded], spec: RenderSpec, checkpoint: Cal
     return view, view_jpeg, encode(grid, spec)
 
 
-def decode(source: Source, spec: RenderSpec) -> Decoded:
-    """Decode, upright and in RGB, at the smallest JPEG scale that still covers ``spec.view_px``."""
-    return _load(source, spec.max_pixels, spec.view_px)
+def decode(source: Source, spec: RenderSpec, checkpoint: Callable[[], None] | None = None) -> Decoded:
+    """Decode, upright and in RGB, at the smallest JPEG scale that still covers ``spec.view_px``.
+
+    ``checkpoint`` is called before every block the decoder reads (1 MiB for a JPEG, 64 KiB for a PNG), so that
+    a worker's deadline or cancellation lands inside a long decode, not only after it."""
+    return _load(source, spec.max_pixels, spec.view_px, checkpoint=checkpoint)
 
 
 def from_rgb(rgb: bytes, size: tuple[int, int], width: int, height: int, fmt: str, orientation: int = 1) -> Decoded:
@@ -385,8 +400,12 @@ def apply_watermark(source: Source, watermark: Watermark, *, quality: int = 92, 
 
 
 @contextmanager
-def _open(source: Source, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
-    """Open lazily (header only) with the one Pillow plugin the magic bytes name, and check the size."""
+def _open(source: Source, max_pixels: int, *, checkpoint: Callable[[], None] | None = None,
+          count_scans: bool = False) -> Iterator[tuple[Image.Image, str]]:
+    """Open lazily (header only) with the one Pillow plugin the magic bytes name, and check the size.
+
+    Pillow reads through a :class:`_Feed`, which calls ``checkpoint`` before each read and stops a JPEG's
+    decode at MAX_SCANS scans; ``count_scans`` counts them here already (the upload's check)."""
     with io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb") as fp:
         head = fp.read(64)
         fmt = _format(head)
@@ -394,8 +413,9 @@ def _open(source: Source, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
         canvas = _webp_canvas(head) if fmt == "webp" else None
         if canvas is not None:  # Pillow's WebP decoder allocates the canvas when it opens: check it first
             _check_pixels(*canvas, max_pixels)
+        feed = _Feed(fp, checkpoint)
         try:
-            im = Image.open(fp, formats=[FORMATS[fmt][0]])
+            im = Image.open(cast(BinaryIO, feed), formats=[FORMATS[fmt][0]])
         except Exception as exc:  # only Pillow runs here; its plugins raise many types
             raise InvalidImage(CORRUPT, f"{type(exc).__name__}: {exc}") from exc
         width, height = im.size
@@ -412,7 +432,107 @@ def _open(source: Source, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
                                "(only the first is shown)", too_large=True)
         if fmt == "png" and _file_size(fp) < height * (1 + (width + 7) // 8) // DEFLATE_MAX_RATIO:
             raise InvalidImage(CORRUPT, f"{width}x{height} cannot fit in {_file_size(fp)} bytes")
+        if fmt == "jpeg" and not _sequential_huffman(fp):
+            if count_scans and _has_more_scans(fp, MAX_SCANS):
+                raise InvalidImage(TOO_MANY_SCANS)
+            feed.count_scans(MAX_SCANS)  # from here on only the decode reads: it sees at most MAX_SCANS
         yield im, fmt
+
+
+TOO_MANY_SCANS = (f"The JPEG has more than {MAX_SCANS} scans, far more than any camera or encoder writes; a file "
+                  "like this only makes decoding slow")
+
+
+class _Feed:
+    """The file as Pillow reads it: ``checkpoint`` before every read, and a JPEG cut off before its scan after
+    the allowed ones (the next read raises InvalidImage), so that no file can make one decoder call walk the
+    image more than MAX_SCANS times, even one that an older version accepted at upload.
+
+    Pillow hands the decoder what one read returns (``decodermaxblock``): cutting the block there is what bounds
+    the work of one call, whose scans run in C with no checkpoint between them."""
+
+    def __init__(self, fp: BinaryIO, checkpoint: Callable[[], None] | None) -> None:
+        self.fp = fp
+        self.checkpoint = checkpoint
+        self.scans_left: int | None = None  # None: not counting
+        self.tail = b""  # b"\xff" when the last block ended with one: a marker may straddle two blocks
+
+    def count_scans(self, limit: int) -> None:
+        self.scans_left = limit
+        self.tail = b""
+
+    def read(self, size: int = -1) -> bytes:
+        if self.checkpoint is not None:
+            self.checkpoint()
+        if self.scans_left is not None and self.scans_left < 0:
+            raise InvalidImage(TOO_MANY_SCANS)
+        data = self.fp.read(size)
+        if self.scans_left is None or not data:
+            return data
+        joined = self.tail + data
+        found = joined.count(SOS)
+        if found > self.scans_left:
+            at = -1
+            for _ in range(self.scans_left + 1):
+                at = joined.find(SOS, at + 1)
+            cut = at - len(self.tail)
+            self.scans_left = -1
+            if cut <= 0:
+                raise InvalidImage(TOO_MANY_SCANS)
+            return data[:cut]
+        self.scans_left -= found
+        self.tail = data[-1:] if data[-1:] == b"\xff" else b""
+        return data
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.tail = b""
+        return self.fp.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.fp.tell()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.fp, name)
+
+
+SEQUENTIAL_HUFFMAN = (0xC0, 0xC1)  # SOF0 (baseline) and SOF1 (extended): what cameras write
+
+
+def _sequential_huffman(fp: BinaryIO) -> bool:
+    """Whether the JPEG's frame (its SOF marker, found by walking the segments before it) is sequential
+    Huffman. Anything odd on the way counts as not, so that its scans are counted."""
+    here = fp.tell()
+    try:
+        fp.seek(2)
+        while True:
+            head = fp.read(4)
+            if len(head) < 4 or head[0] != 0xFF:
+                return False
+            marker = head[1]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                return marker in SEQUENTIAL_HUFFMAN
+            if marker in (0xDA, 0xD9, 0xFF):
+                return False
+            fp.seek(int.from_bytes(head[2:4], "big") - 2, os.SEEK_CUR)
+    finally:
+        fp.seek(here)
+
+
+def _has_more_scans(fp: BinaryIO, limit: int) -> bool:
+    """Whether the file holds more than ``limit`` scan markers, read in blocks (a 50 MB file is not held)."""
+    here = fp.tell()
+    fp.seek(0)
+    found = 0
+    tail = b""
+    try:
+        while block := fp.read(JPEG_READ_BLOCK):
+            found += (tail + block).count(SOS)
+            if found > limit:
+                return True
+            tail = block[-1:] if block[-1:] == b"\xff" else b""
+        return False
+    finally:
+        fp.seek(here)
 
 
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:
@@ -638,10 +758,10 @@ def _format(head: bytes) -> str:
 
 
 def _load(source: Source, max_pixels: int, draft_px: int | None, *, scale: int = 1,
-          upright_first: bool = False) -> Decoded:
+          upright_first: bool = False, checkpoint: Callable[[], None] | None = None) -> Decoded:
     """Decode to RGB. For a view (``draft_px``), the image stays as it is stored and is turned upright by
     make_view after shrinking; a full-size copy (``upright_first``) is turned here."""
-    with _open(source, max_pixels) as (im, fmt):
+    with _open(source, max_pixels, checkpoint=checkpoint) as (im, fmt):
         raw_size = im.size
         if fmt == "jpeg" and draft_px:
             _decode_at(im, _eighths(raw_size, draft_px))
@@ -649,6 +769,8 @@ def _load(source: Source, max_pixels: int, draft_px: int | None, *, scale: int =
             _decode_at(im, 8 // scale)
         try:
             im.load()
+        except InvalidImage:  # the feed's: too many scans
+            raise
         except Exception as exc:  # only Pillow decoders run here
             raise InvalidImage(CORRUPT, f"{type(exc).__name__}: {exc}") from exc
         exif = _exif(im)

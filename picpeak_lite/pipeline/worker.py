@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SAFETY_POLL_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 60.0
+TOO_SLOW = "Making this photo's images took longer than {seconds:g} seconds and was given up; the file may be damaged."
 
 
 class HandBack(enum.Enum):
@@ -237,11 +238,15 @@ class WorkerPool:
                                            deadline=self.svc.settings.video_deadline_seconds,
                                            places=self.svc.settings.media_children)
             return made if isinstance(made, str) else _Rendered(*made)
+        deadline = self.svc.settings.decode_deadline_seconds
         try:
             cost = await self._in_thread(images.plan, path, spec, budget.total)
             async with budget.hold(cost):
-                decode = functools.partial(images.decode, path, spec)
-                view, view_jpeg, grid_jpeg = await self._in_steps(functools.partial(images.derivatives, decode, spec))
+                steps = await self._in_steps_by(functools.partial(_derivatives, path, spec), deadline)
+            if steps is None:
+                log.warning("photo %s: gave up after %g s", row["id"], deadline)
+                return TOO_SLOW.format(seconds=deadline)
+            view, view_jpeg, grid_jpeg = steps
             metadata = exif.read_metadata(view.exif)
         except FileNotFoundError:  # deleted while we worked (its row is gone too), or lost from the disk
             return photo_q.ORIGINAL_MISSING
@@ -265,6 +270,15 @@ class WorkerPool:
         async with self.image_limiter:
             return await self.image_threads.run_steps(fn)
 
+    async def _in_steps_by(self, fn: Callable[[Checkpoint], T], deadline: float) -> T | None:
+        """:meth:`_in_steps`, or None when the steps ran past ``deadline`` seconds: they are stopped at their next
+        checkpoint (the decode has one before every block it reads). Counted from when a thread is had, so a
+        photo that waited for its turn is not the slower for it."""
+        async with self.image_limiter:
+            with trio.move_on_after(deadline):
+                return await self.image_threads.run_steps(fn)
+        return None
+
     async def _spec(self, gallery_id: int) -> images.RenderSpec:
         s = self.svc.settings
         gallery = await self.svc.db.read(gallery_q.get, gallery_id)
@@ -284,6 +298,12 @@ class WorkerPool:
                 claim.lost = True
                 processing.cancel()
                 return
+
+
+def _derivatives(path: Any, spec: images.RenderSpec, checkpoint: Checkpoint) -> tuple[images.Decoded, bytes, bytes]:
+    """A photo's steps in an image thread, with the job's checkpoint inside the decode too."""
+    decode = functools.partial(images.decode, path, spec, checkpoint)
+    return images.derivatives(decode, spec, checkpoint)
 
 
 @dataclasses.dataclass(frozen=True)
