@@ -765,3 +765,62 @@ def test_counting_scans_in_a_50_mb_file(capsys: Any) -> None:
     counted_ms = (time.perf_counter() - began) * 1000
     figures(capsys, f"images scan count: a {len(big) / images.MB:.0f} MB progressive JPEG checked (read to its "
                     f"end, {big.count(images.SOS)} scans) in {counted_ms:.0f} ms")
+
+
+# --- what a WebP's decode really costs (issue 27) -----------------------------------------------------------
+
+PEAK_SCRIPT = """
+import re, sys
+from pathlib import Path
+from picpeak_lite.media import images
+
+def hwm():
+    return int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+spec = images.RenderSpec()
+estimate = images.plan(sys.argv[1], spec)
+before = hwm()
+images.render(sys.argv[1], spec)
+print(hwm() - before, estimate)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is read from /proc")
+@pytest.mark.parametrize(("megapixels", "lossless"), [(20, False), (12, True)])
+def test_the_webp_estimate_covers_the_measured_peak(tmp_path: Path, capsys: Any, megapixels: int,
+                                                    lossless: bool) -> None:
+    """The real peak of a WebP's render, in a fresh process (VmHWM after minus before), is within the estimate,
+    and the estimate is not far above it (it once said 381 MB for a 306 MB peak)."""
+    import subprocess
+
+    from picpeak_lite.media.samples import size_for
+
+    path = tmp_path / "photo.webp"  # flat: quick to encode, and the decode's memory is the pixels' alone
+    Image.new("RGB", size_for(megapixels), (90, 120, 150)).save(path, "WEBP", quality=85, lossless=lossless,
+                                                                 method=0)
+    done = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path)], capture_output=True, text=True,
+                          check=True)
+    peak, estimate = map(int, done.stdout.split())
+    figures(capsys, f"images webp {megapixels} MP {'lossless' if lossless else 'lossy'}: peak "
+                    f"{peak / images.MB:.0f} MB, estimate {estimate / images.MB:.0f} MB "
+                    f"({estimate / peak:.2f}x)")
+    assert peak <= estimate <= 1.3 * peak
+
+
+def test_a_webp_the_old_estimate_refused_fits_the_default_budget() -> None:
+    """14 MP: the old model said 275 MB (every WebP above ~13 MP refused under 256 MB); measured, it needs ~215.
+    A 20 MP WebP really needs ~306 MB at its peak (libwebp's two canvases, the frame's bytes and Pillow's
+    image): it is refused with its size, and fits with decode_memory_mb = 350."""
+    budget = 256 * images.MB
+
+    def flat_webp(size: tuple[int, int]) -> bytes:
+        out = io.BytesIO()
+        Image.new("RGB", size, (90, 120, 150)).save(out, "WEBP", quality=85, method=0)
+        return out.getvalue()
+
+    header = images.sniff(flat_webp((4583, 3055)), max_bytes=budget)
+    assert header.format == "webp" and header.memory <= budget
+    twenty = flat_webp((5477, 3651))
+    with pytest.raises(InvalidImage, match="5477x3651 pixels would need about 3"):
+        images.sniff(twenty, max_bytes=budget)
+    assert images.sniff(twenty, max_bytes=350 * images.MB).memory <= 350 * images.MB
