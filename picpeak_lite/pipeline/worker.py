@@ -3,7 +3,10 @@
 A worker claims with one guarded statement, renews its lease while it works, and records the result only
 if it still holds the claim (the token). Image work (decode, view, grid, watermark, encode) runs as one job in
 an image thread, with a checkpoint between steps so that cancellation lands between them
-(``images.derivatives``). A bad file fails that photo with a readable reason; the worker goes on. On shutdown a
+(``images.derivatives``), and inside the decode before every block it reads. The steps have a deadline
+(``decode_deadline_seconds``): past it they stop at the next checkpoint and the photo fails with
+:data:`TOO_SLOW`, so no file holds a worker longer. A bad file fails that photo with a readable reason; the
+worker goes on. On shutdown a
 worker hands its photo back to ``pending``.
 
 How the work shares the cores: there are as many image threads (and places on the image limiter) as
