@@ -6,8 +6,7 @@ an image thread, with a checkpoint between steps so that cancellation lands betw
 (``images.derivatives``), and inside the decode before every block it reads. The steps have a deadline
 (``decode_deadline_seconds``): past it they stop at the next checkpoint and the photo fails with
 :data:`TOO_SLOW`, so no file holds a worker longer. A bad file fails that photo with a readable reason; the
-worker goes on. On shutdown a
-worker hands its photo back to ``pending``.
+worker goes on. On shutdown a worker hands its photo back to ``pending``.
 
 How the work shares the cores: there are as many image threads (and places on the image limiter) as
 ``workers``, and one worker task more than that. Reading the original and writing the two JPEGs are file or
