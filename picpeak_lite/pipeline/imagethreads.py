@@ -19,11 +19,11 @@ decoded picture sat idle while the loop served others): a cancellation then land
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
 import os
-import queue
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -76,8 +76,11 @@ class ImageThreads:
         self.nice = nice
         self.name = name
         self.idle_seconds = idle_seconds
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._jobs: collections.deque[_Job] = collections.deque()
+        # One lock for the queue and both counts: a thread takes a job and stops counting as idle in one step,
+        # so a job submitted meanwhile never counts on a thread that is already busy (with a separate queue, a
+        # job could wait behind another while a thread it was owed was never started).
+        self._lock = threading.Condition()
         self._alive = 0
         self._idle = 0
 
@@ -116,27 +119,23 @@ class ImageThreads:
         return result
 
     def _submit(self, job: _Job) -> None:
-        with self._lock:  # a thread ending for idleness checks the queue under this lock: no job is stranded
-            self._jobs.put(job)
-            if self._jobs.qsize() > self._idle and self._alive < self.count:
+        with self._lock:
+            self._jobs.append(job)
+            if len(self._jobs) > self._idle and self._alive < self.count:
                 self._alive += 1
                 threading.Thread(target=self._serve, name=f"{self.name} {self._alive}", daemon=True).start()
+            self._lock.notify()
 
     def _serve(self) -> None:
         self._lower_priority()
         while True:
             with self._lock:
                 self._idle += 1
-            try:
-                job = self._jobs.get(timeout=self.idle_seconds)
-            except queue.Empty:
-                with self._lock:
+                if not self._lock.wait_for(lambda: self._jobs, timeout=self.idle_seconds):
                     self._idle -= 1
-                    if self._jobs.empty():
-                        self._alive -= 1
-                        return
-                continue
-            with self._lock:
+                    self._alive -= 1
+                    return
+                job = self._jobs.popleft()
                 self._idle -= 1
             self._run(job)
 
