@@ -53,6 +53,15 @@ class Settings:
     secure_cookies: bool = _setting(False, "Mark cookies Secure; set this when the server is reached over HTTPS.")
     trusted_proxies: str = _setting("", "Comma-separated proxy addresses whose X-Forwarded-For is believed.")
     shutdown_grace_seconds: float = _setting(10.0, "How long in-flight requests may finish after SIGTERM.")
+    max_connections: int = _setting(
+        0, "Open connections at most (WebSockets included); 0: all the fd limit allows, less a reserve for files.")
+    connections_per_client: int = _setting(
+        256, "Open connections at most from one client address (a venue's guests may share one); "
+        "trusted_proxies are exempt.")
+    min_body_rate_kb: float = _setting(
+        1.0, "A request body slower than this, in KB/s over each body_rate_window_seconds, is ended with 408.")
+    body_rate_window_seconds: float = _setting(
+        30.0, "The window over which min_body_rate_kb is measured (the client's time; waits on the server are free).")
     log_level: str = _setting("info", "One of debug, info, warning, error.")
     # Admin
     admin_username: str = _setting("admin", "The admin account's user name.")
@@ -316,6 +325,10 @@ def _validate(s: Settings) -> None:
                 "tus_expiry_hours", "tus_idle_minutes", "tus_unfinished_mb_per_client",
                 "tus_unfinished_mb_per_gallery", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
+    require(s.max_connections >= 0, "max_connections", "must be 0 (from the fd limit) or more")
+    require(s.connections_per_client >= 1, "connections_per_client", "must be at least 1")
+    require(s.min_body_rate_kb >= 0, "min_body_rate_kb", "must be 0 (no minimum) or more")
+    require(s.body_rate_window_seconds >= 1, "body_rate_window_seconds", "must be at least 1")
     require(s.upload_lead >= 0, "upload_lead", "must be 0 (no limit) or more")
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
     require(0 <= s.image_nice <= 19, "image_nice", "must be between 0 (the server's own priority) and 19")

@@ -65,6 +65,13 @@ class NotFound(AppError):
     title = "Not found"
 
 
+class RequestTimeout(AppError):
+    """A request body that arrived slower than ``min_body_rate_kb``: the connection is closed after the answer."""
+
+    status = 408
+    title = "The upload was too slow"
+
+
 class Conflict(AppError):
     status = 409
     title = "Conflict"

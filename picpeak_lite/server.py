@@ -20,11 +20,16 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import ConfigError
@@ -37,8 +42,9 @@ from picpeak_lite.pipeline.video_previews import PreviewLane
 from picpeak_lite.pipeline.worker import WorkerPool
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
+from picpeak_lite.web import gate
 from picpeak_lite.web.app import create_app
-from picpeak_lite.web.views.common import describe_links
+from picpeak_lite.web.views.common import describe_links, trusted_set
 
 log = logging.getLogger(__name__)
 
@@ -203,14 +209,73 @@ async def _serve(
     config.max_app_queue_size = 1
     # Clients of our WebSockets only send keep-alives.
     config.websocket_max_message_size = 4096
+    settings = svc.settings
+    connection_plan = gate.plan(gate.raise_fd_limit(), total=settings.max_connections,
+                                per_client=settings.connections_per_client)
+    log.info("%s", connection_plan.describe())
+    connections = gate.Gate(connection_plan, uncapped=trusted_set(settings.trusted_proxies))
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(functools.partial(serve, app, config, shutdown_trigger=shutdown.wait))
+        binds = await nursery.start(functools.partial(_serve_gated, app, config, connections,
+                                                      shutdown_trigger=shutdown.wait))
         # The real bind URL (port 0 resolved) is the fallback of share links; say once how they are made.
         if binds:
             svc.bind_url = binds[0]
         log.info("%s", describe_links(svc.settings, svc.bind_url))
         task_status.started(binds)
     cancel_when_done.cancel()
+
+
+async def _serve_gated(
+    app: object,
+    config: HypercornConfig,
+    connections: gate.Gate,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """hypercorn's ``trio.serve`` (``worker_serve``) for plain HTTP on our bound sockets, with one change: the
+    listeners are :class:`gate.GatedListener`, which cap open connections and refuse past the caps with one
+    summary line instead of trio's traceback per failed ``accept``. hypercorn has no setting for its
+    listeners; the lifespan, the graceful shutdown and each connection's ``TCPServer`` are its own."""
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
+    lifespan_state: dict[str, object] = {}
+    lifespan = Lifespan(wrapped, config, lifespan_state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as server_nursery:
+            listeners, binds = [], []
+            for sock in config.create_sockets().insecure_sockets:
+                listeners.append(gate.GatedListener(trio.socket.from_stdlib_socket(sock), connections))
+                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+            task_status.started(binds)
+            try:
+                async with trio.open_nursery(strict_exception_groups=True) as nursery:
+                    nursery.start_soon(raise_shutdown, shutdown_trigger)
+                    nursery.start_soon(raise_shutdown, context.terminate.wait)
+                    nursery.start_soon(_report_refusals, connections)
+                    handler = functools.partial(TCPServer, wrapped, config, context,
+                                                ConnectionState(lifespan_state.copy()))
+                    nursery.start_soon(functools.partial(trio.serve_listeners, handler, listeners,
+                                                         handler_nursery=server_nursery))
+                    await trio.sleep_forever()
+            except BaseExceptionGroup as error:
+                _, others = error.split((ShutdownError, KeyboardInterrupt))
+                if others is not None:
+                    raise others from None
+            finally:
+                await context.terminated.set()
+                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+async def _report_refusals(connections: gate.Gate) -> None:
+    """The last refusals of a burst are reported too, not only when the next one comes."""
+    while True:
+        await trio.sleep(gate.REPORT_EVERY)
+        connections.report()
 
 
 # Debugging aid for the load suite, off unless set: the path of a file that receives the worst event-loop lag.

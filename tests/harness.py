@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
 import os
 import re
+import resource
 import secrets
 import signal
 import struct
@@ -71,12 +73,18 @@ def create_token(data_dir: Path, config: Path | None = None) -> str:
     return done.stdout.strip()
 
 
+def _limit_nofile(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
 class ServerProcess:
     """One ``picpeak-lite serve`` process at a time on a data directory; restartable."""
 
-    def __init__(self, data_dir: Path, config: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, config: Path, *, env: dict[str, str] | None = None,
+                 nofile: int | None = None) -> None:
         self.data_dir = data_dir
         self.config = config
+        self.nofile = nofile  # RLIMIT_NOFILE, soft and hard, for the server (as a unit's LimitNOFILE sets it)
         self.env = {**os.environ, "PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD, "PICPEAK_WEBHOOK_ALLOW_PRIVATE": "true",
                     **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
@@ -91,6 +99,7 @@ class ServerProcess:
             [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(self.data_dir),
              "--config", str(self.config)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
+            preexec_fn=None if self.nofile is None else functools.partial(_limit_nofile, self.nofile),
         )
         self.starts += 1
         ready = threading.Event()

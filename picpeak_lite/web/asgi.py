@@ -26,6 +26,7 @@ photographer's upload, a few guests) are read in large chunks, and many in small
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -35,6 +36,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from quart_trio.wrappers.request import TrioBody, TrioRequest
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from picpeak_lite.errors import RequestTimeout
 from picpeak_lite.perrun import PerRun
 
 # What waits for the app per connection. With 200 guests uploading at once, 64 KiB (instead of 256) took the
@@ -123,6 +125,8 @@ class BoundedBody(TrioBody):
             raise self._must_raise
         if not self._complete.is_set():
             await self._has_data.wait()
+            if self._must_raise is not None:
+                raise self._must_raise
         if self._complete.is_set() and not self._chunks:
             raise StopAsyncIteration()
         data = self._take(keep=False)
@@ -147,6 +151,17 @@ class BoundedBody(TrioBody):
         self.clear()
         self.set_complete()
 
+    @property
+    def complete(self) -> bool:
+        return self._complete.is_set()
+
+    def too_slow(self) -> None:
+        """End the body with a 408 for whoever reads it (see :class:`BodyRate`)."""
+        self._must_raise = RequestTimeout(
+            "The upload arrived too slowly and was stopped; please try again on a better connection.")
+        self.clear()
+        self.set_complete()
+
     async def wait_for_room(self) -> None:
         """Block the socket reader while enough is waiting for the app (unless it wants the body whole)."""
         while not self.wanted_whole and sum(map(len, self._chunks)) >= STREAM_BUFFER_BYTES:
@@ -157,16 +172,53 @@ class BoundedRequest(TrioRequest):
     body_class = BoundedBody
 
 
+class BodyRate:
+    """The minimum rate of a request body: each ``window`` seconds of waiting for the client must bring at least
+    ``window * min_bytes_per_second`` bytes (the first window starts with the request), else the body is ended.
+
+    hypercorn's ``read_timeout`` counts only between bytes, so a client sending one byte every 50 s held its
+    connection (and a file descriptor, and a request task) for ever. Only the time spent waiting for the client
+    counts: while the body waits for the app (backpressure, a full backlog) the client is not to blame. At the
+    default 1 KB/s over 30 s a phone on poor venue Wi-Fi (20-50 KB/s, stalls of several seconds) is far inside
+    the bound; a client below it is not really sending."""
+
+    def __init__(self, min_bytes_per_second: float, window: float) -> None:
+        self.quota = min_bytes_per_second * window
+        self.window = window
+        self.left = window
+        self.got = 0
+
+    def deadline(self) -> float:
+        """How long the next wait for the client may take (infinite with no minimum)."""
+        return max(0.0, self.left) if self.quota > 0 else math.inf
+
+    def waited(self, seconds: float, size: int) -> None:
+        self.left -= seconds
+        self.got += size
+        if self.got >= self.quota:  # this window's share arrived: the next one starts now
+            self.left, self.got = self.window, 0
+
+
 class BackpressureHTTPConnection(TrioASGIHTTPConnection):
     async def handle_messages(self, nursery: trio.Nursery, request: Any, receive: Any) -> None:  # type: ignore[override]
         body = request.body
         read_size, arriving = READ_SIZE.get(), False
+        settings = self.app.extensions["picpeak"].settings
+        rate = BodyRate(settings.min_body_rate_kb * 1000, settings.body_rate_window_seconds)
         try:
             while True:  # until the client goes: a disconnect cancels the request's handler
                 await body.wait_for_room()
-                message = await receive()
+                began = trio.current_time()
+                with trio.move_on_after(math.inf if body.complete else rate.deadline()) as waiting:
+                    message = await receive()
+                if waiting.cancelled_caught:
+                    # Too slow: the app's read of the body raises 408, its answer closes the connection
+                    # (hypercorn does not reuse one whose request did not end), and the rest is not read.
+                    body.too_slow()
+                    continue
                 if message["type"] == "http.request":
                     more = message.get("more_body", False)
+                    rate.waited(trio.current_time() - began, len(message.get("body", b"")))
                     if more and not arriving:
                         arriving = True
                         read_size.started()

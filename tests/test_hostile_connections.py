@@ -1,0 +1,278 @@
+"""Issue 27: nothing a link holder sends may use up the server's file descriptors.
+
+A real server runs with a low fd limit (256, soft and hard, as a unit's ``LimitNOFILE`` sets it). One client
+(127.0.0.2: the loopback range is all ours) then opens more connections than the limit, each sending a login
+form's body one byte a second (far below ``min_body_rate_kb``), or holding a WebSocket to a gallery without a
+password. Before the connection gate, such a flood took every descriptor: ``/healthz`` went unanswered and
+every failed ``accept`` logged an EMFILE traceback. Now the client gets ``connections_per_client`` connections
+and a 429 for each more, the slow bodies end with 408, ``/healthz`` (from 127.0.0.1) and a guest from another
+address (127.0.0.3) are served throughout, and the descriptors come back when the attack ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from .harness import ServerProcess, create_token, write_config
+from .hostile import Watch, tree_rss_mb
+
+pytestmark = pytest.mark.system
+
+FD_LIMIT = 256
+PER_CLIENT = 40
+ATTACK_CONNECTIONS = 300  # more than the server's fd limit
+WINDOW_S = 3  # body_rate_window_seconds: the default 30 s, shortened so that the attack sees several rounds
+ATTACK_S = 12
+ATTACKER, GUEST = "127.0.0.2", "127.0.0.3"
+SETTLE_S = 60  # a hang guard for the descriptors to come back, not a bound on speed
+
+
+@dataclass
+class Tally:
+    statuses: dict[int, int]
+    closed_without_answer: int = 0
+    connect_failed: int = 0
+    attacker_open_peak: int = 0
+    fds_peak: int = 0
+
+    def add(self, status: int) -> None:
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+
+
+async def start_server(tmp_path: Path) -> tuple[ServerProcess, str, int]:
+    data_dir = tmp_path / "data"
+    config = write_config(tmp_path / "picpeak.toml", connections_per_client=PER_CLIENT,
+                          body_rate_window_seconds=WINDOW_S, workers=1)
+    token = await trio.to_thread.run_sync(create_token, data_dir, config)
+    server = ServerProcess(data_dir, config, nofile=FD_LIMIT)
+    await trio.to_thread.run_sync(server.start)
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {token}"}) as admin:
+        created = await admin.post("/api/admin/galleries", json={"name": "Open"})
+        assert created.status_code == 201, created.text
+        gallery = created.json()
+        assert (await admin.post(f"/api/admin/galleries/{gallery['id']}/publish")).status_code == 200
+    return server, gallery["slug"], int(server.url.rsplit(":", 1)[1])
+
+
+async def connect_from(source: str, port: int) -> trio.SocketStream:
+    """A connection to the server from ``source`` (another loopback address: another client to the server)."""
+    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_STREAM)
+    try:
+        await sock.bind((source, 0))
+        await sock.connect(("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def server_sockets_from(pid: int, port: int, source: str) -> int:
+    """Connections from ``source`` that the server holds open now: /proc/net/tcp rows on the server's port
+    from that address whose socket is one of the server's descriptors. Counted by inode: the file is read in
+    pieces while it changes, and a row can come twice."""
+    local = f"0100007F:{port:04X}"
+    remote = "".join(f"{int(part):02X}" for part in reversed(source.split("."))) + ":"
+    held = socket_inodes(pid)
+    found = set()
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = row.split()
+        if fields[1] == local and fields[2].startswith(remote) and fields[9] in held:
+            found.add(fields[9])
+    return len(found)
+
+
+async def sample(server: ServerProcess, port: int, tally: Tally) -> None:
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            tally.fds_peak = max(tally.fds_peak, open_fds(server.pid))
+            tally.attacker_open_peak = max(tally.attacker_open_peak,
+                                           server_sockets_from(server.pid, port, ATTACKER))
+        await trio.sleep(0.1)
+
+
+async def slow_body(port: int, tally: Tally, watch: Watch, until: float) -> None:
+    """Login forms of 100,000 bytes sent one byte a second, again and again, as the issue's attacker did."""
+    head = (f"POST /admin/login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\n").encode()
+    while trio.current_time() < until:
+        try:
+            stream = await connect_from(ATTACKER, port)
+        except OSError:
+            tally.connect_failed += 1
+            await trio.sleep(0.5)
+            continue
+        answer = b""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            async with stream:
+                await stream.send_all(head)
+                while trio.current_time() < until and b"\r\n" not in answer:
+                    with trio.move_on_after(1):
+                        data = await stream.receive_some(4096)
+                        if not data:
+                            break
+                        answer += data
+                        continue
+                    await stream.send_all(b"a")
+        if b"\r\n" in answer:
+            status = status_of(answer)
+            tally.add(status)
+            watch.saw(status)
+            if status == 429:
+                await trio.sleep(0.5)
+        elif trio.current_time() < until:
+            tally.closed_without_answer += 1
+            await trio.sleep(0.5)
+
+
+async def websocket_from(source: str, port: int, slug: str) -> tuple[trio.SocketStream, int]:
+    """A WebSocket handshake to the gallery's feed; the stream and the status it was answered with."""
+    stream = await connect_from(source, port)
+    await stream.send_all((f"GET /ws/g/{slug} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                           "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+    answer = b""
+    while b"\r\n" not in answer:
+        data = await stream.receive_some(4096)
+        if not data:
+            raise trio.BrokenResourceError("closed before answering")
+        answer += data
+    return stream, status_of(answer)
+
+
+async def guest_page(url: str, slug: str) -> int:
+    """The gallery page for a guest on another address, as a real browser would ask for it."""
+    transport = httpx.AsyncHTTPTransport(local_address=GUEST)
+    async with httpx.AsyncClient(base_url=url, transport=transport, timeout=60) as guest:
+        return (await guest.get(f"/g/{slug}")).status_code
+
+
+async def wait_for_fds(server: ServerProcess, at_most: int) -> int:
+    with trio.move_on_after(SETTLE_S):
+        while open_fds(server.pid) > at_most:
+            await trio.sleep(0.2)
+    return open_fds(server.pid)
+
+
+def check_log(server: ServerProcess) -> None:
+    text = "".join(server.output)
+    assert f"fd limit {FD_LIMIT}, connections at most 160, per client {PER_CLIENT}" in text, server.log_tail()
+    assert "EMFILE" not in text and "Too many open files" not in text, server.log_tail()
+    assert "connections refused:" in text  # the summary line, not a line per refusal
+
+
+async def test_slow_bodies_from_one_client_cannot_take_the_descriptors(tmp_path: Path, capsys: Any) -> None:
+    server, slug, port = await start_server(tmp_path)
+    try:
+        fds_before, rss_before = open_fds(server.pid), tree_rss_mb(server.pid)
+        tally = Tally(statuses={})
+        watch = Watch(server, "slow bodies")
+        async with watch.during(), trio.open_nursery() as nursery:
+            nursery.start_soon(sample, server, port, tally)
+            until = trio.current_time() + ATTACK_S
+            async with trio.open_nursery() as attack:
+                for _ in range(ATTACK_CONNECTIONS):
+                    attack.start_soon(slow_body, port, tally, watch, until)
+                await trio.sleep(ATTACK_S / 2)
+                guest_status = await guest_page(server.url, slug)
+            nursery.cancel_scope.cancel()
+        fds_after = await wait_for_fds(server, fds_before + 5)
+        rss_after = tree_rss_mb(server.pid)
+        watch.line(capsys, fd_limit=FD_LIMIT, per_client=PER_CLIENT, attack_connections=ATTACK_CONNECTIONS,
+                   fds_before=fds_before, fds_peak=tally.fds_peak, fds_after=fds_after,
+                   attacker_open_peak=tally.attacker_open_peak, refused_429=tally.statuses.get(429, 0),
+                   too_slow_408=tally.statuses.get(408, 0), closed_without_answer=tally.closed_without_answer,
+                   rss_before_mb=f"{rss_before:.0f}", rss_after_mb=f"{rss_after:.0f}", guest_page=guest_status)
+        watch.check()
+        assert set(tally.statuses) <= {408, 429}, tally.statuses
+        assert tally.statuses.get(408, 0) > 0, "no slow body was ended"
+        assert tally.statuses.get(429, 0) > 0, "the per-client cap never refused"
+        # One more than the cap can be seen: a connection accepted and not yet refused.
+        assert tally.attacker_open_peak <= PER_CLIENT + 1
+        assert tally.fds_peak < FD_LIMIT
+        assert guest_status == 200
+        assert fds_after <= fds_before + 5
+        assert rss_after <= rss_before + 30, (rss_before, rss_after)
+        check_log(server)
+    finally:
+        server.kill()
+
+
+async def test_websockets_from_one_client_cannot_take_the_descriptors(tmp_path: Path, capsys: Any) -> None:
+    server, slug, port = await start_server(tmp_path)
+    try:
+        fds_before, rss_before = open_fds(server.pid), tree_rss_mb(server.pid)
+        tally = Tally(statuses={})
+        watch = Watch(server, "websockets")
+        held: list[trio.SocketStream] = []
+
+        async def one() -> None:
+            try:
+                stream, status = await websocket_from(ATTACKER, port, slug)
+            except (OSError, trio.BrokenResourceError):
+                tally.closed_without_answer += 1
+                return
+            tally.add(status)
+            watch.saw(status)
+            if status == 101:
+                held.append(stream)
+            else:
+                await stream.aclose()
+
+        async with watch.during(), trio.open_nursery() as nursery:
+            nursery.start_soon(sample, server, port, tally)
+            async with trio.open_nursery() as attack:
+                for _ in range(ATTACK_CONNECTIONS):
+                    attack.start_soon(one)
+            rss_held = tree_rss_mb(server.pid)
+            guest_status = await guest_page(server.url, slug)
+            guest_ws, guest_ws_status = await websocket_from(GUEST, port, slug)
+            await guest_ws.aclose()
+            await trio.sleep(2)  # the watch asks /healthz while the sockets are held
+            for stream in held:
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+        fds_after = await wait_for_fds(server, fds_before + 5)
+        rss_after = tree_rss_mb(server.pid)
+        watch.line(capsys, fd_limit=FD_LIMIT, per_client=PER_CLIENT, attack_connections=ATTACK_CONNECTIONS,
+                   fds_before=fds_before, fds_peak=tally.fds_peak, fds_after=fds_after,
+                   attacker_open_peak=tally.attacker_open_peak, accepted_101=tally.statuses.get(101, 0),
+                   refused_429=tally.statuses.get(429, 0), closed_without_answer=tally.closed_without_answer,
+                   rss_before_mb=f"{rss_before:.0f}", rss_held_mb=f"{rss_held:.0f}", rss_after_mb=f"{rss_after:.0f}",
+                   guest_page=guest_status, guest_websocket=guest_ws_status)
+        watch.check()
+        assert tally.statuses.get(101, 0) == PER_CLIENT, tally.statuses
+        assert tally.statuses.get(429, 0) + tally.closed_without_answer == ATTACK_CONNECTIONS - PER_CLIENT
+        assert tally.attacker_open_peak <= PER_CLIENT + 1
+        assert tally.fds_peak < FD_LIMIT
+        assert (guest_status, guest_ws_status) == (200, 101)
+        assert fds_after <= fds_before + 5
+        assert rss_after <= rss_before + 30, (rss_before, rss_after)
+        check_log(server)
+    finally:
+        server.kill()
