@@ -131,6 +131,8 @@ class Settings:
     s3_addressing_style: str = _setting("path", 'How the bucket is named in URLs: "path" or "virtual" (bucket.host).')
     s3_access_key_id: str = _setting("", "Access key; empty: AWS_ACCESS_KEY_ID from the environment.")
     s3_secret_access_key: str = _setting("", "Secret key; empty: AWS_SECRET_ACCESS_KEY from the environment.")
+    s3_timeout_seconds: float = _setting(
+        5.0, "Longest wait for the bucket to connect or send the next bytes; a frozen bucket answers 503 after it.")
     s3_presigned_redirects: bool = _setting(
         False, "Send guests to a short-lived signed bucket URL (after the access check) instead of through the server.")
 
@@ -347,6 +349,7 @@ def _validate(s: Settings) -> None:
     require(0.02 <= s.watermark_size <= 1, "watermark_size", "must be between 0.02 and 1")
     require(s.storage in ("local", "s3"), "storage", 'must be "local" or "s3"')
     require(s.storage != "s3" or bool(s.s3_bucket), "s3_bucket", 'must name a bucket when storage = "s3"')
+    require(1 <= s.s3_timeout_seconds <= 300, "s3_timeout_seconds", "must be between 1 and 300")
     require(s.s3_addressing_style in ("path", "virtual"), "s3_addressing_style", 'must be "path" or "virtual"')
     require(s.s3_endpoint_url == "" or s.s3_endpoint_url.startswith(("http://", "https://")), "s3_endpoint_url",
             "must start with http:// or https://")

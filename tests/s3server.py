@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -60,6 +61,16 @@ class MotoServer:
         for bucket in sorted(self.buckets):
             client.create_bucket(Bucket=bucket)
         return self
+
+    def freeze(self) -> None:
+        """SIGSTOP: the port still accepts connections (the kernel's backlog) but nothing is ever answered, as
+        with a hung gateway or a bucket host that stalls."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -23,7 +23,7 @@ from picpeak_lite.store.storage import original_name
 
 from .conftest import AuthActions, make_settings
 from .factories import run_pool_until_idle
-from .harness import cli, query, write_config
+from .harness import cli, figures, query, write_config
 from .harness import temp_files as temp_paths
 from .s3server import MotoServer
 from .test_s3 import jpeg, photo_rows
@@ -74,6 +74,34 @@ async def test_bucket_down_upload_is_503_with_retry_after_and_nothing_half_recor
     assert temp_files(settings) == []
 
     moto.start()  # moto starts empty: the bucket is made again, as an operator would restore it
+    again = await admin_upload(admin, gallery["id"], [("x.jpg", jpeg(2))])
+    assert again.status_code == 202, await again.get_data(as_text=True)
+    [row] = [r for r in await photo_rows(services) if r["display_name"] == "x.jpg"]
+    assert original_name(row["storage_key"]) in moto.keys(bucket)
+
+
+async def test_frozen_bucket_upload_is_503_with_retry_after_then_works_when_it_thaws(
+        admin: AuthActions, services: Services, settings: Settings, moto: MotoServer, bucket: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A bucket that accepts connections and never answers (its process stopped) held uploads for as long as it
+    was frozen (60 s per attempt); with s3_timeout_seconds (the default 5 s here: a shorter one could time out
+    a merely slow moto on a loaded machine) the upload is answered 503 with Retry-After, and nothing is kept."""
+    gallery = await admin.create_gallery()
+    photos, uploads = await count(services, "photos"), await count(services, "uploads")
+    moto.freeze()
+    try:
+        began = trio.current_time()
+        with trio.fail_after(HANG_GUARD):  # a hang guard, not a bound on speed
+            response = await admin_upload(admin, gallery["id"], [("x.jpg", jpeg(2))])
+        waited = trio.current_time() - began
+    finally:
+        moto.thaw()
+    figures(capsys, f"s3 frozen bucket: upload answered {response.status_code} after {waited:.1f} s "
+                    f"(s3_timeout_seconds={settings.s3_timeout_seconds:g})")
+    assert response.status_code == 503, await response.get_data(as_text=True)
+    assert int(response.headers["Retry-After"]) > 0
+    assert (await count(services, "photos"), await count(services, "uploads")) == (photos, uploads)
+    assert temp_files(settings) == []
     again = await admin_upload(admin, gallery["id"], [("x.jpg", jpeg(2))])
     assert again.status_code == 202, await again.get_data(as_text=True)
     [row] = [r for r in await photo_rows(services) if r["display_name"] == "x.jpg"]

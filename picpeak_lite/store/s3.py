@@ -82,8 +82,14 @@ class S3Storage(PhotoFiles):
             region_name=s.s3_region or None,
             s3={"addressing_style": s.s3_addressing_style},
             # Few, quick retries: an upload waiting on a dead bucket holds its client; a 503 tells it to come back.
-            retries={"max_attempts": 2, "mode": "standard"},
-            connect_timeout=5, read_timeout=60, max_pool_connections=32,
+            # A bucket that accepts the connection and then says nothing (a frozen process, a hung gateway)
+            # held uploads for as long as it was frozen: 3 attempts (``max_attempts`` counts retries) of a 60 s
+            # read timeout. Now two attempts in all, and each wait for the next bytes (connect, send, read) is
+            # s3_timeout_seconds, so an upload has its 503 within about twice that (plus botocore's 1 s wait for
+            # "100 Continue" per attempt). The timeout is per socket operation: a large part on a slow uplink
+            # is not cut off.
+            retries={"total_max_attempts": 2, "mode": "standard"},
+            connect_timeout=s.s3_timeout_seconds, read_timeout=s.s3_timeout_seconds, max_pool_connections=32,
             # We send our own Content-MD5 and SHA-256 per request (below); no second checksum per body.
             request_checksum_calculation="when_required", response_checksum_validation="when_required",
         )
