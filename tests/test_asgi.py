@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import io
@@ -134,3 +135,35 @@ async def _count_read_sizes(served: Served) -> None:
     for stream in streams[2:]:
         await stream.aclose()
     await counted(0)
+
+
+async def test_an_upload_slower_than_the_minimum_rate_is_ended_with_408_and_leaves_nothing(tmp_path: Path) -> None:
+    """A multipart upload that trickles (2 bytes/s against 1 KB/s over 2 s windows): the intake's read of the
+    body raises 408, the answer closes the connection, and no photo, upload or temp file is left. (The hostile
+    suite does the same to whole-body reads, the login form, at scale.)"""
+    async with serve(tmp_path, body_rate_window_seconds=2) as served:
+        host, port = served.url.removeprefix("http://").split(":")
+        head = (f"POST /api/admin/galleries/{served.gallery_id}/upload HTTP/1.1\r\nHost: {host}\r\n"
+                f"Authorization: Bearer {served.token}\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                f"Content-Length: 1000000\r\n\r\n").encode()
+        part = b'--b\r\nContent-Disposition: form-data; name="photos"; filename="a.jpg"\r\n\r\n\xff\xd8'
+        stream = await trio.open_tcp_stream(host, int(port))
+        answer, closed = b"", False
+        with trio.move_on_after(60):  # a hang guard, not a bound
+            await stream.send_all(head + part)
+            while not closed:  # the server closes the connection after its answer
+                with trio.move_on_after(0.5):
+                    chunk = await stream.receive_some(4096)
+                    answer += chunk
+                    closed = not chunk
+                    continue
+                with contextlib.suppress(trio.BrokenResourceError):
+                    await stream.send_all(b"\xff")
+        await stream.aclose()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b"too slowly" in answer and closed
+        rows = await served.services.db.read(
+            lambda conn: conn.execute("SELECT (SELECT count(*) FROM photos) AS p, (SELECT count(*) FROM uploads) AS u")
+            .fetchall()[0])
+        assert (rows["p"], rows["u"]) == (0, 0)
+        assert [p for p in (tmp_path / "data" / "tmp").rglob("*") if p.is_file()] == []

@@ -95,9 +95,13 @@ class GatedStream(trio.abc.HalfCloseableStream):
     """A connection the gate let in (a ``trio.SocketStream``, which cannot be subclassed); closing it gives its
     slot back, once however often it is closed. hypercorn reads ``socket`` for the peer's address.
 
-    Sends take turns: hypercorn sends the EOF of a connection whose client went away without its send lock,
-    and when that met a response still being sent, trio's ``BusyResourceError`` ended the request with a
-    traceback (a client that hangs up after reading the status line was enough)."""
+    Ending a connection (``send_eof``, then ``aclose``) does not wait for anything. hypercorn ends one from
+    whichever task sees the end, and two cases went wrong on a plain ``SocketStream``: an answer given before
+    the client finished its body (a 408 for a body that came too slowly, a 413) is ended by the request's own
+    task while it is being cancelled, so the checkpoint in ``send_eof`` raised and the connection stayed open
+    for as long as the client kept sending; and an EOF sent while a response was still being sent (its client
+    hung up after the status line) raised trio's ``BusyResourceError``, a traceback. So ``send_eof`` shuts the
+    write side at once, or leaves it to ``aclose`` (which stops any send under way) when a send is running."""
 
     def __init__(self, stream: trio.SocketStream, gate: Gate, client: str) -> None:
         self._stream = stream
@@ -115,8 +119,11 @@ class GatedStream(trio.abc.HalfCloseableStream):
             await self._stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
-        async with self._sending:
-            await self._stream.send_eof()
+        if self._sending.locked() or self.socket.did_shutdown_SHUT_WR:
+            return
+        with contextlib.suppress(OSError):  # the client went already: aclose follows
+            self.socket.shutdown(trio.socket.SHUT_WR)
+        await trio.lowlevel.cancel_shielded_checkpoint()  # a schedule point that a cancellation cannot end
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         return await self._stream.receive_some(max_bytes)
