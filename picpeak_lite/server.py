@@ -5,7 +5,7 @@ one line and not a traceback printed after the new admin password). ``run`` then
 thread (``first_start``: data directory, schema, admin account, database connections), opens our own nursery
 for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed, activity counters),
 starts each with ``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with
-``hypercorn.trio.serve``.
+hypercorn's serve loop (``_serve_gated``: the same, with the connection gate of ``web/gate.py`` on the listener).
 On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight requests get
 ``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their photos back)
 and the database is closed cleanly.
