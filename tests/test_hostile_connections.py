@@ -276,3 +276,71 @@ async def test_websockets_from_one_client_cannot_take_the_descriptors(tmp_path: 
         check_log(server)
     finally:
         server.kill()
+
+
+async def test_websockets_from_many_clients_fill_the_total_cap_with_clean_refusals(tmp_path: Path,
+                                                                                   capsys: Any) -> None:
+    """Ten clients (127.0.1.1-10) of 40 WebSockets each: 400 connections against a total of 160 that 256
+    descriptors allow. The rest are answered 503 with Retry-After, not EMFILE; while the server is full,
+    ``/healthz`` is refused the same way (a load balancer then sees a full server, which it is), so this
+    attack's watch is not asked for a clean ``/healthz``: once the sockets close, everything is served again."""
+    server, slug, port = await start_server(tmp_path)
+    try:
+        fds_before = open_fds(server.pid)
+        tally = Tally(statuses={})
+        watch = Watch(server, "websockets from many clients")
+        held: list[trio.SocketStream] = []
+
+        async def one(source: str) -> None:
+            try:
+                stream, status = await websocket_from(source, port, slug)
+            except (OSError, trio.BrokenResourceError):
+                tally.closed_without_answer += 1
+                return
+            tally.add(status)
+            if status == 101:
+                held.append(stream)
+            else:
+                await stream.aclose()
+
+        async with watch.during(), trio.open_nursery() as nursery:
+            nursery.start_soon(sample, server, port, tally)
+            async with trio.open_nursery() as attack:
+                for n in range(10 * PER_CLIENT):
+                    attack.start_soon(one, f"127.0.1.{n % 10 + 1}")
+            full_health = await answer_status(port)
+            for stream in held:
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+        fds_after = await wait_for_fds(server, fds_before + 5)
+        health_after = await answer_status(port)
+        guest_status = await guest_page(server.url, slug)
+        watch.line(capsys, fd_limit=FD_LIMIT, total_cap=160, fds_before=fds_before, fds_peak=tally.fds_peak,
+                   fds_after=fds_after, accepted_101=tally.statuses.get(101, 0),
+                   refused_503=tally.statuses.get(503, 0), closed_without_answer=tally.closed_without_answer,
+                   healthz_while_full=full_health, healthz_after=health_after, guest_page_after=guest_status)
+        assert server.tracebacks() == [], server.tracebacks()[:3]
+        assert set(tally.statuses) == {101, 503}, tally.statuses
+        assert tally.statuses[101] <= 160 and tally.closed_without_answer == 0
+        assert tally.fds_peak < FD_LIMIT
+        assert full_health == 503
+        assert (health_after, guest_status) == (200, 200)
+        assert fds_after <= fds_before + 5
+        text = "".join(server.output)
+        assert "EMFILE" not in text and "Too many open files" not in text
+    finally:
+        server.kill()
+
+
+async def answer_status(port: int) -> int:
+    """``GET /healthz`` from 127.0.0.1: the status, or the gate's refusal."""
+    stream = await connect_from("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+                              .encode())
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = await stream.receive_some(4096)
+            assert chunk, "closed without an answer"
+            answer += chunk
+    return status_of(answer)
