@@ -114,3 +114,13 @@ def test_the_body_rate_counts_windows_of_the_clients_time() -> None:
     rate.waited(31, 100)
     assert rate.deadline() == 0  # a byte that came after the window ran out ends the body at once
     assert BodyRate(0, 30).deadline() == float("inf")  # min_body_rate_kb = 0: no minimum
+
+
+def test_an_ipv6_client_is_its_64_and_a_mapped_one_its_ipv4() -> None:
+    """One IPv6 subscriber holds a whole /64: counting single addresses there would cap nobody."""
+    assert gate.client_of("2001:db8:1:2:aaaa::1") == gate.client_of("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert gate.client_of("2001:db8:1:3::1") == "2001:db8:1:3::/64"
+    assert gate.client_of("::ffff:192.0.2.7") == "192.0.2.7"
+    assert gate.client_of("192.0.2.7") == "192.0.2.7"
+    assert gate.client_of("fe80::1%eth0") == "fe80::/64"
+    assert gate.client_of("not an address") == "not an address"

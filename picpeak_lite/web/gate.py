@@ -12,16 +12,17 @@ took every descriptor: ``accept`` failed with EMFILE (trio logs each failure wit
   the headroom) waits a moment and tries again;
 * both are logged as one summary line per :data:`REPORT_EVERY` seconds, never one line (or traceback) each.
 
-The client is the peer address. Behind a reverse proxy every connection comes from the proxy: peers listed in
-``trusted_proxies`` are not capped per client (only in total), and the proxy is where per-client limits belong
-(``limit_conn`` in nginx). Slow senders are ended by the body's minimum rate (``web/asgi.py``), which frees
-their slots.
+The client is the peer address (for IPv6 its /64, :func:`client_of`). Behind a reverse proxy every connection comes
+from the proxy: peers listed in ``trusted_proxies`` are not capped per client (only in total), and the proxy is
+where per-client limits belong (``limit_conn`` in nginx). Slow senders are ended by the body's minimum rate
+(``web/asgi.py``), which frees their slots.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import logging
 import resource
 import socket
@@ -89,6 +90,21 @@ def plan(fd_limit: int, *, total: int, per_client: int) -> Plan:
     room = max(MIN_CONNECTIONS, fd_limit - max(RESERVED_FDS, fd_limit // 8))
     cap = room if total <= 0 else min(total, room)
     return Plan(fd_limit=fd_limit, total=cap, per_client=min(per_client, cap))
+
+
+def client_of(host: str) -> str:
+    """The client a connection is counted for: its IPv4 address, or its IPv6 /64. One IPv6 subscriber is given
+    a whole /64 (18 billion billion addresses), so counting single IPv6 addresses would cap nobody; an
+    IPv4-mapped IPv6 peer is its IPv4 address."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return host
 
 
 class GatedStream(trio.abc.HalfCloseableStream):
@@ -207,7 +223,8 @@ class GatedListener(trio.abc.Listener[GatedStream]):
                 if error.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
                     continue  # the client went before we took it
                 raise
-            client = address[0] if isinstance(address, tuple) else str(address)
+            host = address[0] if isinstance(address, tuple) else str(address)
+            client = host if host in self.gate.uncapped else client_of(host)
             refusal = self.gate.admit(client)
             if refusal is None:
                 return GatedStream(trio.SocketStream(sock), self.gate, client)
