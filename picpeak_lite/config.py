@@ -58,6 +58,9 @@ class Settings:
     connections_per_client: int = _setting(
         256, "Open connections at most from one client address (a venue's guests may share one); "
         "trusted_proxies are exempt.")
+    max_websockets: int = _setting(
+        2000, "Open WebSockets at most (live pages, walls, upload progress), about 50 KB each; past it a page "
+        "follows by polling. 0: only max_connections bounds them.")
     min_body_rate_kb: float = _setting(
         1.0, "A request body slower than this, in KB/s over each body_rate_window_seconds, is ended with 408.")
     body_rate_window_seconds: float = _setting(
@@ -328,6 +331,7 @@ def _validate(s: Settings) -> None:
                 "tus_unfinished_mb_per_gallery", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
     require(s.max_connections >= 0, "max_connections", "must be 0 (from the fd limit) or more")
+    require(s.max_websockets >= 0, "max_websockets", "must be 0 (only max_connections) or more")
     require(s.connections_per_client >= 1, "connections_per_client", "must be at least 1")
     require(s.min_body_rate_kb >= 0, "min_body_rate_kb", "must be 0 (no minimum) or more")
     require(s.body_rate_window_seconds >= 1, "body_rate_window_seconds", "must be at least 1")

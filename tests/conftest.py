@@ -117,20 +117,28 @@ def hash_checks(services: Services) -> HashChecks:
 
 
 async def websocket_status(client: Any, path: str, headers: dict[str, str] | None = None) -> int:
-    """101 when the handshake is accepted and a first message arrives; the refusal's HTTP status otherwise
-    (Quart's test client raises it inside an exception group)."""
+    """101 when the handshake is accepted and a first message arrives; the refusal's HTTP status otherwise."""
+    refusal = await websocket_refusal(client, path, headers, accepted_ok=True)
+    return 101 if refusal is None else refusal.status_code
+
+
+async def websocket_refusal(client: Any, path: str, headers: dict[str, str] | None = None, *,
+                            accepted_ok: bool = False) -> Any:
+    """The response that refused the handshake (Quart's test client raises it, inside an exception group);
+    None when it was accepted and a first message arrived, which fails the test unless ``accepted_ok``."""
     try:
         with trio.fail_after(60):  # a hung-test stop only
             async with client.websocket(path, headers=headers or {}) as ws:
                 await ws.receive()
-        return 101
     except BaseExceptionGroup as group:
         refusals = [e for e in _leaves(group) if isinstance(e, WebsocketResponseError)]
         if not refusals:
             raise
-        return refusals[0].response.status_code
+        return refusals[0].response
     except WebsocketResponseError as error:
-        return error.response.status_code
+        return error.response
+    assert accepted_ok, f"{path} was accepted"
+    return None
 
 
 def _leaves(error: BaseException) -> Iterator[BaseException]:

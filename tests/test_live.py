@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -446,3 +447,28 @@ async def test_a_since_no_server_could_have_sent_gets_a_fresh_snapshot(live: Ser
     for since in (str(2**63), str(2**64), "9" * 5000, "-1", "x"):
         async with client.websocket(f"/ws/admin/galleries/{gallery['id']}?since={since}") as ws:
             assert (await receive_json(ws))["type"] == "snapshot", since
+
+
+async def test_open_websockets_are_capped_and_a_place_comes_back_when_one_closes(tmp_path: Path) -> None:
+    """max_websockets: past it the handshake is refused 503 with Retry-After (the page polls instead); a closed
+    feed gives its place back."""
+    from picpeak_lite.web.app import create_app
+    from picpeak_lite.web.views.live import FULL
+
+    from .conftest import websocket_refusal
+    from .factories import gallery_row
+
+    with own_services(tmp_path, max_websockets=2) as svc:
+        slug = "open-feed"
+        await svc.db.write(functools.partial(gallery_row, slug=slug))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(ChangeFeed(svc, svc.broker, poll_seconds=0.02).run)
+            guest = create_app(svc).test_client()
+            async with guest.websocket(f"/ws/g/{slug}") as first, guest.websocket(f"/ws/g/{slug}") as second:
+                assert (await receive_json(first))["type"] == (await receive_json(second))["type"] == "snapshot"
+                refusal = await websocket_refusal(guest, f"/ws/g/{slug}")
+                assert refusal.status_code == 503 and refusal.headers["Retry-After"] == "30"
+                assert FULL in (await refusal.get_data(as_text=True))
+            async with guest.websocket(f"/ws/g/{slug}") as again:
+                assert (await receive_json(again))["type"] == "snapshot"
+            nursery.cancel_scope.cancel()

@@ -5,6 +5,7 @@ None of this matters to the background tasks, so it lives here and not in ``Serv
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ class WebLimits:
     watermark_limiter: trio.CapacityLimiter
     # Disk reads for zips: bounded, so that a few zips cannot starve page views (watermarking has its own).
     download_limiter: trio.CapacityLimiter
+    # Open WebSockets (max_websockets): each holds ~50 KB that the process keeps once it has had it.
+    websockets: trio.CapacityLimiter
 
     @classmethod
     def for_settings(cls, settings: Settings, monotonic: Callable[[], float]) -> WebLimits:
@@ -37,4 +40,5 @@ class WebLimits:
             guest_upload_limits=GuestUploadLimits(monotonic),
             watermark_limiter=trio.CapacityLimiter(1),
             download_limiter=trio.CapacityLimiter(4),
+            websockets=trio.CapacityLimiter(settings.max_websockets or math.inf),
         )

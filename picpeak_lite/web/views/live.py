@@ -19,8 +19,9 @@ their own uploads (what the upload's status route shows them), and of a gallery 
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from picpeak_lite.web.auth import (
     GUEST_COOKIE,
     admin_from_handshake,
     guest_from_cookie,
+    limits,
     origin_allowed,
     services,
 )
@@ -82,6 +84,31 @@ async def _viewer() -> Viewer | None:
 
 def _refuse(message: str = "Forbidden", status: int = 403) -> Response:
     return Response(message, status=status, content_type="text/plain; charset=utf-8")
+
+
+FULL = "The server is following too many live pages; this page will look for news itself."
+
+
+def _counted(route: Callable[..., Awaitable[Response | None]]) -> Callable[..., Awaitable[Response | None]]:
+    """Each open WebSocket takes a place in ``max_websockets`` (``limits().websockets``) for as long as it is
+    open: one holds about 50 KB that the process keeps for the next one but never gives back, so the cap is
+    what they can take together. Past it the handshake is answered 503 and the page's ``live.js`` polls."""
+
+    @functools.wraps(route)
+    async def counted(*args: Any, **kwargs: Any) -> Response | None:
+        places = limits().websockets
+        try:
+            places.acquire_nowait()
+        except trio.WouldBlock:
+            refusal = _refuse(FULL, 503)
+            refusal.headers["Retry-After"] = "30"
+            return refusal
+        try:
+            return await route(*args, **kwargs)
+        finally:
+            places.release()
+
+    return counted
 
 
 def _origin_ok() -> bool:
@@ -144,6 +171,7 @@ class GuestAccess:
 # --- uploads -----------------------------------------------------------------------------------------------
 
 @blueprint.websocket("/ws/uploads/<upload_id>")
+@_counted
 async def upload_feed(upload_id: str) -> Response | None:
     svc = services()
     if not _origin_ok():
@@ -279,6 +307,7 @@ def _delta(change: Change, image_url: Callable[[int, str], str]) -> dict[str, An
 # --- galleries ---------------------------------------------------------------------------------------------
 
 @blueprint.websocket("/ws/g/<slug>")
+@_counted
 async def guest_gallery_feed(slug: str) -> Response | None:
     """The guest page's feed. Only the guest session counts, as on the page: an admin cookie opens nothing here
     (the admin follows galleries by id below), so this feed never shows more than ``/g/<slug>`` does."""
@@ -297,6 +326,7 @@ async def guest_gallery_feed(slug: str) -> Response | None:
 
 
 @blueprint.websocket("/ws/g/<slug>/wall")
+@_counted
 async def wall_feed(slug: str) -> Response | None:
     """The live wall's feed: what the guest feed sends, with the wall's image URLs and, if the gallery shows
     them, guests' names. Opened with the admin's session or the wall link's ``key`` (``domain/wall.py``)."""
@@ -314,6 +344,7 @@ async def wall_feed(slug: str) -> Response | None:
 
 
 @blueprint.websocket("/ws/admin/galleries/<int:gallery_id>")
+@_counted
 async def admin_gallery_feed(gallery_id: int) -> Response | None:
     """Every change of one gallery, for the admin only (session cookie or API token)."""
     svc = services()
