@@ -60,7 +60,7 @@ class Settings:
         "trusted_proxies are exempt.")
     max_websockets: int = _setting(
         2000, "Open WebSockets at most (live pages, walls, upload progress), about 50 KB each; past it a page "
-        "follows by polling. 0: only max_connections bounds them.")
+        "tries again later. 0: only max_connections bounds them.")
     min_body_rate_kb: float = _setting(
         1.0, "A request body slower than this, in KB/s over each body_rate_window_seconds, is ended with 408.")
     body_rate_window_seconds: float = _setting(

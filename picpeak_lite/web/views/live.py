@@ -86,13 +86,14 @@ def _refuse(message: str = "Forbidden", status: int = 403) -> Response:
     return Response(message, status=status, content_type="text/plain; charset=utf-8")
 
 
-FULL = "The server is following too many live pages; this page will look for news itself."
+FULL = "The server is following too many live pages; this page will try again shortly."
 
 
 def _counted(route: Callable[..., Awaitable[Response | None]]) -> Callable[..., Awaitable[Response | None]]:
     """Each open WebSocket takes a place in ``max_websockets`` (``limits().websockets``) for as long as it is
     open: one holds about 50 KB that the process keeps for the next one but never gives back, so the cap is
-    what they can take together. Past it the handshake is answered 503 and the page's ``live.js`` polls."""
+    what they can take together. Past it the handshake is answered 503: ``live.js`` tries again with backoff (up to 15 s
+    apart), and an upload's progress falls back to polling."""
 
     @functools.wraps(route)
     async def counted(*args: Any, **kwargs: Any) -> Response | None:
