@@ -95,6 +95,9 @@ async def test_admin_video_is_probed_and_gets_a_poster(admin: AuthActions, servi
     status = await (await admin.client.get(f"/api/admin/uploads/{answer['upload_id']}")).get_json()
     kinds = {p["filename"]: (p["media_type"], round(p["duration"] or 0)) for p in status["photos"]}
     assert kinds == {"IMG_0001.MOV": ("video", 2), "clip.webm": ("video", 1)}
+    # The gallery's photo list says the same as the status route (it said "photo", None for every video).
+    listed = await (await admin.client.get(f"/api/admin/galleries/{gallery['id']}/photos")).get_json()
+    assert {p["filename"]: (p["media_type"], round(p["duration"] or 0)) for p in listed["photos"]} == kinds
 
 
 def test_webhook_body_names_media_type_and_duration() -> None:

@@ -28,7 +28,8 @@ def list_photos(conn: Connection, gallery_id: int, *, status: str | None = None,
         clauses.append("EXISTS (SELECT 1 FROM favourites f WHERE f.photo_id = p.id)")
     return conn.execute(
         f"SELECT p.id, p.display_name, p.status, p.error, p.width, p.height, p.size, p.hidden, p.uploaded_by, "
-        f"p.guest_name, p.created_at, p.awaiting_approval, {_FAV_COUNT} FROM photos p WHERE {' AND '.join(clauses)} "
+        f"p.guest_name, p.created_at, p.awaiting_approval, p.media_type, p.duration, {_FAV_COUNT} "
+        f"FROM photos p WHERE {' AND '.join(clauses)} "
         f"ORDER BY p.id LIMIT ?",
         (gallery_id, limit),
     ).fetchall()

@@ -16,8 +16,8 @@ from picpeak_lite.store.db import Connection, Row
 def queue(conn: Connection, gallery_id: int, limit: int = 1000) -> list[Row]:
     """The photos waiting for review, oldest first (the order they arrived in)."""
     return conn.execute(
-        "SELECT id, display_name, status, error, width, height, guest_name, created_at FROM photos "
-        "WHERE gallery_id = ? AND awaiting_approval = 1 ORDER BY id LIMIT ?",
+        "SELECT id, display_name, status, error, width, height, media_type, duration, guest_name, created_at "
+        "FROM photos WHERE gallery_id = ? AND awaiting_approval = 1 ORDER BY id LIMIT ?",
         (gallery_id, limit),
     ).fetchall()
 

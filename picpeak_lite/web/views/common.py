@@ -245,8 +245,9 @@ def photo_status(photo: Row, image_url: ImageUrl) -> dict[str, Any]:
         "error": photo["error"],
         "width": photo["width"],
         "height": photo["height"],
-        "media_type": photo.get("media_type", "photo"),
-        "duration": photo.get("duration"),
+        # Read strictly: a query that leaves these columns out fails here instead of calling a video a photo.
+        "media_type": photo["media_type"],
+        "duration": photo["duration"],
         "thumb_url": image_url(photo["id"], "grid") if complete else None,
         "view_url": image_url(photo["id"], "view") if complete else None,
         # Held back until the admin approves it (moderation): the uploader is told so.
