@@ -383,6 +383,31 @@ async def test_janitor_recovers_a_dead_workers_photo_within_one_lease(tmp_path: 
         assert now[0] - started < 5 + 2 * janitor.interval
 
 
+async def test_a_slow_machine_costs_a_live_worker_neither_its_photo_nor_an_attempt(tmp_path: Path) -> None:
+    """The worker is alive and still on the photo, but its renewal came late (a loaded machine): the lease ran
+    out. The janitor leaves the claim to it (lease expiry means a dead process, not a slow one), no attempt is
+    spent, and the photo completes with one attempt. Under load this used to requeue it, cancel the worker and
+    count the attempt; three such and the photo failed. The clock is moved by hand, past the lease."""
+    with own_services(tmp_path, lease_seconds=5, max_attempts=1) as svc:
+        now = [1_700_000_000.0]
+        svc.clock = lambda: now[0]
+        gid = await svc.db.write(create_gallery)
+        photo_id, _ = stage_photo(svc, gid, photo_jpeg(3))
+        pool = WorkerPool(svc, count=1)
+        janitor = Janitor(svc)
+        # The limiter is let go before the nursery waits: the worker claims, then waits to decode (a slow machine).
+        async with trio.open_nursery() as nursery, pool.image_limiter:
+            nursery.start_soon(pool.process_one)
+            while pool.image_limiter.statistics().tasks_waiting == 0:
+                await trio.sleep(0.005)
+            now[0] += 5 + 2 * janitor.interval  # its lease ran out while it waited
+            requeued, failed = await janitor.requeue_expired()
+            row = await svc.db.read(photo_q.get, photo_id)
+            assert (requeued, failed, row["status"], row["attempts"]) == ([], [], "processing", 1)
+        row = await svc.db.read(photo_q.get, photo_id)
+        assert (row["status"], row["attempts"], row["error"]) == ("complete", 1, None)
+
+
 async def test_the_running_janitor_requeues_a_dead_workers_photo(tmp_path: Path, autojump_clock: Any) -> None:
     """The same through the janitor's own loop, on trio's virtual clock (the rows' clock follows it)."""
     with own_services(tmp_path, lease_seconds=5) as svc:

@@ -1,7 +1,9 @@
 """The janitor: recovery and housekeeping on a timer.
 
-* Photos whose lease expired (their worker crashed or hung) go back to ``pending``, or are failed once they have
-  used ``max_attempts``. It runs every quarter lease, so a crash is recovered within about one lease.
+* Photos whose lease expired (their worker's process died) go back to ``pending``, or are failed once they have
+  used ``max_attempts``. An attempt this process is still running keeps its photo past the lease: its renewal
+  came late because the machine is loaded, and a slow machine must not cost a photo an attempt. It runs every
+  quarter lease, so a crash is recovered within about one lease.
 * Uploads whose request is still arriving (schema 7) have their lease renewed here, for the requests this
   process receives; an upload whose lease ran out (its process died mid-request) has its provisional photos
   taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
@@ -22,7 +24,7 @@ from typing import Any
 import trio
 
 from picpeak_lite.errors import StorageUnavailable
-from picpeak_lite.pipeline import intake, resumable, transitions
+from picpeak_lite.pipeline import attempts, intake, resumable, transitions
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import guests as guest_q
@@ -83,8 +85,11 @@ class Janitor:
     async def requeue_expired(self) -> tuple[list[int], list[int]]:
         await self.renew_and_abandon_uploads()
         svc = self.svc
+        # This process's attempts still running keep their claims even past the lease (a slow machine, not a
+        # dead worker): an attempt is over (its row written) before its token leaves the registry.
+        alive = frozenset(attempts.running())
         requeued, failed = await svc.db.write(
-            transitions.requeue_expired, svc.settings.webhooks, svc.clock(), svc.settings.max_attempts
+            transitions.requeue_expired, svc.settings.webhooks, svc.clock(), svc.settings.max_attempts, alive
         )
         if requeued:
             log.warning("requeued photos whose worker stopped answering: %s", requeued)

@@ -7,7 +7,7 @@ change and its consequences commit together or not at all, and a worker that los
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from picpeak_lite.config import WebhookEndpoint
@@ -61,14 +61,19 @@ def fail_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id:
 
 
 def requeue_expired(conn: Connection, endpoints: Sequence[WebhookEndpoint], now: float,
-                    max_attempts: int) -> tuple[list[int], list[int]]:
+                    max_attempts: int, alive: Collection[str] = ()) -> tuple[list[int], list[int]]:
     """Return photos whose lease ran out to ``pending``; give up on those out of attempts.
 
     A photo whose processing kills the process is claimed, never completed, and its lease expires: after
-    ``max_attempts`` of that it is failed instead of being retried forever. Returns (requeued, failed) ids.
+    ``max_attempts`` of that it is failed instead of being retried forever. Claims whose token is in ``alive``
+    (attempts this process is still running) are left alone: their lease ran out only because the renewal came
+    late on a loaded machine, and taking the photo would cancel a live worker and spend an attempt, so that a
+    slow machine could fail a good photo. Returns (requeued, failed) ids.
     """
     requeued, failed = [], []
     for row in claims.expired_claims(conn, now):
+        if row["claim_token"] in alive:
+            continue
         if row["attempts"] >= max_attempts:
             reason = f"Gave up after {row['attempts']} attempts: processing did not finish."
             if claims.fail(conn, row["id"], row["claim_token"], reason, now):
