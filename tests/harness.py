@@ -36,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from picpeak_lite.store import db
@@ -332,3 +333,13 @@ def figures(capsys: Any, line: str) -> None:
         return
     with capsys.disabled():
         print("\n" + line, flush=True)
+
+
+async def get_idempotent(http: httpx.AsyncClient, url: str, **kwargs: Any) -> httpx.Response:
+    """GET, once more on a new connection if a kept-alive one was closed under the request (as browsers do for
+    idempotent requests). A server may close an idle connection the moment the client reuses it; on a loaded
+    machine a poll met that race ("Connection reset by peer") and failed a test by chance."""
+    try:
+        return await http.get(url, **kwargs)
+    except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+        return await http.get(url, **kwargs)  # httpx has dropped the broken connection from its pool

@@ -27,7 +27,7 @@ import trio
 from picpeak_lite.media import exif, images
 
 from . import bombs, corpus, imagefactory
-from .harness import figures
+from .harness import figures, get_idempotent
 
 # A system suite (hostile files through the image layer and a real server process):
 # left out by -m "not system", run by plain pytest and CI.
@@ -212,7 +212,7 @@ async def wait_until_done(http: httpx.AsyncClient, upload_ids: set[str], run: Ru
     with trio.move_on_after(SETTLE_SECONDS):
         for upload_id in upload_ids:
             while True:
-                status = (await http.get(f"/api/admin/uploads/{upload_id}")).json()
+                status = (await get_idempotent(http, f"/api/admin/uploads/{upload_id}")).json()
                 if status["done"]:
                     photos.update({p["id"]: p for p in status["photos"]})
                     break
