@@ -145,8 +145,9 @@ def worker(config: str | None, data_dir: str | None, workers: int | None) -> Non
 @click.option("--config", "config", help=CONFIG_HELP)
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
 def import_folder(folder: str, slug: str, config: str | None, data_dir: str | None) -> None:
-    """Add every image in FOLDER to a gallery, through the same checks as an upload; re-running skips
-    what is already there. The running server (or `picpeak-lite worker`) processes them."""
+    """Add every image in FOLDER and its subfolders (a camera card's DCIM/...) to a gallery, through the same
+    checks as an upload; hidden and system folders are skipped and named; re-running skips what is already
+    there. The running server (or `picpeak-lite worker`) processes them."""
     from picpeak_lite.ops.importer import ImportProgress, run_import
 
     settings = _settings(config, data_dir=data_dir)
@@ -169,6 +170,9 @@ def import_folder(folder: str, slug: str, config: str | None, data_dir: str | No
         click.echo(f"  {path.name}: {reason}", err=True)
     click.echo(f"Added {summary.added}, skipped {summary.duplicates} already there, "
                f"{_count(len(summary.errors), 'error')}, {_count(summary.ignored, 'other file')} ignored.")
+    if summary.skipped_folders:
+        click.echo(f"Not looked in (hidden or system folders): "
+                   f"{', '.join(str(p) for p in summary.skipped_folders)}.")
     if summary.errors:
         sys.exit(1)
 

@@ -139,6 +139,9 @@ def test_import_command_adds_then_skips(tmp_path: Path) -> None:
         Image.new("RGB", (64 + i, 48), (i * 40, 90, 200)).save(folder / f"img{i}.jpg", quality=90)
     (folder / "notes.txt").write_text("not a photo")
     (folder / "fake.jpg").write_text("<html>not a photo</html>")
+    (folder / "DCIM" / "100CANON").mkdir(parents=True)  # a card's layout: its photos are found too
+    Image.new("RGB", (80, 60), (9, 90, 20)).save(folder / "DCIM" / "100CANON" / "IMG_0030.JPG", quality=90)
+    (folder / ".Trashes").mkdir()
     created = run_cli("admin", "token", "create", "--name", "t", "--data-dir", data)
     assert created.returncode == 0
     from picpeak_lite.store import db
@@ -150,10 +153,11 @@ def test_import_command_adds_then_skips(tmp_path: Path) -> None:
     conn.close()
     first = run_cli("import", str(folder), "--gallery", "wedding-abcdefgh", "--data-dir", data)
     assert first.returncode == 1  # one file was not an image
-    assert "Added 3, skipped 0 already there, 1 error, 1 other file ignored." in first.stdout
+    assert "Added 4, skipped 0 already there, 1 error, 1 other file ignored." in first.stdout
+    assert "Not looked in (hidden or system folders): .Trashes." in first.stdout
     assert "fake.jpg: " in first.stderr
     second = run_cli("import", str(folder), "--gallery", "wedding-abcdefgh", "--data-dir", data)
-    assert "Added 0, skipped 3 already there" in second.stdout
+    assert "Added 0, skipped 4 already there" in second.stdout
     unknown = run_cli("import", str(folder), "--gallery", "nope", "--data-dir", data)
     assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
 

@@ -105,3 +105,27 @@ def test_import_refuses_unknown_gallery_and_folder(settings: Any, tmp_path: Path
     with pytest.raises(ConfigError, match="is not a folder"):
         importer.run_import(settings, tmp_path / "missing", "wedding")
     assert query(settings, "SELECT id FROM photos") == []
+
+
+def test_import_walks_a_camera_cards_folders_in_order_and_names_what_it_skipped(settings: Any,
+                                                                                  tmp_path: Path) -> None:
+    """A card as the camera wrote it: DCIM/100CANON, DCIM/101CANON, the card's MISC (print orders) and a
+    Mac's .Trashes and .Spotlight-V100. It used to add nothing ("Added 0 ... 0 other files ignored")."""
+    card = tmp_path / "card"
+    first = write_photos(_mkdir(card / "DCIM" / "100CANON"), 2)
+    second = write_photos(_mkdir(card / "DCIM" / "101CANON"), 1)
+    for system in ("MISC", ".Trashes", ".Spotlight-V100"):
+        write_photos(_mkdir(card / system), 1)
+    (card / "DCIM" / "100CANON" / "IMG_0000.CR3").write_bytes(b"raw")
+    summary = importer.run_import(settings, card, "wedding")
+    assert (summary.added, summary.errors, summary.ignored) == (3, [], 1)
+    assert [str(p) for p in summary.skipped_folders] == [".Spotlight-V100", ".Trashes", "MISC"]
+    rows = query(settings, "SELECT display_name, size FROM photos ORDER BY id")
+    assert [(r["display_name"], r["size"]) for r in rows] == [
+        *((name, len(data)) for name, data in sorted(first.items())),
+        *((name, len(data)) for name, data in second.items())]
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path

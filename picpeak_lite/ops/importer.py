@@ -1,4 +1,5 @@
-"""``picpeak-lite import <folder> --gallery <slug>``: add a folder of photos to a gallery.
+"""``picpeak-lite import <folder> --gallery <slug>``: add a folder of photos, with its subfolders (a camera
+card's ``DCIM/100CANON``), to a gallery.
 
 Every file goes through the same code as an upload (:mod:`.intake`): streamed to a temp file with its sha256,
 the same duplicate check, the same header check, the same durable move into storage, the same rows
@@ -54,6 +55,7 @@ class ImportSummary:
     duplicates: int = 0
     errors: list[tuple[Path, str]] = field(default_factory=list)
     ignored: int = 0  # files without an image extension, or hidden: not looked at
+    skipped_folders: list[Path] = field(default_factory=list)  # hidden or system folders, relative to the folder
     upload_id: str | None = None
 
 
@@ -66,25 +68,46 @@ def run_import(settings: Settings, folder: str | os.PathLike[str], slug: str,
     return trio.run(import_folder, settings, Path(folder), slug, progress)
 
 
-def find_images(folder: Path) -> tuple[list[Path], int]:
-    """The images directly in ``folder`` (by extension; the content is checked later), sorted by name,
-    and how many other files were ignored."""
+# Folders a card, a Mac, Windows or a NAS adds that hold no photos of the shoot: the camera's print orders
+# (DCF's MISC), the Trash, the search index, the recycle bin, archive leftovers, thumbnails. Hidden folders
+# (a leading dot) are skipped too. Compared without case: cards are FAT.
+SYSTEM_FOLDERS = frozenset({"misc", "system volume information", "$recycle.bin", "__macosx", "@eadir"})
+
+
+def find_images(folder: Path) -> tuple[list[Path], int, list[Path]]:
+    """The images in ``folder`` and its subfolders (by extension; the content is checked later), a camera
+    card's ``DCIM/100CANON/...`` as much as a flat folder, in a stable order: each folder's files by name, then
+    its subfolders by name. Returns them, how many other files were ignored, and the hidden or system folders
+    skipped (relative to ``folder``), so that the summary can say so. Links to folders are not followed."""
     if not folder.is_dir():
         raise ConfigError(f"{str(folder)!r} is not a folder")
-    images, ignored = [], 0
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if not entry.is_file():
-            continue
-        if entry.name.startswith(".") or Path(entry.name).suffix.lower() not in EXTENSIONS:
-            ignored += 1
-        else:
-            images.append(Path(entry.path))
-    return images, ignored
+    images: list[Path] = []
+    ignored = 0
+    skipped: list[Path] = []
+    pending = [folder]
+    while pending:
+        current = pending.pop()
+        entries = sorted(os.scandir(current), key=lambda e: e.name)
+        subfolders = []
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name.startswith(".") or entry.name.lower() in SYSTEM_FOLDERS:
+                    skipped.append(Path(entry.path).relative_to(folder))
+                else:
+                    subfolders.append(Path(entry.path))
+            elif not entry.is_file():
+                continue
+            elif entry.name.startswith(".") or Path(entry.name).suffix.lower() not in EXTENSIONS:
+                ignored += 1
+            else:
+                images.append(Path(entry.path))
+        pending.extend(reversed(subfolders))  # the first by name is walked next
+    return images, ignored, skipped
 
 
 async def import_folder(settings: Settings, folder: Path, slug: str, progress: Progress) -> ImportSummary:
-    paths, ignored = find_images(folder)
-    summary = ImportSummary(ignored=ignored)
+    paths, ignored, skipped = find_images(folder)
+    summary = ImportSummary(ignored=ignored, skipped_folders=skipped)
     await trio.to_thread.run_sync(bootstrap.prepare, settings)
     storage = open_storage(settings)
     await trio.to_thread.run_sync(storage.check_access)
