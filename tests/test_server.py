@@ -18,6 +18,7 @@ from picpeak_lite.ops import bootstrap
 from picpeak_lite.web.app import create_app
 from picpeak_lite.web.resources import TEMPLATES_DIR
 
+from . import served
 from .conftest import ADMIN_PASSWORD, make_settings
 
 
@@ -106,6 +107,26 @@ async def test_request_log_one_line_per_request_without_query_values(tmp_path: A
     assert re.fullmatch(r'127\.0\.0\.1 "POST /admin/login HTTP/1\.1" 302 \d+ \d+ms in=\d+', login_line), login_line
     assert re.fullmatch(rf'127\.0\.0\.1 "WS /ws/admin/galleries/{gallery_id}" 101 \d+ \d+ms', ws_line), ws_line
     assert re.fullmatch(r'127\.0\.0\.1 "WS /ws/admin/galleries/999999" [45]\d\d \d+ \d+ms', refused_line), refused_line
+
+
+async def test_request_log_writes_a_client_that_went_away_as_499_not_500(tmp_path: Any, caplog: Any) -> None:
+    """A client that leaves before the answer (an upload cut by a reload or by going offline) is not a server
+    error: it is logged as 499 "client closed request", as nginx does, at INFO. It was logged as 500."""
+    caplog.set_level(logging.INFO, logger="picpeak_lite.access")
+    async with served.serve(tmp_path) as running:
+        host, port = running.url.removeprefix("http://").rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(
+                f"POST /api/admin/galleries/{running.gallery_id}/upload HTTP/1.1\r\nHost: {host}\r\n"
+                f"Authorization: Bearer {running.token}\r\nContent-Length: 100000\r\n"
+                "Content-Type: multipart/form-data; boundary=b\r\n\r\n--b\r\n".encode())
+            await trio.sleep(0.2)  # the request has started; the rest of the body never comes
+        line = await _wait_for_line(caplog, "/upload HTTP/1.1")
+    record = next(r for r in caplog.records if r.name == "picpeak_lite.access" and "/upload" in r.getMessage())
+    assert re.fullmatch(r'127\.0\.0\.1 "POST /api/admin/galleries/1/upload HTTP/1\.1" 499 0 \d+ms in=\d+ incomplete',
+                        line), line
+    assert record.levelno == logging.INFO
 
 
 async def test_request_log_believes_x_forwarded_for_only_from_trusted_proxies(tmp_path: Any, caplog: Any) -> None:

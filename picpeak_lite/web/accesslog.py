@@ -9,9 +9,11 @@ application servers do::
 Fields: the client (behind a trusted proxy, the address from ``X-Forwarded-For``, by the same rule as the
 throttling), the request line, the status, the bytes sent (the response body, or a WebSocket's messages), the
 time until the last byte, the bytes received when there were any (uploads), and ``incomplete`` when the client
-went away before the response ended. Query strings keep their keys but never their values, which can be share
-tokens, passwords typed into a GET form or upload ids. Paths are percent-quoted, so nothing a client sends can
-forge a log line. 5xx answers are logged at WARNING, everything else at INFO.
+went away before the response ended. A client that went away before any answer (an upload cut by a reload or
+by going offline, a health check whose caller gave up) is status 499, "client closed request", as nginx writes
+it: nothing failed on our side, so it is not a 500. Query strings keep their keys but never their values, which
+can be share tokens, passwords typed into a GET form or upload ids. Paths are percent-quoted, so nothing a
+client sends can forge a log line. 5xx answers are logged at WARNING, everything else at INFO.
 
 It is an ASGI wrapper around the app (not hypercorn's access log and not ``after_request``) because only there
 are the real byte counts of streamed bodies and the whole life of a WebSocket visible.
@@ -27,6 +29,8 @@ from urllib.parse import parse_qsl, quote
 from picpeak_lite.web.views.common import real_client, trusted_set
 
 log = logging.getLogger("picpeak_lite.access")
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that went away before the answer
 
 ASGIApp = Any  # (scope, receive, send) -> Awaitable[None]; kept loose so any ASGI callable fits
 
@@ -71,6 +75,7 @@ class _Record:
         self.bytes_out = 0
         self.bytes_in = 0
         self.finished = False
+        self.client_gone = False  # the server was told the client disconnected
 
     def received(self, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -78,7 +83,10 @@ class _Record:
             self.bytes_in += len(message.get("body", b""))
         elif kind == "websocket.receive":
             self.bytes_in += len(message.get("bytes") or b"") + len((message.get("text") or "").encode())
+        elif kind == "http.disconnect":
+            self.client_gone = True
         elif kind == "websocket.disconnect":
+            self.client_gone = True
             self.finished = True
 
     def sent(self, message: dict[str, Any]) -> None:
@@ -113,7 +121,8 @@ class _Record:
             line = f"WS {target}"
         else:
             line = f"{scope.get('method', '-')} {target} HTTP/{scope.get('http_version', '1.1')}"
-        status = self.status if self.status is not None else 500
+        # No answer began: the client left first (499), or the app failed (500).
+        status = self.status or (CLIENT_CLOSED_REQUEST if self.client_gone else 500)
         ms = (time.monotonic() - self.started) * 1000
         text = f'{client} "{line}" {status} {self.bytes_out} {ms:.0f}ms'
         if self.bytes_in:
