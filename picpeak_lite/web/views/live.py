@@ -117,8 +117,19 @@ def _origin_ok() -> bool:
     return origin is None or origin_allowed(origin, websocket.host, services().settings.public_url)
 
 
+class _ConnectionClosing(Exception):
+    """The client's connection was closed under a send: the feed ends quietly, the client is gone."""
+
+
 async def _send(message: dict[str, Any]) -> None:
-    await websocket.send(json.dumps(message, ensure_ascii=False))
+    """Send one frame. When the client closes its connection (a page that got its "done", a reload), hypercorn
+    shuts the socket down from its own task, and not under the lock its sends take: a frame of ours sent in that
+    moment meets ``trio.BusyResourceError`` ("another task is currently sending data"), or a broken or closed
+    stream just after. That is the client leaving, not a failure: the feed ends without a traceback."""
+    try:
+        await websocket.send(json.dumps(message, ensure_ascii=False))
+    except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError) as error:
+        raise _ConnectionClosing from error
 
 
 async def _read_client_messages(cancel: trio.CancelScope) -> None:
@@ -197,12 +208,15 @@ async def upload_feed(upload_id: str) -> Response | None:
         await websocket.close(4404, "unknown upload")
         return None
     image_url = _image_url(viewer, gallery["slug"] if gallery else "")
-    with svc.broker.subscribe(lambda change: change.upload_id == upload_id) as subscription:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_read_client_messages, nursery.cancel_scope)
-            allowed = GuestAccess(viewer, gallery["slug"] if gallery else "")
-            await _stream_upload(upload_id, subscription, image_url, _since(), allowed)
-            nursery.cancel_scope.cancel()
+    try:
+        with svc.broker.subscribe(lambda change: change.upload_id == upload_id) as subscription:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_read_client_messages, nursery.cancel_scope)
+                allowed = GuestAccess(viewer, gallery["slug"] if gallery else "")
+                await _stream_upload(upload_id, subscription, image_url, _since(), allowed)
+                nursery.cancel_scope.cancel()
+    except* _ConnectionClosing:
+        pass
     return None
 
 
@@ -365,12 +379,15 @@ async def _serve_gallery(gallery: dict[str, Any], viewer: Viewer) -> Response | 
     gallery_id = gallery["id"]
     await websocket.accept()
     image_url = _image_url(viewer, gallery["slug"])
-    with svc.broker.subscribe(lambda change: change.gallery_id == gallery_id) as subscription:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_read_client_messages, nursery.cancel_scope)
-            allowed = GuestAccess(viewer, gallery["slug"])
-            await _stream_gallery(gallery_id, viewer, subscription, image_url, _since(), allowed)
-            nursery.cancel_scope.cancel()
+    try:
+        with svc.broker.subscribe(lambda change: change.gallery_id == gallery_id) as subscription:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_read_client_messages, nursery.cancel_scope)
+                allowed = GuestAccess(viewer, gallery["slug"])
+                await _stream_gallery(gallery_id, viewer, subscription, image_url, _since(), allowed)
+                nursery.cancel_scope.cancel()
+    except* _ConnectionClosing:
+        pass
     return None
 
 
