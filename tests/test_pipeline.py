@@ -134,6 +134,29 @@ async def test_stale_worker_cannot_overwrite_after_its_lease_expired(services: S
     assert status_of(conn, photo_id)["width"] == 10
 
 
+async def test_a_photo_whose_process_died_waits_behind_the_untried_ones(services: Services, conn: Any,
+                                                                         gallery_id: int) -> None:
+    """A server killed while it worked on a photo (kill -9 on a loaded machine, again and again) met that same
+    photo first at every start, and three kills failed a good photo. Now the untried photos go first."""
+    tried, _ = stage_photo(services, gallery_id, b"tried")
+    now = time.time()
+    with db.transaction(conn):
+        assert claims.claim_next(conn, "dead-process", now, 60)["id"] == tried
+        assert transitions.requeue_expired(conn, (), now + 61, max_attempts=3) == ([tried], [])
+    fresh = [stage_photo(services, gallery_id, b"fresh%d" % i)[0] for i in range(2)]
+    order = []
+    with db.transaction(conn):
+        while (row := claims.claim_next(conn, f"t{len(order)}", now + 62, 60)) is not None:
+            order.append((row["id"], row["attempts"]))
+    assert order == [(fresh[0], 1), (fresh[1], 1), (tried, 2)]
+    plan = conn.execute("EXPLAIN QUERY PLAN SELECT coalesce("
+                        "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 ORDER BY id LIMIT 1), "
+                        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY id LIMIT 1))").fetchall()
+    searches = [r["detail"] for r in plan if "photos" in r["detail"]]
+    assert len(searches) == 2 and all("USING INDEX photos_queue" in d or "USING COVERING INDEX photos_queue" in d
+                                      for d in searches), [r["detail"] for r in plan]
+
+
 async def test_attempts_are_bounded(services: Services, conn: Any, gallery_id: int) -> None:
     photo_id, _ = stage_photo(services, gallery_id, b"poison")
     now = time.time()

@@ -16,10 +16,16 @@ from picpeak_lite.store.queries.photos import MAX_ERROR_LENGTH
 
 
 def claim_next(conn: Connection, token: str, now: float, lease_seconds: float) -> Row | None:
+    """The oldest pending photo not yet tried, else the oldest pending one. A photo whose attempt ended with its
+    process (a crash, a kill, a power cut) waits behind the fresh ones: one that crashes the server does not hold
+    up the good photos at every start, and a server stopped again and again (a loaded machine, restarts) does not
+    meet the same photo each time and spend its attempts. Both look-ups walk the ``photos_queue`` index."""
     rows = conn.execute(
         "UPDATE photos SET status = 'processing', claim_token = ?, attempts = attempts + 1, lease_until = ?, "
         "processing_started_at = ?, error = NULL "
-        "WHERE id = (SELECT id FROM photos WHERE status = 'pending' ORDER BY id LIMIT 1) AND status = 'pending' "
+        "WHERE id = coalesce("
+        "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 ORDER BY id LIMIT 1), "
+        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY id LIMIT 1)) AND status = 'pending' "
         "RETURNING *",
         (token, now + lease_seconds, now),
     ).fetchall()
