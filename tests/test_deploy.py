@@ -186,3 +186,36 @@ def test_an_and_chain_failure_needs_the_explicit_exit(tmp_path: Path) -> None:
     assert result.returncode == 5 and "reached" not in result.stdout
     script.write_text("set -euo pipefail\n(exit 5) && true\necho reached\n")
     assert "reached" in subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60).stdout
+
+
+async def test_the_readmes_tus_loop_stops_with_the_servers_sentence_on_a_refusal(tmp_path: Path) -> None:
+    """The README's curl loop, run as it is shown (with the server's address and a token put in) against a real
+    server: a photo goes up and the loop ends 0; a file the server refuses ends it non-zero with the server's
+    sentence. It used to print `integer expression expected` and exit 0 for a refused file."""
+    if shutil.which("curl") is None:
+        pytest.fail("curl is needed to run the README's loop")
+    import trio
+
+    from .factories import photo_jpeg
+    from .served import serve
+
+    readme = (ROOT / "README.md").read_text()
+    script = next(block for block in re.findall(r"```sh\n(.+?)\n```", readme, re.DOTALL) if "/tus" in block)
+    async with serve(tmp_path / "server") as running:
+        script_path = tmp_path / "tus-upload.sh"
+        script_path.write_text(script.replace("https://photos.example.com", running.url)
+                               .replace("ppk_...", running.token))
+        results = {}
+        for name, data in (("good", photo_jpeg(4)), ("refused", b"a shot list, not a photo\n" * 100)):
+            folder = tmp_path / name
+            folder.mkdir()
+            (folder / "IMG_0001.jpg").write_bytes(data)
+            results[name] = await trio.run_process(["sh", str(script_path), "IMG_0001.jpg"], cwd=folder,
+                                                   capture_stdout=True, capture_stderr=True, check=False)
+    good, refused = results["good"], results["refused"]
+    assert good.returncode == 0, good.stderr.decode()
+    assert refused.returncode != 0, (refused.stdout + refused.stderr).decode()
+    said = refused.stderr.decode()
+    assert said.startswith("IMG_0001.jpg: Not a supported image"), said
+    assert "integer expression" not in said and "Illegal number" not in said
+    assert "IMG_0001.jpg: photo " in good.stdout.decode()
