@@ -176,7 +176,7 @@ async def test_the_server_stores_its_counts_when_it_stops(tmp_path: Any) -> None
         conn.close()
     async with trio.open_nursery() as nursery:
         running = await nursery.start(server.run, settings)
-        async with httpx.AsyncClient(base_url=running.url) as http:
+        async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
             assert (await http.get(f"/g/{slug}")).status_code == 200
         running.stop()
     conn = db.connect(settings.database_path)

@@ -188,7 +188,7 @@ def prepare(tmp_path: Path, receiver: WebhookReceiver, **storage: Any) -> tuple[
 
 async def create_gallery(server: ServerProcess, token: str) -> int:
     url = await trio.to_thread.run_sync(server.start)
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http:
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
         response = await http.post("/api/admin/galleries", json={"name": "Crash"})
         assert response.status_code == 201, response.text
     assert await trio.to_thread.run_sync(server.stop) == 0

@@ -100,7 +100,7 @@ async def test_disk_full_gives_507_leaves_nothing_half_written_and_recovers(smal
             missing_after_full = rows_without_original(data_dir)
 
             # The dashboard (an admin session, as a browser) warns about the disk.
-            async with httpx.AsyncClient(base_url=url) as browser:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as browser:
                 login = await browser.post("/admin/login", data={"username": "admin", "password": ADMIN_PASSWORD})
                 assert login.status_code == 302, login.text
                 dashboard = (await browser.get("/admin/")).text

@@ -146,7 +146,8 @@ async def test_zip_streams_from_the_real_server(tmp_path: Any) -> None:
     assert total > 2 * 1024 * 1024
     async with trio.open_nursery() as nursery:
         running = await nursery.start(server.run, settings)
-        async with httpx.AsyncClient(base_url=running.url) as http, http.stream("GET", "/g/big-zip/download") as r:
+        async with httpx.AsyncClient(base_url=running.url, timeout=120) as http, \
+                http.stream("GET", "/g/big-zip/download") as r:
             assert r.status_code == 200 and "content-length" not in r.headers
             pieces = [piece async for piece in r.aiter_raw()]
         running.stop()

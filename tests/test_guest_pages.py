@@ -258,7 +258,7 @@ async def running(tmp_path: Any) -> Any:
 async def test_a_forged_host_never_reaches_a_link_or_tag(running: Any) -> None:
     slug, photo_id = open_gallery_row(running.services)
     port = int(running.url.rsplit(":", 1)[1])
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
         async def tags(host: str) -> tuple[str, str]:
             html = (await http.get(f"/g/{slug}", headers={"Host": host})).text
             return OG_URL.search(html).group(1), OG_IMAGE.search(html).group(1)

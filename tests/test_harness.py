@@ -31,7 +31,7 @@ async def test_a_poll_survives_a_kept_alive_connection_closed_under_it() -> None
         [listener] = await nursery.start(
             functools.partial(trio.serve_tcp, one_answer_per_connection, 0, host="127.0.0.1"))
         port = listener.socket.getsockname()[1]
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
             assert (await http.get("/status")).text == "ok"
             plain_failed = False
             try:

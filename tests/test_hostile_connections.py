@@ -54,7 +54,8 @@ async def start_server(tmp_path: Path) -> tuple[ServerProcess, str, int]:
     token = await trio.to_thread.run_sync(create_token, data_dir, config)
     server = ServerProcess(data_dir, config, nofile=FD_LIMIT)
     await trio.to_thread.run_sync(server.start)
-    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {token}"}) as admin:
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {token}"},
+                                 timeout=120) as admin:
         created = await admin.post("/api/admin/galleries", json={"name": "Open"})
         assert created.status_code == 201, created.text
         gallery = created.json()

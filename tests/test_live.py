@@ -268,7 +268,7 @@ async def cross_process_change(real_server: Any, capsys: Any) -> float:
     svc = running.services
     gid = await svc.db.write(create_gallery)
     photo_id, _ = stage_photo(svc, gid, jpeg(40))
-    async with httpx.AsyncClient(base_url=running.url) as http:
+    async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
         assert (await http.get("/healthz")).status_code == 200
     headers = [("Authorization", f"Bearer {token}")]
     async with open_websocket_url(ws_url(running, f"/ws/admin/galleries/{gid}"), extra_headers=headers) as ws:

@@ -135,7 +135,7 @@ async def run_load_suite(tmp_path: Path, guests: int, megabytes: int, capsys: An
     base = base_jpeg(*SIZES[megabytes])
     photos = [unique_jpeg(base, f"guest-{i}") for i in range(guests)]
     try:
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as admin:
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as admin:
             created = await admin.post("/api/admin/galleries", json={
                 "name": "Load", "password": GALLERY_PASSWORD, "allow_guest_uploads": True})
             assert created.status_code == 201, created.text
@@ -210,7 +210,7 @@ async def check_restore(tmp_path: Path, backup_dir: Path, config: Path, token: s
     url = await trio.to_thread.run_sync(server.start)
     try:
         await wait_all_complete(restored, len(backup_rows), limit=300)
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http:
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
             statuses = set()
             for row in backup_rows:
                 for kind in ("grid", "original"):

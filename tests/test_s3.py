@@ -165,11 +165,11 @@ async def test_presigned_redirect_only_after_the_access_check(tmp_path: Path, mo
         assert response.headers["Cache-Control"] == "private, no-store"
         location = response.headers["Location"]
         assert location.startswith(moto.url) and "Signature" in location
-        fetched = await trio.to_thread.run_sync(lambda: httpx.get(location))
+        fetched = await trio.to_thread.run_sync(lambda: httpx.get(location, timeout=120))
         assert fetched.status_code == 200 and fetched.content == data
         assert fetched.headers["Content-Disposition"].startswith("attachment;")
         # The bucket itself is private: the same object without a signature is refused.
-        bare = await trio.to_thread.run_sync(lambda: httpx.get(location.split("?", 1)[0]))
+        bare = await trio.to_thread.run_sync(lambda: httpx.get(location.split("?", 1)[0], timeout=120))
         assert bare.status_code == 403
         # No access, no URL: a gallery that is not published answers 404, never a redirect.
         draft = await admin.create_gallery(name="Draft")

@@ -29,7 +29,7 @@ async def test_real_server_serves_and_shuts_down_cleanly(tmp_path: Any) -> None:
     async with trio.open_nursery() as nursery:
         running = await nursery.start(server.run, settings)
         assert running.url.startswith("http://127.0.0.1:") and not running.url.endswith(":0")
-        async with httpx.AsyncClient(base_url=running.url) as http:
+        async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
             health = await http.get("/healthz")
             assert health.status_code == 200 and health.json() == {"status": "ok"}
             login = await http.post("/admin/login", data={"username": "admin", "password": ADMIN_PASSWORD})
@@ -79,7 +79,7 @@ async def test_request_log_one_line_per_request_without_query_values(tmp_path: A
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
     async with trio.open_nursery() as nursery:
         running = await nursery.start(server.run, settings)
-        async with httpx.AsyncClient(base_url=running.url) as http:
+        async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
             assert (await http.get("/healthz?token=s3cret-share-token&x")).status_code == 200
             assert (await http.get("/no/such/page")).status_code == 404
             login = await http.post("/admin/login", data={"username": "admin", "password": ADMIN_PASSWORD})
@@ -137,7 +137,7 @@ async def test_request_log_believes_x_forwarded_for_only_from_trusted_proxies(tm
         settings = make_settings(tmp_path / (trusted or "none"), trusted_proxies=trusted, shutdown_grace_seconds=2)
         async with trio.open_nursery() as nursery:
             running = await nursery.start(server.run, settings)
-            async with httpx.AsyncClient(base_url=running.url) as http:
+            async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
                 response = await http.get(f"/healthz?run={expected}", headers={"X-Forwarded-For": "203.0.113.7"})
                 assert response.status_code == 200
             running.stop()

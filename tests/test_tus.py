@@ -84,7 +84,7 @@ def partial_file(svc: Services, location: str) -> Path:
 # --- capabilities and the protocol header ---------------------------------------------------------------------
 
 async def test_options_tells_the_capabilities_without_a_login(served: Served) -> None:
-    async with httpx.AsyncClient(base_url=served.url) as http:
+    async with httpx.AsyncClient(base_url=served.url, timeout=120) as http:
         for url, max_size in ((served.admin_tus, 2048 * 1024 * 1024), (served.guest_tus, GUEST_FILE_MB * 1024 * 1024)):
             answer = await http.options(url)
             assert answer.status_code == 204
@@ -327,7 +327,7 @@ async def test_guests_reach_only_their_own_uploads(served: Served) -> None:
         no_csrf = await mine.patch(location, content=data[1000:], headers={
             **OCTETS, "Upload-Offset": "1000", "X-CSRF-Token": ""})
         assert no_csrf.status_code == 403
-        async with httpx.AsyncClient(base_url=served.url) as nobody:
+        async with httpx.AsyncClient(base_url=served.url, timeout=120) as nobody:
             assert (await nobody.head(location, headers=TUS)).status_code == 403
             assert (await nobody.post(served.guest_tus, headers={**TUS, "Upload-Length": "10"})).status_code == 403
         done = await patch(mine, location, 1000, data[1000:])
@@ -501,7 +501,7 @@ async def test_kill_9_mid_chunk_then_resume_from_the_durable_offset(tmp_path: Pa
         await stream.aclose()
         url = await trio.to_thread.run_sync(proc.start)
         location = url + location[location.index("/api/"):]
-        async with httpx.AsyncClient(headers=headers) as http:
+        async with httpx.AsyncClient(headers=headers, timeout=120) as http:
             head = await http.head(location, headers=TUS)
         offset = int(head.headers["upload-offset"])
         on_disk = partial.read_bytes()

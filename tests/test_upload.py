@@ -410,7 +410,7 @@ async def test_real_server_413_closes_and_the_next_request_is_answered(tmp_path:
     async with trio.open_nursery() as nursery:
         running, token = await _serve(settings, nursery)
         auth = {"Authorization": f"Bearer {token}"}
-        async with httpx.AsyncClient(base_url=running.url, headers=auth) as http:
+        async with httpx.AsyncClient(base_url=running.url, headers=auth, timeout=120) as http:
             body, headers = multipart([("big.jpg", jpeg() + bytes(1024 * 1024))])
             too_big = await http.post("/api/admin/galleries/1/upload", content=body, headers=headers)
             assert too_big.status_code == 413 and too_big.headers["connection"] == "close"
@@ -435,7 +435,7 @@ async def test_real_server_413_closes_and_the_next_request_is_answered(tmp_path:
         await stream.aclose()
         assert head.startswith(b"HTTP/1.1 413") and b"\r\nconnection: close" in head.lower()
         assert b"larger than the server accepts" in body
-        async with httpx.AsyncClient(base_url=running.url) as http:
+        async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
             assert (await http.get("/healthz")).status_code == 200
         running.stop()
 
@@ -459,7 +459,7 @@ async def test_real_server_client_gone_mid_upload_leaves_no_temp_file(tmp_path: 
         with trio.fail_after(60):
             await wait_for(lambda: not (temp_files(settings) or originals(settings)))
         assert list(tmp.iterdir()) == [] and originals(settings) == []
-        async with httpx.AsyncClient(base_url=running.url) as http:
+        async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
             assert (await http.get("/healthz")).status_code == 200
         running.stop()
 
