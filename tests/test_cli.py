@@ -52,7 +52,7 @@ def test_serve_port_zero_prints_url_health_and_clean_sigterm(tmp_path: Path) -> 
     data = tmp_path / "data"
     proc, url, lines = start_serve(data)
     try:
-        with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
+        with urllib.request.urlopen(url + "/healthz", timeout=120) as response:
             assert json.load(response) == {"status": "ok"}
     finally:
         out = stop(proc)

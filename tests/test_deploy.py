@@ -74,7 +74,7 @@ def test_systemd_unit_exec_start_runs_with_the_deploy_config(tmp_path: Path) -> 
         raise AssertionError("".join(lines))
     try:
         request = urllib.request.Request(url + "/healthz", headers={"X-Forwarded-For": "198.51.100.23"})
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=120) as response:
             assert response.status == 200
     finally:
         proc.send_signal(signal.SIGTERM)
