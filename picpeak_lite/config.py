@@ -93,6 +93,8 @@ class Settings:
         2048, "Most MB that guests at one client address may have announced in unfinished resumable uploads.")
     tus_unfinished_mb_per_gallery: int = _setting(
         8192, "Most MB that guests may have announced in unfinished resumable uploads in one gallery.")
+    tus_finish_attempts: int = _setting(
+        20, "Times the server tries to make the photo of a complete resumable upload before it gives up on it.")
     upload_lead: int = _setting(
         40, "Photos that may wait for a worker before uploads are read only as fast as workers take them; 0: no limit.")
     upload_chunk_mb: int = _setting(
@@ -328,7 +330,7 @@ def _validate(s: Settings) -> None:
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",
                 "login_backoff_seconds",
                 "tus_expiry_hours", "tus_idle_minutes", "tus_unfinished_mb_per_client",
-                "tus_unfinished_mb_per_gallery", "upload_chunk_mb"):
+                "tus_unfinished_mb_per_gallery", "tus_finish_attempts", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
     require(s.max_connections >= 0, "max_connections", "must be 0 (from the fd limit) or more")
     require(s.max_websockets >= 0, "max_websockets", "must be 0 (only max_connections) or more")

@@ -38,6 +38,7 @@ from picpeak_lite.events.webhooks import WebhookSender
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline import memory
 from picpeak_lite.pipeline.janitor import Janitor
+from picpeak_lite.pipeline.resumable import Finisher
 from picpeak_lite.pipeline.video_previews import PreviewLane
 from picpeak_lite.pipeline.worker import WorkerPool
 from picpeak_lite.services import Services
@@ -159,6 +160,7 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
     await nursery.start(svc.trimmer.run)
     await nursery.start(WebhookSender(svc.db, svc.settings, bell=svc.webhooks_bell, clock=svc.clock).run)
     await nursery.start(Janitor(svc).run)
+    await nursery.start(Finisher(svc).run)
     if workers:
         await nursery.start(WorkerPool(svc).run)
         if svc.settings.video_previews:

@@ -52,7 +52,7 @@
     if (status === 401) {
       return { state: "unsent", error: data.error || "Your session has ended; log in again, then retry." };
     }
-    if (status >= 500) {
+    if (status >= 500 || status === 423) {  // 423: every byte arrived, the server is still storing the photo
       return { state: "unsent", error: data.error || "The server could not take this photo right now. Please retry." };
     }
     return { state: "refused", error: data.error || `The server refused this file (error ${status}).` };
@@ -369,10 +369,13 @@
         slowDown([item], Number(answer.headers.get("Retry-After")) || 10);
         return;
       }
-      if (answer.status >= 400 && answer.status < 500 && answer.status !== 401) {
+      if (answer.status >= 400 && answer.status < 500 && answer.status !== 401 && answer.status !== 423) {
         store.remove(item.tusKey);  // refused: sending the same file again starts afresh
       }
-      touch(item, { ...requestFailure(answer.status, answer.data), paused: false });
+      // A HEAD answer has no body: the server puts its sentence in Picpeak-Error (percent-encoded).
+      const told = answer.headers.get("Picpeak-Error");
+      const data = answer.data && answer.data.error ? answer.data : { error: told ? decodeURIComponent(told) : null };
+      touch(item, { ...requestFailure(answer.status, data), paused: false });
     };
 
     // Answers name files by their (cleaned) name: match on name and size, then size, then what is left.

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -288,12 +289,16 @@ async def test_duplicates_refusals_and_groups(served: Served) -> None:
         assert dup.status_code == 204 and dup.headers["picpeak-duplicate"] == "true"
         assert dup.headers["picpeak-photo-id"] == done_a.headers["picpeak-photo-id"]
         assert "picpeak-upload-id" not in dup.headers
-        # Not an image: the last PATCH is refused as multipart would refuse the file, and the upload ends.
+        # Not an image: the last PATCH is refused as multipart would refuse the file, and the upload ends; HEAD
+        # afterwards tells the same refusal (its sentence in Picpeak-Error: a HEAD answer has no body), never
+        # an offset a client would take for success.
         junk = b"this is not a photo at all" * 100
         d = await create(http, served.admin_tus, len(junk), filename="notes.txt")
         refused = await patch(http, d, 0, junk)
         assert refused.status_code in (400, 415) and refused.json()["error"]
-        assert (await http.head(d, headers=TUS)).status_code == 404
+        head = await http.head(d, headers=TUS)
+        assert head.status_code == refused.status_code and "upload-offset" not in head.headers
+        assert unquote(head.headers["picpeak-error"]) == refused.json()["error"]
     assert sql(served.services, "SELECT count(*) AS n FROM photos")[0]["n"] == 2
     assert sql(served.services, "SELECT count(*) AS n FROM uploads")[0]["n"] == 1
     assert list((served.services.storage.tmp_dir / resumable.TUS_DIR).iterdir()) == []

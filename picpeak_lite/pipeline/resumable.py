@@ -12,7 +12,8 @@ chunk that cannot be checked is discarded whole, as one that fails its check (46
 
 One intake: when the last byte is durable, the file goes through ``Intake`` exactly as a multipart file does
 (sniff, size, sha256 and duplicates, gallery cap, durable rename, row, wake the workers), as the photo of the
-upload group the row belongs to. A batch shares a group: files created with the same ``upload_group`` metadata
+upload group the row belongs to; from then on making that photo is the server's job, tried again after a
+failure or a crash until the photo exists or the file is refused (see "finishing" below). A batch shares a group: files created with the same ``upload_group`` metadata
 (a key chosen by the client) by the same uploader in the same gallery join the group while it is still
 receiving. The group is created, receiving, with the first file of the batch, stays receiving while any of
 its files may still arrive, and closes when the last has ended (finished, refused, terminated or expired):
@@ -42,11 +43,14 @@ upload's row is kept as long, so that a client that lost the last answer can sti
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
+import math
 import os
 import re
 import secrets
+import shutil
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +59,12 @@ from typing import Any, BinaryIO
 import trio
 
 from picpeak_lite.config import Settings, WebhookEndpoint
+from picpeak_lite.domain import access
 from picpeak_lite.errors import (
     AppError,
     BadRequest,
     Conflict,
+    Forbidden,
     Gone,
     NotFound,
     TooLarge,
@@ -80,6 +86,7 @@ from picpeak_lite.pipeline.intake import (
 )
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import tus as tus_q
 from picpeak_lite.store.storage import Storage, disk_errors, fsync_dir, remove_quietly
@@ -291,17 +298,10 @@ async def find(svc: Services, tus_id: str, gallery_id: int, owner: Owner) -> Row
     row = await svc.db.read(tus_q.get, tus_id)
     if row is None or row["gallery_id"] != gallery_id or not owner.owns(row):
         raise NotFound("There is no such upload.")
-    if row["state"] == tus_q.EXPIRED or (row["state"] == tus_q.RECEIVING and row["expires_at"] < svc.clock()):
+    unfinished = row["state"] == tus_q.RECEIVING and not is_finishing(row)  # a complete one never expires
+    if row["state"] == tus_q.EXPIRED or (unfinished and row["expires_at"] < svc.clock()):
         raise Gone("This upload has expired; please send the file again.")
     return row
-
-
-async def finished(svc: Services, row: Row) -> Finished:
-    """What a finished row says: its photo, and the group when that group has a photo to follow."""
-    upload_id = row["upload_id"]
-    if upload_id is not None and (await svc.db.read(photo_q.upload_counts, upload_id))["total"] == 0:
-        upload_id = None
-    return Finished(row["photo_id"], upload_id, bool(row["duplicate"]), row["upload_length"])
 
 
 # --- writing a chunk -----------------------------------------------------------------------------------------
@@ -468,40 +468,257 @@ def _close_at(f: BinaryIO | None, path: Path, end: int) -> None:
 
 
 # --- finishing -----------------------------------------------------------------------------------------------
+#
+# Once every byte is durable the upload is complete, and making its photo is the server's job: the row stays
+# 'receiving' with ``upload_offset = upload_length`` (it never expires) until the photo exists (done, with its
+# photo) or the file is refused (done, with ``error``). The request that delivered the last byte tries at once
+# and answers 204 only when the photo exists; a failure that may pass (the bucket, the disk, a crash) is
+# recorded and tried again by :class:`Finisher` with a doubling delay, at most ``tus_finish_attempts`` times,
+# and meanwhile HEAD answers 423 (never an offset that says "done"). The tus file is handed to the intake as a
+# hard link, so that it stays where it is until the photo's row is committed: a failed try loses no byte.
 
-async def finish(svc: Services, row: Row, *, authorize: Authorize, limits: Limits) -> Finished:
-    """The last byte is durable: the file goes through the intake as the photo of the row's group. A refused
-    file ends its upload with the reason (413, 415, 409 or 400); any other failure leaves the upload as it is,
-    complete, so that an empty PATCH at its end tries again."""
+FINISH_FIRST_DELAY = 5.0  # seconds before the second try; doubled for each further one
+FINISH_MAX_DELAY = 600.0
+REFUSED: dict[int, type[AppError]] = {**REFUSALS, 403: Forbidden, 404: NotFound, 410: Gone}
+
+_FINISHING: PerRun[dict[str, trio.Lock]] = PerRun("picpeak_tus_finishing", dict)
+
+
+class NotFinishedYet(AppError):
+    """Every byte arrived but the photo is not made yet (a try failed, or is due later): ask again then. 503 to
+    the PATCH that delivered the last byte (tus clients retry it); HEAD says 423 (see ``web/views/tus.py``)."""
+
+    status = 503
+    title = "The photo is not made yet"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, int(retry_after + 0.999))
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+def is_finishing(row: Row) -> bool:
+    """Complete (every byte durable) and waiting for its photo."""
+    return row["state"] == tus_q.RECEIVING and row["upload_offset"] == row["upload_length"]
+
+
+def finish_delay(attempts: int) -> float:
+    """The wait after ``attempts`` failed tries: 5 s, doubling, at most 10 minutes."""
+    return min(FINISH_FIRST_DELAY * 2 ** max(0, attempts - 1), FINISH_MAX_DELAY)
+
+
+def pending_error(svc: Services, row: Row) -> NotFinishedYet:
+    """What a client is told while the photo of a complete upload is not made yet."""
+    wait = max(0.0, (row["finish_after"] or 0.0) - svc.clock())
+    return NotFinishedYet("Every byte of this file arrived; the server is still storing it as a photo. "
+                          "Ask again in a moment.", wait or 1.0)
+
+
+def refusal(row: Row) -> AppError:
+    """A done upload without a photo: its refusal, as the PATCH that ended it was told."""
+    return REFUSED.get(row["error_status"], BadRequest)(row["error"])
+
+
+async def finished(svc: Services, row: Row) -> Finished:
+    """What a done row says: its photo, and the group when that group has a photo to follow; a refused one
+    raises its refusal."""
+    if row["error"] is not None:
+        raise refusal(row)
+    upload_id = row["upload_id"]
+    if upload_id is not None and (await svc.db.read(photo_q.upload_counts, upload_id))["total"] == 0:
+        upload_id = None
+    return Finished(row["photo_id"], upload_id, bool(row["duplicate"]), row["upload_length"])
+
+
+async def complete(svc: Services, tus_id: str) -> Finished:
+    """Make the photo of a complete upload now (or learn what became of it): its Finished, or the refusal (a
+    4xx that is final), or :class:`NotFinishedYet` when the try failed for a reason that may pass (recorded,
+    and tried again by the :class:`Finisher`). One try at a time per upload; a later caller waits for it."""
+    locks = _FINISHING.get()
+    lock = locks.setdefault(tus_id, trio.Lock())
+    settled = False
+    try:
+        async with lock:
+            row = await svc.db.read(tus_q.get, tus_id)
+            if row is None:
+                raise NotFound("There is no such upload.")
+            if row["state"] == tus_q.DONE:
+                settled = True
+                return await finished(svc, row)
+            if not is_finishing(row):
+                raise OffsetMismatch(row["upload_offset"])
+            result = await _try_finish(svc, row)
+            settled = True
+            return result
+    except AppError as error:
+        settled = settled or error.status < 500
+        raise
+    finally:
+        if lock.statistics().tasks_waiting == 0 and not lock.locked() and locks.get(tus_id) is lock:
+            del locks[tus_id]
+        if not settled:
+            svc.finisher_bell.ring()  # cut off or failed: the Finisher goes on (and learns the next due time)
+
+
+async def _try_finish(svc: Services, row: Row) -> Finished:
     tus_id = row["id"]
     path = partial_path(svc.storage, tus_id)
     try:
-        sha256, size = await trio.to_thread.run_sync(_hash_file, path, row["upload_length"], limiter=io_limiter())
+        entry, upload_id = await _adopt(svc, row, path)
     except FileNotFoundError:
-        await _end(svc, tus_id, None)
+        await _refuse(svc, row, LOST, 410)
         raise Gone(LOST) from None
-    gallery = await svc.db.read(authorize)
-    intake = Intake(db=svc.db, storage=svc.storage, settings=svc.settings, gallery=gallery, limits=limits,
-                    clock=svc.clock)
-    intake.upload_id = row["upload_id"]
-    with intake:
-        sink = intake.adopt_file(row["filename"], path, size, sha256)
-        entry = await intake.finish_file(sink)
-        assert entry is not None
-        await intake.commit(authorize, uploaded_by=row["uploaded_by"], guest_session_id=row["guest_session_id"],
-                            guest_name=row["guest_name"])
+    except AppError as error:
+        if error.status >= 500:
+            raise await _failed_try(svc, row, error.message) from error
+        await _refuse(svc, row, error.message, error.status)
+        raise
+    except Exception as error:  # a full disk, a bucket error: the bytes are still here, tried again later
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error) or type(error).__name__
+        raise await _failed_try(svc, row, reason) from error
     if entry.error is not None:
-        await _end(svc, tus_id, None)
-        remove_quietly(path)
-        raise REFUSALS.get(entry.status, BadRequest)(entry.error, errors=[entry.to_json()])
+        await _refuse(svc, row, entry.error, entry.status or 400)
+        raise REFUSALS.get(entry.status or 400, BadRequest)(entry.error, errors=[entry.to_json()])
     if not entry.duplicate:
         svc.workers_bell.ring()
     await _end(svc, tus_id, entry)
+    await trio.to_thread.run_sync(remove_quietly, path, limiter=io_limiter())
     done = await svc.db.read(tus_q.get, tus_id)
-    upload_id = intake.upload_id if done is None else done["upload_id"]
+    upload_id = upload_id if done is None else done["upload_id"]
     if upload_id is not None and (await svc.db.read(photo_q.upload_counts, upload_id))["total"] == 0:
         upload_id = None
-    return Finished(entry.photo_id, upload_id, entry.duplicate, size)
+    return Finished(entry.photo_id, upload_id, entry.duplicate, row["upload_length"])
+
+
+async def _adopt(svc: Services, row: Row, path: Path) -> tuple[Any, str | None]:
+    """The file through the intake as the photo of the row's group, from a hard link to the tus file (which
+    stays until the photo's row is committed). Raises when a step fails; a refusal is the entry's error."""
+    sha256, size = await trio.to_thread.run_sync(_hash_file, path, row["upload_length"], limiter=io_limiter())
+    link = svc.storage.new_temp_path()
+    await trio.to_thread.run_sync(_link, path, link, limiter=io_limiter())
+    try:
+        limits = Limits.admin(svc.settings) if row["uploaded_by"] == "admin" else Limits.guest(svc.settings)
+        authorize = functools.partial(upload_gallery, row=row, clock=svc.clock)
+        gallery = await svc.db.read(authorize)
+        intake = Intake(db=svc.db, storage=svc.storage, settings=svc.settings, gallery=gallery, limits=limits,
+                        clock=svc.clock)
+        intake.upload_id = row["upload_id"]
+        with intake:
+            sink = intake.adopt_file(row["filename"], link, size, sha256)
+            entry = await intake.finish_file(sink)
+            assert entry is not None
+            await intake.commit(authorize, uploaded_by=row["uploaded_by"], guest_session_id=row["guest_session_id"],
+                                guest_name=row["guest_name"])
+        return entry, intake.upload_id
+    finally:
+        remove_quietly(link)  # gone already when it was stored; a failed or refused try leaves no temp file
+
+
+def upload_gallery(conn: Connection, *, row: Row, clock: Any) -> Row:
+    """Who may add this upload's photo, asked again when it is made (perhaps long after its last request): the
+    admin while the gallery exists; a guest while the gallery is open to this guest session and takes guests'
+    photos (``web/views/common.py`` asks the same at the request)."""
+    gallery = gallery_q.get(conn, row["gallery_id"])
+    if gallery is None:
+        raise NotFound("The gallery was removed while the photos were uploading.")
+    if row["uploaded_by"] == "guest":
+        gallery = access.guest_gallery(conn, gallery["slug"], row["guest_session_id"], clock())
+        if not gallery["allow_guest_uploads"]:
+            raise Forbidden("This gallery does not accept photos from guests.")
+    return gallery
+
+
+def _link(path: Path, link: Path) -> None:
+    with disk_errors():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, link)
+        except OSError:  # another file system, or none that links: a copy
+            shutil.copyfile(path, link)
+
+
+async def _failed_try(svc: Services, row: Row, reason: str) -> AppError:
+    """Record a try that failed for a reason that may pass; the error to raise: when to ask again, or, after
+    ``tus_finish_attempts`` tries, the final refusal (410, the bytes go)."""
+    attempts = row["finish_attempts"] + 1
+    reason = reason[:200]
+    if attempts >= svc.settings.tus_finish_attempts:
+        message = (f"The server could not store this file after {attempts} tries (last: {reason}); "
+                   "please send it again.")
+        log.error("tus %s: gave up making its photo after %d tries: %s", row["id"], attempts, reason)
+        await _refuse(svc, row, message, 410)
+        return Gone(message)
+    delay = finish_delay(attempts)
+    now = svc.clock()
+    await svc.db.write(_record_failure, row["id"], row["upload_id"], attempts, now + delay,
+                       now + delay + svc.settings.tus_idle_minutes * 60.0)
+    log.warning("tus %s: could not make its photo (try %d, %s); trying again in %.0f s", row["id"], attempts,
+                reason, delay)
+    return NotFinishedYet(f"Every byte of this file arrived, but the server could not store it yet ({reason}); "
+                          f"it tries again by itself in {delay:.0f} s.", delay)
+
+
+def _record_failure(conn: Connection, tus_id: str, upload_id: str | None, attempts: int, finish_after: float,
+                    group_until: float) -> None:
+    tus_q.record_finish_failure(conn, tus_id, attempts, finish_after)
+    if upload_id is not None:
+        tus_q.extend_group(conn, upload_id, group_until)  # the batch waits for its file, not abandoned meanwhile
+
+
+async def _refuse(svc: Services, row: Row, error: str, status: int) -> None:
+    """The file will never be a photo: the row says why (kept as long as a finished one), its bytes go."""
+    keep_until = svc.clock() + expiry_seconds(svc)
+    completed = await svc.db.write(_refuse_row, svc.settings.webhooks, row["id"], error, status, keep_until,
+                                   svc.clock())
+    remove_quietly(partial_path(svc.storage, row["id"]))
+    if completed:
+        svc.webhooks_bell.ring()
+
+
+def _refuse_row(conn: Connection, endpoints: tuple[WebhookEndpoint, ...], tus_id: str, error: str, status: int,
+                keep_until: float, now: float) -> bool:
+    row = tus_q.get(conn, tus_id)
+    if row is None or not tus_q.mark_refused(conn, tus_id, error, status, keep_until):
+        return False
+    return close_group_if_last(conn, endpoints, row["upload_id"], now)
+
+
+class Finisher:
+    """Makes the photos of complete uploads whose first try failed or never ran (a crash between the last byte
+    and the photo, the bucket down, a full disk): at start-up, whenever ``finisher_bell`` rings, and when the
+    next try is due. As the webhook sender's outbox: the rows are the queue, the attempts bounded."""
+
+    def __init__(self, svc: Services) -> None:
+        self.svc = svc
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        svc = self.svc
+        while True:
+            wake = svc.finisher_bell.listen()
+            await self.finish_due()
+            next_at = await svc.db.read(tus_q.next_finish_at)
+            wait = math.inf if next_at is None else max(1.0, next_at - svc.clock())
+            with trio.move_on_after(wait):
+                await wake.wait()
+
+    async def finish_due(self) -> int:
+        """One pass over the uploads whose try is due; returns how many now have their photo or refusal."""
+        svc = self.svc
+        settled = 0
+        for row in await svc.db.read(tus_q.finishing_due, svc.clock()):
+            try:
+                await complete(svc, row["id"])
+                settled += 1
+            except NotFinishedYet:
+                pass  # recorded and logged, tried again when due
+            except AppError:
+                settled += 1  # refused: the row says why
+            except Exception:
+                log.exception("tus %s: could not make its photo", row["id"])
+        return settled
 
 
 def _hash_file(path: Path, length: int) -> tuple[str, int]:

@@ -362,6 +362,19 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE tus_uploads ADD COLUMN client_ip TEXT;
     CREATE INDEX tus_uploads_client ON tus_uploads(client_ip) WHERE state = 'receiving';
     """,
+    # finishing tus uploads (issue 28): once every byte is durable (upload_offset = upload_length, still
+    # 'receiving') making the photo is the server's job, retried (pipeline/resumable.py Finisher) until the photo
+    # exists or the file is refused. finish_attempts / finish_after: failed tries and when the next is due
+    # (NULL: at once); error / error_status: why a 'done' upload has no photo (a refusal, or the final failure),
+    # told to HEAD and PATCH for as long as the row is kept.
+    """
+    ALTER TABLE tus_uploads ADD COLUMN finish_attempts INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE tus_uploads ADD COLUMN finish_after REAL;
+    ALTER TABLE tus_uploads ADD COLUMN error TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN error_status INTEGER;
+    CREATE INDEX tus_uploads_finishing ON tus_uploads(finish_after)
+        WHERE state = 'receiving' AND upload_offset = upload_length;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -115,6 +115,40 @@ def mark_done(conn: Connection, tus_id: str, photo_id: int | None, duplicate: bo
     return conn.changes() == 1
 
 
+def mark_refused(conn: Connection, tus_id: str, error: str, status: int, keep_until: float) -> bool:
+    """The file will never be a photo (the intake refused it, or the server gave up): the row is kept as long as
+    a finished one, without its bytes, to tell HEAD and PATCH why."""
+    conn.execute(
+        "UPDATE tus_uploads SET state = 'done', photo_id = NULL, error = ?, error_status = ?, expires_at = ? "
+        "WHERE id = ? AND state = 'receiving'",
+        (error, status, keep_until, tus_id),
+    )
+    return conn.changes() == 1
+
+
+def record_finish_failure(conn: Connection, tus_id: str, attempts: int, finish_after: float) -> None:
+    """A try at making the photo failed for a reason that may pass (the bucket, the disk): tried again then."""
+    conn.execute("UPDATE tus_uploads SET finish_attempts = ?, finish_after = ? WHERE id = ? AND state = 'receiving'",
+                 (attempts, finish_after, tus_id))
+
+
+def finishing_due(conn: Connection, now: float, limit: int = 100) -> list[Row]:
+    """Complete uploads (every byte durable) without their photo yet, whose next try is due."""
+    return conn.execute(
+        "SELECT * FROM tus_uploads WHERE state = 'receiving' AND upload_offset = upload_length "
+        "AND (finish_after IS NULL OR finish_after <= ?) ORDER BY created_at LIMIT ?",
+        (now, limit),
+    ).fetchall()
+
+
+def next_finish_at(conn: Connection) -> float | None:
+    """When the next complete upload's try is due (NULL ones are due at once); None when none waits."""
+    rows = conn.execute(
+        "SELECT min(coalesce(finish_after, 0)) AS t FROM tus_uploads "
+        "WHERE state = 'receiving' AND upload_offset = upload_length").fetchall()
+    return rows[0]["t"]
+
+
 def delete(conn: Connection, tus_id: str) -> Row | None:
     rows = conn.execute("DELETE FROM tus_uploads WHERE id = ? RETURNING *", (tus_id,)).fetchall()
     return rows[0] if rows else None
@@ -129,10 +163,12 @@ def receiving_in_group(conn: Connection, upload_id: str) -> int:
 def expire_due(conn: Connection, now: float, tombstone_until: float, busy: list[str]) -> list[Row]:
     """Unfinished uploads past their expiry become tombstones (410 from now on); returns them (their bytes go).
     A tombstone keeps only what a 410 needs: its metadata (up to a few KB) is dropped. ``busy``: uploads a
-    request is writing now, left alone (that request records their progress)."""
+    request is writing now, left alone (that request records their progress). A complete upload (every byte
+    durable, its photo not made yet) never expires: making its photo is the server's job."""
     return conn.execute(
         "UPDATE tus_uploads SET state = 'expired', expires_at = ?, metadata = '', guest_name = NULL "
-        "WHERE state = 'receiving' AND expires_at < ? AND id NOT IN (SELECT value FROM json_each(?)) RETURNING *",
+        "WHERE state = 'receiving' AND upload_offset < upload_length AND expires_at < ? "
+        "AND id NOT IN (SELECT value FROM json_each(?)) RETURNING *",
         (tombstone_until, now, json.dumps(busy)),
     ).fetchall()
 

@@ -18,7 +18,12 @@ in one upload group (``pipeline/resumable.py``). The answer to the ``PATCH`` tha
 ``HEAD`` afterwards) says what became of it: ``Picpeak-Photo-Id``, ``Picpeak-Upload-Id`` (the group to follow
 on the status route and ``/ws/uploads/<id>``; absent when the group has no photo) and ``Picpeak-Duplicate``.
 A file the intake refuses ends its upload, and that ``PATCH`` is answered as a multipart file's refusal would
-be (413, 415, 409 or 400, with ``{"error": ...}``).
+be (413, 415, 409 or 400, with ``{"error": ...}``); a ``HEAD`` afterwards answers the same status, its sentence
+in ``Picpeak-Error`` (percent-encoded: a HEAD answer has no body). A complete upload is a photo or a refusal
+(issue 28): the ``PATCH`` that delivers the last byte answers 204 only once the photo exists; if storing it
+fails for a reason that may pass (the bucket, the disk), it answers 503 with Retry-After and the server tries
+again by itself (``resumable.Finisher``), and until then ``HEAD`` answers 423 with Retry-After, never the full
+offset (which a client takes for success).
 
 Guest budgets: creating an upload costs one request of the guest's upload budget (``ratelimit.py``), and the
 length it announces is charged to the byte budgets (session and address) at once: an announced upload holds
@@ -35,6 +40,7 @@ import functools
 from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any
+from urllib.parse import quote
 
 from quart import Blueprint, g, request, url_for
 
@@ -68,6 +74,11 @@ class PreconditionFailed(AppError):
 @blueprint.after_request
 async def _tus_headers(response: Any) -> Any:
     response.headers["Tus-Resumable"] = TUS_VERSION
+    if request.method == "HEAD" and response.status_code >= 400:
+        # A HEAD answer has no body: its sentence goes in a header, percent-encoded (static/upload-queue.js).
+        sentence = g.get("tus_error")
+        if sentence:
+            response.headers["Picpeak-Error"] = quote(sentence[:500], safe=" ,.;:()'!?/-")
     has_body = (request.content_length or 0) > 0 or "chunked" in request.headers.get("Transfer-Encoding", "")
     if has_body and not g.get("tus_drained") and not await _drain(DRAIN_MAX):
         response.headers["Connection"] = "close"
@@ -112,7 +123,7 @@ async def admin_upload(gallery_id: int, tus_id: str) -> Any:
     _check_protocol()
     authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)
     await services().db.read(authorize)
-    return await _upload(tus_id, gallery_id, authorize, Limits.admin(services().settings), Owner("admin"))
+    return await _upload(tus_id, gallery_id, Owner("admin"))
 
 
 # --- guests ------------------------------------------------------------------------------------------------
@@ -135,9 +146,9 @@ async def guest_create(slug: str) -> Any:
 
 @blueprint.route("/api/g/<slug>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"])
 async def guest_upload(slug: str, tus_id: str) -> Any:
-    owner, authorize, gallery = await _guest(slug)
+    owner, _, gallery = await _guest(slug)
     _check_protocol()
-    return await _upload(tus_id, gallery["id"], authorize, Limits.guest(services().settings), owner)
+    return await _upload(tus_id, gallery["id"], owner)
 
 
 async def _guest(slug: str) -> tuple[Owner, Authorize, dict[str, Any]]:
@@ -199,7 +210,7 @@ async def _create(authorize: Authorize, file_limits: Limits, owner: Owner, locat
         on_created(length)
     headers = {"Location": location(row["id"]), "Upload-Expires": _http_date(row["expires_at"])}
     if request.mimetype == OFFSET_TYPE:  # creation-with-upload: the body is the first chunk
-        offset, done = await _receive(row, 0, authorize, file_limits)
+        offset, done = await _receive(row, 0)
         if done is None and offset > 0:
             headers["Upload-Expires"] = _http_date(resumable.idle_expiry(services(), row["created_at"],
                                                                          services().clock()))
@@ -210,7 +221,15 @@ async def _create(authorize: Authorize, file_limits: Limits, owner: Owner, locat
     return "", 201, headers
 
 
-async def _upload(tus_id: str, gallery_id: int, authorize: Authorize, file_limits: Limits, owner: Owner) -> Any:
+async def _upload(tus_id: str, gallery_id: int, owner: Owner) -> Any:
+    try:
+        return await _answer(tus_id, gallery_id, owner)
+    except AppError as error:
+        g.tus_error = error.message  # a HEAD answer's sentence (_tus_headers)
+        raise
+
+
+async def _answer(tus_id: str, gallery_id: int, owner: Owner) -> Any:
     svc = services()
     row = await resumable.find(svc, tus_id, gallery_id, owner)
     if request.method == "HEAD":
@@ -218,10 +237,10 @@ async def _upload(tus_id: str, gallery_id: int, authorize: Authorize, file_limit
                    "Cache-Control": "no-store"}
         if row["metadata"]:
             headers["Upload-Metadata"] = row["metadata"]
-        if row["state"] == tus_q.RECEIVING:
+        if row["state"] == tus_q.RECEIVING and not resumable.is_finishing(row):
             headers["Upload-Expires"] = _http_date(row["expires_at"])
         else:
-            headers.update(_finished_headers(await resumable.finished(svc, row)))
+            headers.update(_finished_headers(await _outcome(row, head=True)))
         return "", 200, headers
     if request.method == "DELETE":
         await resumable.terminate(svc, row)
@@ -231,14 +250,15 @@ async def _upload(tus_id: str, gallery_id: int, authorize: Authorize, file_limit
         raise UnsupportedMedia(f"A PATCH must be sent as Content-Type: {OFFSET_TYPE}.")
     offset = _number("Upload-Offset")
     checksum = resumable.parse_checksum(request.headers.get("Upload-Checksum"))
-    if row["state"] == tus_q.DONE:
-        # The last chunk's answer was lost and the client asks again: the same answer, nothing is sent twice.
+    if row["state"] == tus_q.DONE or resumable.is_finishing(row):
+        # Every byte is here: the last chunk's answer was lost, or its photo is not made yet, and the client
+        # asks again. Nothing is sent twice; the answer is the photo, its refusal, or when to ask again.
         if offset != row["upload_length"] or request.content_length:
             raise OffsetMismatch(row["upload_length"])
         g.tus_drained = True
-        again = await resumable.finished(svc, row)
+        again = await _outcome(row, head=False)
         return "", 204, {"Upload-Offset": str(row["upload_length"]), **_finished_headers(again)}
-    new_offset, done = await _receive(row, offset, authorize, file_limits, checksum)
+    new_offset, done = await _receive(row, offset, checksum)
     headers = {"Upload-Offset": str(new_offset), **_finished_headers(done)}
     if done is None:  # a chunk that added bytes moved the expiry on (resumable.idle_expiry); an empty one did not
         expires = row["expires_at"] if new_offset == offset else resumable.idle_expiry(svc, row["created_at"],
@@ -247,9 +267,43 @@ async def _upload(tus_id: str, gallery_id: int, authorize: Authorize, file_limit
     return "", 204, headers
 
 
-async def _receive(row: Row, offset: int, authorize: Authorize, file_limits: Limits,
+class Locked(AppError):
+    """HEAD of a complete upload whose photo is not made yet: not an offset (a client would take the full one
+    for success), but 423 with Retry-After, which tus clients retry (tus-js-client resumes after it, where a
+    5xx to HEAD would make it start a new upload)."""
+
+    status = 423
+    title = "Locked"
+
+    def __init__(self, pending: resumable.NotFinishedYet) -> None:
+        super().__init__(pending.message)
+        self.retry_after = pending.retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+async def _outcome(row: Row, *, head: bool) -> Finished:
+    """What became of a complete upload: its photo, or its refusal raised. One whose photo is not made yet is
+    tried now when its try is due (or asked for by a PATCH); otherwise, or when the try fails, the client is
+    told when to ask again (HEAD: 423, PATCH: 503)."""
+    svc = services()
+    if row["state"] == tus_q.DONE:
+        return await resumable.finished(svc, row)
+    try:
+        if head and row["finish_after"] is not None and row["finish_after"] > svc.clock():
+            raise resumable.pending_error(svc, row)
+        return await resumable.complete(svc, row["id"])
+    except resumable.NotFinishedYet as pending:
+        if head:
+            raise Locked(pending) from None
+        raise
+
+
+async def _receive(row: Row, offset: int,
                    checksum: tuple[str, bytes] | None = None) -> tuple[int, Finished | None]:
-    """Write the body at ``offset``; when that completes the file, hand it to the intake."""
+    """Write the body at ``offset``; when that completes the file, make its photo (answered 204 only once it
+    exists: ``resumable.complete``)."""
     svc = services()
     await svc.backlog.wait_for_room()  # once upload_lead photos wait for a worker (pipeline/backlog.py)
     request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py): counted by resumable
@@ -258,7 +312,7 @@ async def _receive(row: Row, offset: int, authorize: Authorize, file_limits: Lim
     g.tus_drained = True
     if new_offset < row["upload_length"]:
         return new_offset, None
-    return new_offset, await resumable.finish(svc, row, authorize=authorize, limits=file_limits)
+    return new_offset, await resumable.complete(svc, row["id"])
 
 
 def _finished_headers(done: Finished | None) -> dict[str, str]:
