@@ -41,10 +41,12 @@ from .conftest import make_settings
 from .factories import photo_jpeg, run_pool_until_idle
 from .harness import ServerProcess, figures, query, write_config
 from .served import CSRF_META, Served, prepare, serve
+from .videofactory import make_clip
 
 TUS = {"Tus-Resumable": "1.0.0"}
 OCTETS = {**TUS, "Content-Type": "application/offset+octet-stream"}
 GUEST_FILE_MB = 2
+MB = 1024 * 1024
 
 
 def meta(**values: str) -> str:
@@ -86,7 +88,9 @@ def partial_file(svc: Services, location: str) -> Path:
 
 async def test_options_tells_the_capabilities_without_a_login(served: Served) -> None:
     async with httpx.AsyncClient(base_url=served.url, timeout=120) as http:
-        for url, max_size in ((served.admin_tus, 2048 * 1024 * 1024), (served.guest_tus, GUEST_FILE_MB * 1024 * 1024)):
+        # A guest's largest file is a video (guest_max_video_mb); a photo is held to its own limit once its first
+        # bytes show it is one (test_a_guest_video_over_the_photo_limit_...).
+        for url, max_size in ((served.admin_tus, 2048 * 1024 * 1024), (served.guest_tus, 500 * 1024 * 1024)):
             answer = await http.options(url)
             assert answer.status_code == 204
             assert answer.headers["tus-resumable"] == "1.0.0"
@@ -345,8 +349,9 @@ async def test_guests_reach_only_their_own_uploads(served: Served) -> None:
 
 async def test_guest_limits(served: Served) -> None:
     async with served.guest() as (guest, _):
-        too_big = await guest.post(served.guest_tus, headers={**TUS, "Upload-Length": str(GUEST_FILE_MB * 2**20 + 1)})
-        assert too_big.status_code == 413
+        # Past the larger (video) limit; a photo past its own is refused at its header (test_a_guest_video_...).
+        too_big = await guest.post(served.guest_tus, headers={**TUS, "Upload-Length": str(500 * MB + 1)})
+        assert too_big.status_code == 413 and "limit of 500 MB" in too_big.json()["error"]
         for _ in range(3):
             await create(guest, served.guest_tus, 100)
         over = await guest.post(served.guest_tus, headers={**TUS, "Upload-Length": "100"})
@@ -468,6 +473,34 @@ async def test_a_connection_cut_mid_chunk_keeps_what_arrived_and_tuspy_resumes(s
         metadata={"filename": "cut.jpg"}, resume=served.url + location))
     row = sql(served.services, "SELECT * FROM photos WHERE id = ?", int(headers["picpeak-photo-id"]))[0]
     assert row["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+async def test_a_guest_video_over_the_photo_limit_goes_up_and_a_photo_over_it_is_refused_at_its_header(
+        served: Served, tmp_path: Path) -> None:
+    """Issue 28: the create accepts up to the video limit; once the first bytes arrive, a photo is held to the
+    photo limit, refused with the multipart sentence, as multipart refuses it."""
+    clip = make_clip(tmp_path / "party.mp4", width=640, height=480, seconds=0.5, crf=0, camera=True)
+    assert clip.stat().st_size > GUEST_FILE_MB * MB
+    async with served.guest() as (guest, csrf):
+        cookie = "; ".join(f"{name}={value}" for name, value in guest.cookies.items())
+        _url, headers = await trio.to_thread.run_sync(lambda: tuspy_upload(
+            served.url + served.guest_tus, clip, {"Cookie": cookie, "X-CSRF-Token": csrf}, chunk=1_000_000,
+            metadata={"filename": "party.mp4"}))
+        [row] = sql(served.services, "SELECT media_type, size FROM photos WHERE id = ?",
+                    int(headers["picpeak-photo-id"]))
+        assert row == {"media_type": "video", "size": clip.stat().st_size}
+        # A photo announced over the photo limit: created (it might be a video), refused at its first chunk.
+        big = big_jpeg(14, extra=GUEST_FILE_MB * MB)
+        location = await create(guest, served.guest_tus, len(big), filename="huge.jpg")
+        refused = await patch(guest, location, 0, big[:64 * 1024])
+        sentence = f"The file is larger than the limit of {GUEST_FILE_MB} MB."
+        assert refused.status_code == 413 and refused.json()["error"] == sentence
+        head = await guest.head(location, headers=TUS)
+        assert head.status_code == 413 and unquote(head.headers["picpeak-error"]) == sentence
+        assert not partial_file(served.services, location).exists()
+        # Multipart says the same of the same file.
+        multipart = await guest.post("/api/g/g/upload", files={"photos": ("huge.jpg", big, "image/jpeg")})
+        assert multipart.status_code == 413 and multipart.json()["errors"][0]["error"] == sentence
 
 
 # --- kill -9 --------------------------------------------------------------------------------------------------------

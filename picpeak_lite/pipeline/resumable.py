@@ -12,12 +12,13 @@ chunk that cannot be checked is discarded whole, as one that fails its check (46
 
 One intake: when the last byte is durable, the file goes through ``Intake`` exactly as a multipart file does
 (sniff, size, sha256 and duplicates, gallery cap, durable rename, row, wake the workers), as the photo of the
-upload group the row belongs to; from then on making that photo is the server's job, tried again after a
-failure or a crash until the photo exists or the file is refused (see "finishing" below). A batch shares a group: files created with the same ``upload_group`` metadata
-(a key chosen by the client) by the same uploader in the same gallery join the group while it is still
-receiving. The group is created, receiving, with the first file of the batch, stays receiving while any of
-its files may still arrive, and closes when the last has ended (finished, refused, terminated or expired):
-only then can ``upload.completed`` describe the whole batch. A group that ends without a photo is deleted.
+upload group the row belongs to; from then on making that photo is the server's job, tried again after a failure
+or a crash until the photo exists or the file is refused (see "finishing" below). A batch shares a group: files
+created with the same ``upload_group`` metadata (a key chosen by the client) by the same uploader in the same
+gallery join the group while it is still receiving. The group is created, receiving, with the first file of the
+batch, stays receiving while any of its files may still arrive, and closes when the last has ended (finished,
+refused, terminated or expired): only then can ``upload.completed`` describe the whole batch. A group that ends
+without a photo is deleted.
 
 Two uploads of the same file never write at once: a new request for an upload that another request is still
 writing (a client that reconnected before the server noticed the old connection drop) cancels the old one,
@@ -72,7 +73,7 @@ from picpeak_lite.errors import (
     UnsupportedMedia,
 )
 from picpeak_lite.perrun import PerRun
-from picpeak_lite.pipeline import transitions
+from picpeak_lite.pipeline import transitions, video_intake
 from picpeak_lite.pipeline.intake import (
     MB,
     WRITE_BATCH,
@@ -101,6 +102,7 @@ LOST = "The bytes of this upload were lost on the server; please send the file a
 REFUSALS: dict[int, type[AppError]] = {413: TooLarge, 415: UnsupportedMedia, 409: Conflict}
 METADATA_MAX = 4096  # Upload-Metadata, as sent: a file name, a type, a guest name and a group key need far less
 CLIENT_FILES_PER_SESSION_CAP = 5  # one address's unfinished uploads: as many as 5 sessions', as its budgets are
+HEADER_BYTES = 64  # what tells a video from a photo (video.sniff_container, through video_intake.container_of)
 RESERVATION_RETRY_SECONDS = 60  # Retry-After when a cap on unfinished uploads is reached: others end meanwhile
 
 _WRITERS: PerRun[dict[str, _Writer]] = PerRun("picpeak_tus_writers", dict)
@@ -200,8 +202,10 @@ async def create(svc: Services, *, authorize: Authorize, owner: Owner, limits: L
     any byte is sent (size, the gallery's cap, the disk reserve counting what this party's other unfinished
     uploads still announce), and a guest's against the caps on unfinished uploads."""
     meta = parse_metadata(metadata)
-    if length > limits.max_file_bytes:
-        raise TooLarge(f"The file is larger than the limit of {limits.max_file_bytes // MB} MB.")
+    # Whether it is a video is known from its first bytes only: up to the larger (video) limit now, and a
+    # photo is held to its own limit once they arrive (check_kind), as a multipart file is when it has arrived.
+    if length > limits.sink_bytes:
+        raise TooLarge(f"The file is larger than the limit of {limits.sink_bytes // MB} MB.")
     group_key = text(meta, "upload_group")
     if group_key is not None and not GROUP_KEY.fullmatch(group_key):
         raise BadRequest("The upload_group metadata must be 1 to 64 letters, digits or ._~- characters.")
@@ -328,6 +332,28 @@ def _release(tus_id: str, writer: _Writer) -> None:
     if writers.get(tus_id) is writer:
         del writers[tus_id]
     writer.done.set()
+
+
+def limits_of(svc: Services, row: Row) -> Limits:
+    return Limits.admin(svc.settings) if row["uploaded_by"] == "admin" else Limits.guest(svc.settings)
+
+
+async def check_kind(svc: Services, row: Row, before: int, after: int) -> None:
+    """Once the first bytes have arrived (the chunk that took the offset from ``before`` to ``after``): an
+    upload announced larger than the photo limit must be a video (its container by the bytes, as the intake
+    tells), or it is refused now (413, the multipart sentence) and ends, its bytes gone."""
+    limits = limits_of(svc, row)
+    length = row["upload_length"]
+    if length <= limits.max_file_bytes or before >= HEADER_BYTES or after < min(HEADER_BYTES, length):
+        return
+    kind = await trio.to_thread.run_sync(video_intake.container_of, partial_path(svc.storage, row["id"]),
+                                         limiter=io_limiter())
+    if kind is None:
+        message = f"The file is larger than the limit of {limits.max_file_bytes // MB} MB."
+        current = await svc.db.read(tus_q.get, row["id"])
+        if current is not None:
+            await _refuse(svc, current, message, 413)
+        raise TooLarge(message)
 
 
 async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[bytes], *,
@@ -599,7 +625,7 @@ async def _adopt(svc: Services, row: Row, path: Path) -> tuple[Any, str | None]:
     link = svc.storage.new_temp_path()
     await trio.to_thread.run_sync(_link, path, link, limiter=io_limiter())
     try:
-        limits = Limits.admin(svc.settings) if row["uploaded_by"] == "admin" else Limits.guest(svc.settings)
+        limits = limits_of(svc, row)
         authorize = functools.partial(upload_gallery, row=row, clock=svc.clock)
         gallery = await svc.db.read(authorize)
         intake = Intake(db=svc.db, storage=svc.storage, settings=svc.settings, gallery=gallery, limits=limits,

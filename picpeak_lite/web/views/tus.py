@@ -178,7 +178,7 @@ def _charge(owner: Owner, ip: str) -> Callable[[int], None]:
 def _options(file_limits: Limits) -> Any:
     g.tus_drained = True
     return "", 204, {
-        "Tus-Version": TUS_VERSION, "Tus-Extension": EXTENSIONS, "Tus-Max-Size": str(file_limits.max_file_bytes),
+        "Tus-Version": TUS_VERSION, "Tus-Extension": EXTENSIONS, "Tus-Max-Size": str(file_limits.sink_bytes),
         "Tus-Checksum-Algorithm": ",".join(resumable.CHECKSUMS),
     }
 
@@ -310,6 +310,7 @@ async def _receive(row: Row, offset: int,
     new_offset = await resumable.write_chunk(svc, row, offset, request.body, content_length=request.content_length,
                                              checksum=checksum)
     g.tus_drained = True
+    await resumable.check_kind(svc, row, offset, new_offset)
     if new_offset < row["upload_length"]:
         return new_offset, None
     return new_offset, await resumable.complete(svc, row["id"])
