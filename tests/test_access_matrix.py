@@ -130,6 +130,7 @@ CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
     "live_admin": _live_admin,
     "wall": _wall,
     "live_wall": _live_wall,
+    "tus_other": lambda method, variant: _all({405}),
 }
 GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_guest", "live_admin", "wall",
                     "live_wall")
@@ -209,6 +210,12 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     # In the draft the gallery is not there for guests (404) before the protocol is looked at.
     "tus.guest_create": ("guest_upload", {"guest_access": {412}}, {"draft": {"guest_access": {404}}}),
     "tus.guest_upload": ("guest_upload", {"guest_access": {412}}, {"draft": {"guest_access": {404}}}),
+    # Any other method on a tus URL (issue 28): 405 with Tus-Resumable before any guard; only a request whose
+    # X-HTTP-Method-Override names a method the URL takes goes on (with that method's guards; test_tus).
+    "tus.admin_creation_other": ("tus_other", {}),
+    "tus.admin_upload_other": ("tus_other", {}),
+    "tus.guest_creation_other": ("tus_other", {}),
+    "tus.guest_upload_other": ("tus_other", {}),
     "live.upload_feed": ("live", {}),
     "live.guest_gallery_feed": ("live_guest", {}),
     "live.admin_gallery_feed": ("live_admin", {}),

@@ -113,6 +113,45 @@ async def test_requests_without_tus_resumable_are_412_with_the_version(served: S
         assert answer.status_code == 412
 
 
+async def test_x_http_method_override_is_honoured_and_405s_say_tus(served: Served) -> None:
+    """Issue 28: the tus spec says a server MUST take X-HTTP-Method-Override as the method (clients behind
+    proxies that block PATCH send POST with it), and every answer carries Tus-Resumable, a 405 included."""
+    data = big_jpeg(15)
+    async with served.admin() as http:
+        location = await create(http, served.admin_tus, len(data), filename="override.jpg")
+        half = len(data) // 2
+        first = await http.post(location, content=data[:half], headers={
+            **OCTETS, "Upload-Offset": "0", "X-HTTP-Method-Override": "PATCH"})
+        assert first.status_code == 204 and first.headers["upload-offset"] == str(half)
+        head = await http.post(location, headers={**TUS, "X-HTTP-Method-Override": "HEAD"})
+        assert head.status_code == 200 and head.headers["upload-offset"] == str(half)
+        last = await http.post(location, content=data[half:], headers={
+            **OCTETS, "Upload-Offset": str(half), "X-HTTP-Method-Override": "patch"})
+        assert last.status_code == 204 and last.headers["picpeak-photo-id"]
+        other = await create(http, served.admin_tus, 100)
+        gone = await http.post(other, headers={**TUS, "X-HTTP-Method-Override": "DELETE"})
+        assert gone.status_code == 204 and (await http.head(other, headers=TUS)).status_code == 404
+        # Methods a tus URL does not take: 405 with Allow, Tus-Resumable and a sentence.
+        for method, url, allow in (("POST", location, "HEAD, PATCH, DELETE"), ("GET", location, "HEAD, PATCH, DELETE"),
+                                   ("PUT", served.admin_tus, "OPTIONS, POST"),
+                                   ("DELETE", served.admin_tus, "OPTIONS, POST")):
+            refused = await http.request(method, url, headers=TUS)
+            assert refused.status_code == 405, (method, url, refused.status_code)
+            assert refused.headers["tus-resumable"] == "1.0.0" and refused.headers["allow"] == allow
+            assert "This tus URL takes" in refused.json()["error"]
+        options = await http.options(location)
+        assert options.status_code == 204 and options.headers["tus-version"] == "1.0.0"
+    # A guest's override is a state change like a PATCH: it needs the CSRF token.
+    async with served.guest() as (guest, _csrf):
+        mine = await create(guest, served.guest_tus, 100)
+        no_token = await guest.post(mine, content=b"x", headers={
+            **OCTETS, "Upload-Offset": "0", "X-HTTP-Method-Override": "PATCH", "X-CSRF-Token": ""})
+        assert no_token.status_code == 403
+        taken = await guest.post(mine, content=b"x" * 10, headers={
+            **OCTETS, "Upload-Offset": "0", "X-HTTP-Method-Override": "PATCH"})
+        assert taken.status_code == 204 and taken.headers["upload-offset"] == "10"
+
+
 # --- creation -------------------------------------------------------------------------------------------------
 
 async def test_creation_answers_201_with_location_expiry_and_head_tells_the_state(served: Served) -> None:

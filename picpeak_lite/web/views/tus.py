@@ -63,6 +63,41 @@ DRAIN_MAX = 64 * 1024 * 1024  # the most of a refused body read to keep its conn
 CSRF_MESSAGE = "The page has expired or did not send its security token. Reload the page and try again."
 
 
+CREATION_METHODS = ("OPTIONS", "POST")
+UPLOAD_METHODS = ("HEAD", "PATCH", "DELETE")
+# Every other method reaches a view of this blueprint, so that its 405 carries Tus-Resumable and Allow (werkzeug's
+# own 405 comes from routing, before any blueprint), and X-HTTP-Method-Override can turn it into one we take.
+OTHER_ON_CREATION = ["GET", "PUT", "PATCH", "DELETE"]
+OTHER_ON_UPLOAD = ["GET", "POST", "PUT", "OPTIONS"]
+
+
+class MethodNotAllowed(AppError):
+    status = 405
+    title = "Method Not Allowed"
+
+    def __init__(self, allowed: tuple[str, ...]) -> None:
+        super().__init__(f"This tus URL takes {', '.join(allowed)}.")
+        self.allowed = allowed
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": ", ".join(self.allowed)}
+
+
+@blueprint.before_request
+async def _method_override() -> None:
+    """tus: a server MUST take ``X-HTTP-Method-Override`` as the request's method (for clients behind proxies
+    that pass only GET and POST). Replaced before any guard runs, so that the guards (the CSRF check of a state
+    change) and the protocol see the method meant; one a URL does not take is answered 405 by its view."""
+    override = request.headers.get("X-HTTP-Method-Override")
+    if override:
+        request.method = override.strip().upper()
+
+
+def _check_method(allowed: tuple[str, ...]) -> None:
+    if request.method not in allowed:
+        raise MethodNotAllowed(allowed)
+
+
 class PreconditionFailed(AppError):
     status = 412
     title = "Precondition Failed"
@@ -110,6 +145,7 @@ async def admin_options(gallery_id: int) -> Any:
 @blueprint.post("/api/admin/galleries/<int:gallery_id>/tus")
 @admin_api
 async def admin_create(gallery_id: int) -> Any:
+    _check_method(("POST",))
     _check_protocol()
     authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)
     return await _create(authorize, Limits.admin(services().settings), Owner("admin"),
@@ -117,13 +153,30 @@ async def admin_create(gallery_id: int) -> Any:
                          client_ip=client_ip())
 
 
-@blueprint.route("/api/admin/galleries/<int:gallery_id>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"])
+@blueprint.route("/api/admin/galleries/<int:gallery_id>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"],
+                 provide_automatic_options=False)
 @admin_api
 async def admin_upload(gallery_id: int, tus_id: str) -> Any:
     _check_protocol()
     authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)
     await services().db.read(authorize)
     return await _upload(tus_id, gallery_id, Owner("admin"))
+
+
+@blueprint.route("/api/admin/galleries/<int:gallery_id>/tus", methods=OTHER_ON_CREATION)
+async def admin_creation_other(gallery_id: int) -> Any:
+    if request.method == "POST":  # X-HTTP-Method-Override: POST
+        return await admin_create(gallery_id)
+    raise MethodNotAllowed(CREATION_METHODS)
+
+
+@blueprint.route("/api/admin/galleries/<int:gallery_id>/tus/<tus_id>", methods=OTHER_ON_UPLOAD,
+                 provide_automatic_options=False)
+async def admin_upload_other(gallery_id: int, tus_id: str) -> Any:
+    if request.method == "OPTIONS":
+        return _options(Limits.admin(services().settings))
+    _check_method(UPLOAD_METHODS)  # before the guards: only an X-HTTP-Method-Override goes on
+    return await admin_upload(gallery_id, tus_id)
 
 
 # --- guests ------------------------------------------------------------------------------------------------
@@ -135,6 +188,7 @@ async def guest_options(slug: str) -> Any:
 
 @blueprint.post("/api/g/<slug>/tus")
 async def guest_create(slug: str) -> Any:
+    _check_method(("POST",))
     owner, authorize, _ = await _guest(slug)
     _check_protocol()
     budgets, ip = limits().guest_upload_limits, client_ip()
@@ -144,11 +198,26 @@ async def guest_create(slug: str) -> Any:
                          client_ip=ip, on_created=_charge(owner, ip))
 
 
-@blueprint.route("/api/g/<slug>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"])
+@blueprint.route("/api/g/<slug>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"], provide_automatic_options=False)
 async def guest_upload(slug: str, tus_id: str) -> Any:
     owner, _, gallery = await _guest(slug)
     _check_protocol()
     return await _upload(tus_id, gallery["id"], owner)
+
+
+@blueprint.route("/api/g/<slug>/tus", methods=OTHER_ON_CREATION)
+async def guest_creation_other(slug: str) -> Any:
+    if request.method == "POST":  # X-HTTP-Method-Override: POST
+        return await guest_create(slug)
+    raise MethodNotAllowed(CREATION_METHODS)
+
+
+@blueprint.route("/api/g/<slug>/tus/<tus_id>", methods=OTHER_ON_UPLOAD, provide_automatic_options=False)
+async def guest_upload_other(slug: str, tus_id: str) -> Any:
+    if request.method == "OPTIONS":
+        return _options(Limits.guest(services().settings))
+    _check_method(UPLOAD_METHODS)  # before the guards: only an X-HTTP-Method-Override goes on
+    return await guest_upload(slug, tus_id)
 
 
 async def _guest(slug: str) -> tuple[Owner, Authorize, dict[str, Any]]:
@@ -230,6 +299,7 @@ async def _upload(tus_id: str, gallery_id: int, owner: Owner) -> Any:
 
 
 async def _answer(tus_id: str, gallery_id: int, owner: Owner) -> Any:
+    _check_method(UPLOAD_METHODS)
     svc = services()
     row = await resumable.find(svc, tus_id, gallery_id, owner)
     if request.method == "HEAD":
