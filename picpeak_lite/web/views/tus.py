@@ -268,6 +268,9 @@ def _number(name: str) -> int:
 
 async def _create(authorize: Authorize, file_limits: Limits, owner: Owner, location: Callable[[str], str], *,
                   client_ip: str, on_created: Callable[[int], None] | None = None) -> Any:
+    if "Upload-Concat" in request.headers:
+        # Not in Tus-Extension: taken, a client's parallel mode would end in a refusal only after every part.
+        raise BadRequest("Upload-Concat (tus concatenation) is not supported: send the file as one upload.")
     if "Upload-Defer-Length" in request.headers:
         raise BadRequest("Upload-Defer-Length is not supported: send Upload-Length.")
     length = _number("Upload-Length")
