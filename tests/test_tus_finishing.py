@@ -27,6 +27,7 @@ import trio
 from tusclient import client as tus_client
 
 from picpeak_lite.pipeline import resumable
+from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
 from picpeak_lite.web.app import create_app
@@ -270,7 +271,11 @@ async def test_tries_are_bounded_and_the_last_failure_is_told(tmp_path: Path, au
         assert head.status_code == 423 and "Upload-Offset" not in head.headers
         finisher = resumable.Finisher(svc)
         assert await finisher.finish_due() == 0  # not due yet: nothing tried
-        await trio.sleep(5)
+        # The server is down for an hour: its group's lease runs out, yet the janitor does not abandon a group
+        # whose file's photo is still to be made.
+        await trio.sleep(3600)
+        await Janitor(svc).renew_and_abandon_uploads()
+        assert query(settings.data_path, "SELECT count(*) AS n FROM uploads")[0]["n"] == 1
         assert await finisher.finish_due() == 0  # the second try, failed: due 10 s later
         row = query(settings.data_path, "SELECT finish_attempts, finish_after FROM tus_uploads")[0]
         assert row["finish_attempts"] == 2 and row["finish_after"] - svc.clock() == pytest.approx(10, abs=1)
@@ -285,5 +290,6 @@ async def test_tries_are_bounded_and_the_last_failure_is_told(tmp_path: Path, au
             assert sentence.startswith("The server could not store this file after 3 tries"), sentence
         assert not resumable.partial_path(svc.storage, location.rsplit("/", 1)[1]).exists()
         assert query(settings.data_path, "SELECT count(*) AS n FROM photos")[0]["n"] == 0
+        assert query(settings.data_path, "SELECT count(*) AS n FROM uploads")[0]["n"] == 0  # no photo: gone
     finally:
         svc.db.close()

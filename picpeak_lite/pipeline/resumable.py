@@ -44,6 +44,7 @@ upload's row is kept as long, so that a client that lost the last answer can sti
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import logging
@@ -52,7 +53,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -562,11 +563,9 @@ async def complete(svc: Services, tus_id: str) -> Finished:
     """Make the photo of a complete upload now (or learn what became of it): its Finished, or the refusal (a
     4xx that is final), or :class:`NotFinishedYet` when the try failed for a reason that may pass (recorded,
     and tried again by the :class:`Finisher`). One try at a time per upload; a later caller waits for it."""
-    locks = _FINISHING.get()
-    lock = locks.setdefault(tus_id, trio.Lock())
     settled = False
     try:
-        async with lock:
+        async with _finishing(tus_id):
             row = await svc.db.read(tus_q.get, tus_id)
             if row is None:
                 raise NotFound("There is no such upload.")
@@ -582,10 +581,21 @@ async def complete(svc: Services, tus_id: str) -> Finished:
         settled = settled or error.status < 500
         raise
     finally:
-        if lock.statistics().tasks_waiting == 0 and not lock.locked() and locks.get(tus_id) is lock:
-            del locks[tus_id]
         if not settled:
             svc.finisher_bell.ring()  # cut off or failed: the Finisher goes on (and learns the next due time)
+
+
+@contextlib.asynccontextmanager
+async def _finishing(tus_id: str) -> AsyncIterator[None]:
+    """One try at a time per upload (the request's, a HEAD's, the Finisher's; a DELETE waits for it too)."""
+    locks = _FINISHING.get()
+    lock = locks.setdefault(tus_id, trio.Lock())
+    try:
+        async with lock:
+            yield
+    finally:
+        if lock.statistics().tasks_waiting == 0 and not lock.locked() and locks.get(tus_id) is lock:
+            del locks[tus_id]
 
 
 async def _try_finish(svc: Services, row: Row) -> Finished:
@@ -607,6 +617,10 @@ async def _try_finish(svc: Services, row: Row) -> Finished:
     if entry.error is not None:
         await _refuse(svc, row, entry.error, entry.status or 400)
         raise REFUSALS.get(entry.status or 400, BadRequest)(entry.error, errors=[entry.to_json()])
+    if entry.duplicate and row["upload_id"] is not None:
+        # Its own photo, made by a try that a crash cut off before the row was marked: not a duplicate.
+        photo = await svc.db.read(photo_q.get, entry.photo_id)
+        entry.duplicate = photo is None or photo["upload_id"] != row["upload_id"]
     if not entry.duplicate:
         svc.workers_bell.ring()
     await _end(svc, tus_id, entry)
@@ -793,9 +807,10 @@ async def terminate(svc: Services, row: Row) -> None:
     """tus termination (DELETE): stop any request still writing, forget the upload, remove its bytes."""
     writer = await _take_over(row["id"])
     try:
-        with trio.CancelScope(shield=True):
-            await _end(svc, row["id"], None)
-            remove_quietly(partial_path(svc.storage, row["id"]))
+        async with _finishing(row["id"]):  # a try at making its photo ends first (then the photo stays)
+            with trio.CancelScope(shield=True):
+                await _end(svc, row["id"], None)
+                remove_quietly(partial_path(svc.storage, row["id"]))
     finally:
         _release(row["id"], writer)
 

@@ -69,8 +69,12 @@ def close_receiving(conn: Connection, upload_id: str) -> bool:
 
 
 def expired_receiving(conn: Connection, now: float) -> list[str]:
-    """Uploads whose request stopped renewing its lease: its process died or hung."""
-    rows = conn.execute("SELECT id FROM uploads WHERE receiving_until < ? ORDER BY created_at", (now,)).fetchall()
+    """Uploads whose request stopped renewing its lease: its process died or hung. A group with a complete tus
+    upload whose photo is still being made (pipeline/resumable.py, finishing) waits for it."""
+    rows = conn.execute(
+        "SELECT id FROM uploads WHERE receiving_until < ? AND id NOT IN (SELECT upload_id FROM tus_uploads "
+        "WHERE state = 'receiving' AND upload_offset = upload_length AND upload_id IS NOT NULL) "
+        "ORDER BY created_at", (now,)).fetchall()
     return [r["id"] for r in rows]
 
 
