@@ -607,8 +607,8 @@ async def _try_finish(svc: Services, row: Row) -> Finished:
         await _refuse(svc, row, LOST, 410)
         raise Gone(LOST) from None
     except AppError as error:
-        if error.status >= 500:
-            raise await _failed_try(svc, row, error.message) from error
+        if error.status >= 500:  # its title: its message speaks of a request ("nothing was saved")
+            raise await _failed_try(svc, row, error.title) from error
         await _refuse(svc, row, error.message, error.status)
         raise
     except Exception as error:  # a full disk, a bucket error: the bytes are still here, tried again later
