@@ -585,6 +585,18 @@ async def complete(svc: Services, tus_id: str) -> Finished:
             svc.finisher_bell.ring()  # cut off or failed: the Finisher goes on (and learns the next due time)
 
 
+def being_finished(tus_id: str) -> bool:
+    """A try at making this upload's photo is running in this process now."""
+    lock = _FINISHING.get().get(tus_id)
+    return lock is not None and lock.locked()
+
+
+async def wait_for_try(tus_id: str) -> None:
+    """Until the try running now (if any) has ended; the caller bounds the wait."""
+    async with _finishing(tus_id):
+        pass
+
+
 @contextlib.asynccontextmanager
 async def _finishing(tus_id: str) -> AsyncIterator[None]:
     """One try at a time per upload (the request's, a HEAD's, the Finisher's; a DELETE waits for it too)."""

@@ -42,6 +42,7 @@ from email.utils import formatdate
 from typing import Any
 from urllib.parse import quote
 
+import trio
 from quart import Blueprint, g, request, url_for
 
 from picpeak_lite import security
@@ -60,6 +61,7 @@ TUS_VERSION = "1.0.0"
 EXTENSIONS = "creation,creation-with-upload,termination,expiration,checksum"
 OFFSET_TYPE = "application/offset+octet-stream"
 DRAIN_MAX = 64 * 1024 * 1024  # the most of a refused body read to keep its connection (8 chunks of the default)
+HEAD_WAIT_SECONDS = 10  # the longest a HEAD waits for a try at making the photo that is running now
 CSRF_MESSAGE = "The page has expired or did not send its security token. Reload the page and try again."
 
 
@@ -364,8 +366,17 @@ async def _outcome(row: Row, *, head: bool) -> Finished:
     if row["state"] == tus_q.DONE:
         return await resumable.finished(svc, row)
     try:
+        if head and resumable.being_finished(row["id"]):
+            # A try is running (the finisher's, after a restart, say): its outcome if it comes soon, else
+            # "ask again" (a slow bucket must not hold a HEAD).
+            with trio.move_on_after(HEAD_WAIT_SECONDS):
+                await resumable.wait_for_try(row["id"])
+            now = await svc.db.read(tus_q.get, row["id"])
+            if now is not None and now["state"] == tus_q.DONE:
+                return await resumable.finished(svc, now)
+            raise resumable.pending_error(svc, now or row)
         if head and row["finish_after"] is not None and row["finish_after"] > svc.clock():
-            raise resumable.pending_error(svc, row)
+            raise resumable.pending_error(svc, row)  # not due yet: the finisher tries then
         return await resumable.complete(svc, row["id"])
     except resumable.NotFinishedYet as pending:
         if head:
