@@ -108,7 +108,7 @@ async def last_step_fails(tmp_path: Path, capsys: Any, name: str, settings: dict
         photos = query(data_dir, "SELECT count(*) AS n FROM photos")[0]["n"]
         assert resumed != "success" or photos == 1, "tuspy reported success and no photo exists"
         assert photos == 0
-        async with httpx.AsyncClient(headers=headers) as http:
+        async with httpx.AsyncClient(headers=headers, timeout=120) as http:
             head = await http.head(location, headers=TUS)
             # HEAD does not say "done" (the full offset): 423, when to ask again, and why.
             assert head.status_code == 423 and "upload-offset" not in head.headers, head.headers
@@ -242,7 +242,7 @@ async def test_kill_9_between_the_last_byte_and_the_photo(tmp_path: Path,
                         await trio.sleep(0.5)
                     assert query(data_dir, "SELECT count(*) AS n FROM photos")[0]["n"] in (0, 1)
             assert query(data_dir, "SELECT count(*) AS n FROM photos")[0]["n"] == 1
-            async with httpx.AsyncClient(headers=headers) as http:
+            async with httpx.AsyncClient(headers=headers, timeout=120) as http:
                 head = await http.head(location, headers=TUS)
             assert head.status_code == 200 and head.headers["upload-offset"] == str(len(data))
             photo_id = int(head.headers["picpeak-photo-id"])
