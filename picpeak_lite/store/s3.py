@@ -6,9 +6,10 @@ reserve applies to it as before.
 
 Durable means in the bucket: :meth:`S3Storage.put_file` uploads a temp file (one PUT up to
 :data:`MULTIPART_THRESHOLD`, a multipart upload above it), sends each part's MD5 and SHA-256 for the server to
-verify, checks the ETags the server answers against the MD5s computed while reading, and checks the SHA-256 of
-what was sent against the one the intake computed while receiving (the row's). Only then does it return, and
-only then is the row committed.
+verify, checks the ETag of each PUT and each part against the MD5 computed while reading (a multipart object
+then by its size and any SHA-256 the server answers, not by its ETag, whose form differs between services), and
+checks the SHA-256 of what was sent against the one the intake computed while receiving (the row's). Only then
+does it return, and only then is the row committed.
 
 Errors are turned into ours at this boundary: a missing object is FileNotFoundError (as a missing file is), an
 unreachable endpoint, a timeout or a 5xx is ``StorageUnavailable`` (503 with Retry-After: nothing recorded, a
@@ -249,6 +250,10 @@ class S3Storage(PhotoFiles):
         _verify_etag(name, answer.get("ETag", ""), md5.hex())
 
     def _put_multipart(self, name: str, f: BinaryIO, expected: str | None) -> None:
+        """Each part is verified by the ETag its UploadPart answer carries (the part's MD5 on every S3-compatible
+        service, for all but SSE-KMS), and the completed object by its size (a HEAD) and, where the server echoes
+        one, its SHA-256 checksum. Never by the completed upload's ETag: its form differs between services (AWS
+        and moto: the MD5 of the parts' MD5s with ``-N``; others: the whole object's MD5, or an opaque string)."""
         key = self._key(name)
         digest = hashlib.sha256()
         with _errors(name):
@@ -256,29 +261,40 @@ class S3Storage(PhotoFiles):
                 Bucket=self.bucket, Key=key, ContentType=_content_type(name), ChecksumAlgorithm="SHA256",
                 Metadata={"sha256": expected or ""})
         upload_id = upload["UploadId"]
+        completed = False
         try:
-            parts, md5s = [], []
-            number = 1
+            parts, part_shas = [], []
+            number = sent = 0
             while data := f.read(self.part_bytes):
+                number += 1
+                sent += len(data)
                 digest.update(data)
                 md5 = hashlib.md5(data, usedforsecurity=False).digest()
-                part_sha = _b64(hashlib.sha256(data).digest())
+                part_sha = hashlib.sha256(data).digest()
                 with _errors(name):
                     answer = self.client.upload_part(
                         Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data,
-                        ContentMD5=_b64(md5), ChecksumSHA256=part_sha)
+                        ContentMD5=_b64(md5), ChecksumSHA256=_b64(part_sha))
                 _verify_etag(f"{name} part {number}", answer["ETag"], md5.hex())
-                parts.append({"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": part_sha})
-                md5s.append(md5)
-                number += 1
+                parts.append({"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": _b64(part_sha)})
+                part_shas.append(part_sha)
             if expected is not None and digest.hexdigest() != expected:
                 raise OSError(f"the temp file of {name} changed on disk during its upload")
             with _errors(name):
                 done = self.client.complete_multipart_upload(
                     Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
-            whole = hashlib.md5(b"".join(md5s), usedforsecurity=False).hexdigest()
-            _verify_etag(name, done.get("ETag", ""), f"{whole}-{len(parts)}")
+            completed = True
+            composite = _b64(hashlib.sha256(b"".join(part_shas)).digest())
+            _verify_checksum(name, done.get("ChecksumSHA256"),
+                             {composite, f"{composite}-{number}", _b64(digest.digest())})
+            with _errors(name):
+                stored = self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"]
+            if stored != sent:
+                raise OSError(f"the bucket stored {name} with {stored} bytes where {sent} were sent")
         except BaseException:
+            if completed:  # stored, but not as sent: no object of that name is better than a wrong one
+                self.remove(name)
+                raise
             try:
                 self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             except Exception:  # the bucket expires abandoned uploads by its own rules; nothing more to do here
@@ -375,9 +391,17 @@ def _content_type(name: str) -> str:
 
 
 def _verify_etag(what: str, etag: str, expected: str) -> None:
-    """The ETag of an unencrypted PUT is the MD5 of what the server stored (of its parts' MD5s for a multipart
-    upload). An ETag of another shape (SSE-KMS) is not a digest; the server verified Content-MD5 then."""
+    """The ETag of an unencrypted PUT or UploadPart is the MD5 of what the server stored, on every S3-compatible
+    service. An ETag of another shape (SSE-KMS) is not a digest; the server verified Content-MD5 then. (Not for
+    a completed multipart upload: see ``_put_multipart``.)"""
     etag = etag.strip('"')
     looks_like_md5 = len(etag.split("-", 1)[0]) == 32 and all(c in "0123456789abcdef-" for c in etag)
     if looks_like_md5 and etag != expected:
         raise OSError(f"the bucket stored {what} with another checksum than was sent ({etag} != {expected})")
+
+
+def _verify_checksum(what: str, echoed: str | None, accepted: set[str]) -> None:
+    """A SHA-256 the server computed itself, where it answers one: of the parts' checksums (AWS's composite form,
+    with or without ``-N``) or of the whole object. A server that echoes none leaves the size check."""
+    if echoed and echoed not in accepted:
+        raise OSError(f"the bucket stored {what} with another SHA-256 than was sent ({echoed})")
