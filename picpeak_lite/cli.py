@@ -17,7 +17,7 @@ import trio
 
 from picpeak_lite import security
 from picpeak_lite.config import FIELDS, Settings, find_config_file, load_settings
-from picpeak_lite.errors import ConfigError, StorageUnavailable
+from picpeak_lite.errors import CommandFailed, ConfigError, StorageUnavailable
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import admin as admin_q
@@ -397,6 +397,9 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as error:
         click.echo(f"picpeak-lite: error: {error}", err=True)
         sys.exit(2)
+    except CommandFailed as error:
+        click.echo(f"picpeak-lite: error: {error}", err=True)
+        sys.exit(1)
     except StorageUnavailable as error:
         click.echo(f"picpeak-lite: error: {error.message}", err=True)
         sys.exit(75)  # EX_TEMPFAIL: the same command works once the bucket answers again

@@ -150,5 +150,10 @@ class DatabaseError(AppError):
     title = "Database error"
 
 
+class CommandFailed(Exception):
+    """An operator command that could not finish (a file that could not be read or stored). The CLI prints it as
+    one line and exits 1; the command says in it whether running it again goes on from there."""
+
+
 class ConfigError(Exception):
     """A bad config file, environment variable or flag. The CLI prints it as one line and exits 2."""

@@ -4,9 +4,10 @@ Object by object, under the same names (``store/storage.py``): each is read from
 to the other (a bucket verifies it by its checksums, ``store/s3.py``), and every original's sha256 is checked
 against its row on the way. Resumable: an object the target already holds with the same size is kept (an
 original only after its sha256 there is checked too), so a run that was interrupted (Ctrl-C, a lost
-connection) is simply started again. Only when every photo's original is in the target is the ``storage``
-setting switched in the config file; the source's copies are left where they are (remove them once the
-server runs happily from the target).
+connection) is simply started again. An object that cannot be copied stops the run with one sentence
+(``CommandFailed``; an unreachable bucket is ``StorageUnavailable``), the setting unchanged. Only when every
+photo's original is in the target is the ``storage`` setting switched in the config file; the source's copies
+are left where they are (remove them once the server runs happily from the target).
 
 The server must be stopped meanwhile, and the command refuses to start while it answers on its address: the
 server reads ``storage`` only when it starts, so every photo uploaded and every thumbnail made during the copy
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from picpeak_lite.config import Settings
-from picpeak_lite.errors import ConfigError
+from picpeak_lite.errors import AppError, CommandFailed, ConfigError, StorageUnavailable
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import COPY_CHUNK, Storage, disk_errors, key_of, open_storage, remove_quietly
@@ -103,6 +104,13 @@ def migrate(settings: Settings, to: str, config_file: Path | None, progress: Pro
         except _Mismatch:
             summary.sha_mismatch.append(ids[key])
             continue
+        except StorageUnavailable:
+            raise  # the CLI's one line and EX_TEMPFAIL: the same command goes on once the bucket answers
+        except (OSError, AppError) as error:
+            reason = error.message if isinstance(error, AppError) else (error.strerror or str(error))
+            raise CommandFailed(f"could not copy {name} from {summary.source} to {summary.target} ({reason}); "
+                                "the storage setting was not changed: run the command again to go on from "
+                                "there") from error
         if copied is None:
             summary.kept += 1
         else:
