@@ -26,6 +26,7 @@ import io
 import logging
 import secrets
 import shutil
+import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -93,6 +94,9 @@ class S3Storage(PhotoFiles):
             connect_timeout=s.s3_timeout_seconds, read_timeout=s.s3_timeout_seconds, max_pool_connections=32,
             # We send our own Content-MD5 and SHA-256 per request (below); no second checksum per body.
             request_checksum_calculation="when_required", response_checksum_validation="when_required",
+            # SigV4 for presigned URLs too: botocore signs them with SigV2 when the region is empty or us-east-1,
+            # which SigV4-only services (and AWS's newer regions) refuse.
+            signature_version="s3v4",
         )
         # Credentials: the config file's when set, else boto3's standard chain (AWS_ACCESS_KEY_ID /
         # AWS_SECRET_ACCESS_KEY in the environment, then ~/.aws).
@@ -219,6 +223,15 @@ class S3Storage(PhotoFiles):
             params["ResponseContentDisposition"] = disposition
         url: str = self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=PRESIGN_SECONDS)
         return url
+
+    def presigned_origin(self) -> str | None:
+        """Where the client's presigned URLs point, taken from one it signs (no request is sent): the endpoint's
+        origin, or AWS's virtual-host or path-style one, exactly as botocore builds it for this bucket."""
+        if not self.presigned_redirects:
+            return None
+        url = urllib.parse.urlsplit(self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self._key("originals/")}, ExpiresIn=60))
+        return f"{url.scheme}://{url.netloc}"
 
     # --- writes
     def commit_original(self, temp: Path, key: str, sha256: str | None = None) -> None:

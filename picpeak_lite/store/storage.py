@@ -161,6 +161,8 @@ class Storage(Protocol):
     def list_objects(self, prefix: str) -> Iterator[tuple[str, ObjectInfo]]: ...
     def sha256_of(self, name: str) -> str: ...
     def presigned_url(self, name: str, *, content_type: str, disposition: str | None = None) -> str | None: ...
+    def presigned_origin(self) -> str | None:
+        """The origin (scheme://host[:port]) of presigned URLs, None without them: the pages' CSP names it."""
     # Photo files
     def commit_original(self, temp: Path, key: str, sha256: str | None = None) -> None:
         """Make a received temp file durable as the original of ``key`` (``sha256``: what the row will say)."""
@@ -335,6 +337,9 @@ class LocalStorage(PhotoFiles):
         return file_sha256(self.root / name)
 
     def presigned_url(self, name: str, *, content_type: str, disposition: str | None = None) -> str | None:
+        return None
+
+    def presigned_origin(self) -> str | None:
         return None
 
     def commit_original(self, temp: Path, key: str, sha256: str | None = None) -> None:

@@ -4,6 +4,7 @@ headers and cookies."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,19 @@ from picpeak_lite.web.resources import STATIC_DIR, TEMPLATES_DIR
 
 log = logging.getLogger(__name__)
 
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
-    "frame-ancestors 'none'"
-)
+
+
+def content_security_policy(bucket_origin: str | None = None) -> str:
+    """The pages' policy. With presigned redirects an ``<img>`` or ``<video>`` whose URL answers 302 to the
+    bucket loads from the bucket's origin, so img-src and media-src name it; without it the browser blocks every
+    such redirect (a blank gallery, MediaError 4)."""
+    bucket = f" {bucket_origin}" if bucket_origin else ""
+    return (
+        f"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:{bucket}; "
+        f"media-src 'self'{bucket}; connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'"
+    )
+
 
 
 def digits_at_most(bound: int) -> str:
@@ -126,7 +135,8 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)
-    app.after_request(_after_request)
+    csp = content_security_policy(svc.storage.presigned_origin())  # once: the bucket is fixed at start
+    app.after_request(functools.partial(_after_request, csp=csp))
     app.jinja_env.globals["csrf_field"] = _csrf_field
     app.jinja_env.filters["datetime"] = _format_timestamp
     return app
@@ -139,10 +149,10 @@ async def _favicon() -> Response:
     return response
 
 
-def _after_request(response: Response) -> Response:
+def _after_request(response: Response, *, csp: str) -> Response:
     headers = response.headers
     headers.setdefault("X-Content-Type-Options", "nosniff")
-    headers.setdefault("Content-Security-Policy", CSP)
+    headers.setdefault("Content-Security-Policy", csp)
     headers.setdefault("Referrer-Policy", "same-origin")
     headers.setdefault("X-Frame-Options", "DENY")
     headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
