@@ -66,12 +66,48 @@ async def send_stored(name: str, mimetype: str, *, disposition: str | None = Non
         # The URL expires: the redirect is never cached.
         return Response("", status=302, headers={"Location": url, "Cache-Control": "private, no-store"})
     info = await trio.to_thread.run_sync(storage.stat, name, limiter=read_limiter())
-    streamed = Response(_ObjectBody(storage, name, info.size), mimetype=mimetype)
+    body = _ObjectBody(storage, name, info.size)
+    streamed = Response(body, mimetype=mimetype)
     streamed.content_length = info.size
     streamed.set_etag(info.etag.strip('"'))
     streamed.last_modified = dt.datetime.fromtimestamp(info.mtime, dt.UTC)
     streamed.cache_control.public = True
-    return await streamed.make_conditional(request, accept_ranges=True, complete_length=info.size)
+    ranged = await answer_range(streamed, body, info.size)
+    if ranged is not None:
+        return ranged
+    # The whole object: Quart's conditional handling for If-None-Match / If-Modified-Since only (ranges above).
+    return await streamed.make_conditional(request)
+
+
+async def answer_range(response: Response, body: Any, size: int) -> Response | None:
+    """One byte range of ``body`` (a file or object body with ``make_conditional(begin, end)``), the same for a
+    local file and a bucket object: 206 with ``Content-Range``; a suffix range (``bytes=-N``) the last N bytes, or
+    the whole when N is larger (RFC 9110 14.1.3); past the end 416 with ``bytes */size``. None where the whole
+    is sent instead (no Range; several ranges or a malformed header, as RFC 9110 allows; an ``If-Range`` that
+    names another version, so a client never splices ranges of two versions). Every answer says
+    ``Accept-Ranges: bytes``."""
+    response.headers["Accept-Ranges"] = "bytes"
+    wanted = parse_range_header(request.headers.get("Range"))
+    if_range = request.headers.get("If-Range")
+    current = (response.headers.get("ETag"), response.headers.get("Last-Modified"))
+    if wanted is None or wanted.units != "bytes" or len(wanted.ranges) != 1 or (
+            if_range is not None and if_range not in current):
+        return None
+    begin, end = wanted.ranges[0]
+    if begin < 0:  # the last -begin bytes
+        first, stop = max(0, size + begin), size
+    else:
+        first, stop = begin, size if end is None else min(end, size)
+    if first >= stop:
+        refused = Response(f"The range asked for is outside the file's {size} bytes.", status=416,
+                           mimetype="text/plain")
+        refused.headers.update({"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"})
+        return refused
+    await body.make_conditional(first, stop)  # the body's own begin/end: reads only that span
+    response.status_code = 206
+    response.headers["Content-Range"] = f"bytes {first}-{stop - 1}/{size}"
+    response.content_length = stop - first
+    return response
 
 
 class _ObjectBody(ResponseBody):
@@ -116,12 +152,10 @@ class _ObjectBody(ResponseBody):
         self._left -= len(chunk)
         return chunk
 async def send_media(path: Path, mimetype: str) -> Response:
-    """A video inline, for ``<video>``, with byte ranges done here rather than by Quart's conditional send
-    (which answers some valid ranges, such as the last byte, with a 500). One range (what browsers ask for):
-    206 with ``Content-Range``; past the end 416 with ``bytes */size``; ``If-Range`` that does not match the
-    ETag or date: the whole file (200), so a client never splices ranges of two versions; several ranges or
-    a malformed header: the whole file, as RFC 9110 allows. No timeout: a phone may hold one range open for as
-    long as the clip plays. The sandbox CSP and nosniff as for every original."""
+    """A video inline, for ``<video>``, with byte ranges done by :func:`answer_range` rather than by Quart's
+    conditional send (which answers some valid ranges, such as the last byte or a suffix, with a 500), as for
+    an object in a bucket. No timeout: a phone may hold one range open for as long as the clip plays. The
+    sandbox CSP and nosniff as for every original."""
     stat = await trio.Path(path).stat()
     etag = f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"'
     modified = http_date(stat.st_mtime)
@@ -134,28 +168,14 @@ async def send_media(path: Path, mimetype: str) -> Response:
         "Content-Security-Policy": "default-src 'none'; sandbox", "X-Content-Type-Options": "nosniff",
     })
     response.timeout = None
-    size = stat.st_size
-    wanted = parse_range_header(request.headers.get("Range"))
-    if_range = request.headers.get("If-Range")
-    if wanted is not None and wanted.units == "bytes" and len(wanted.ranges) == 1 and if_range in (None, etag,
-                                                                                                  modified):
-        span = wanted.range_for_length(size)
-        if span is None:
-            response = Response(f"The range asked for is outside the file's {size} bytes.", status=416,
-                                mimetype="text/plain")
-            response.headers["Content-Range"] = f"bytes */{size}"
-            return response
-        first, stop = span
-        await body.make_conditional(first, stop)  # the file body's own begin/end: reads only that span
-        response.status_code = 206
-        response.headers["Content-Range"] = f"bytes {first}-{stop - 1}/{size}"
-        response.content_length = stop - first
-        return response
+    ranged = await answer_range(response, body, stat.st_size)
+    if ranged is not None:
+        return ranged
     if request.headers.get("If-None-Match") == etag:
         response = Response(b"", status=304)
         response.headers["ETag"] = etag
         return response
-    response.content_length = size
+    response.content_length = stat.st_size
     return response
 
 
