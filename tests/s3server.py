@@ -151,7 +151,7 @@ class S3rverServer(S3Server):
         super().__init__()
         if not S3RVER.exists():
             raise RuntimeError(f"s3rver is not installed ({S3RVER} is missing): run `npm ci --prefix tests/s3rver` "
-                               "(.ci/run does), with Node.js and npm on the PATH")
+                               "(the README's test command does), with Node.js and npm on the PATH")
         self.directory = Path(tempfile.mkdtemp(prefix="s3rver-"))
 
     def command(self) -> list[str]:
