@@ -4,6 +4,7 @@
   its output, stopped by SIGTERM or killed by SIGKILL, its peak RSS read from ``/proc``.
 * :class:`WebhookReceiver`: an HTTP server on 127.0.0.1 (in a thread) that checks signatures and counts
   deliveries per event, so that a test can see an event delivered under two ids.
+* :func:`guest_client`: a guest's session on a gallery with a password.
 * :func:`multipart` builds an upload body; :func:`unique_jpeg` makes distinct photos cheaply.
 * :func:`tmpfs` mounts a small real file system (root only), for tests that need a disk that really fills.
 * :func:`figures` prints a suite's one line of figures where CI shows it, and appends it to
@@ -54,6 +55,22 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
     """``picpeak-lite ARGS`` in a subprocess, as an operator runs it."""
     return subprocess.run([sys.executable, "-m", "picpeak_lite", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
+
+
+CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+async def guest_client(url: str, slug: str, password: str, *, request_seconds: float = 120
+                       ) -> tuple[httpx.AsyncClient, str]:
+    """A guest's own session on a gallery with a password, as a browser gets one (the page's CSRF token, the
+    password form): the client, which the caller closes, and the token for its uploads."""
+    client = httpx.AsyncClient(base_url=url, timeout=request_seconds)  # a hang guard, not a bound
+    page = await client.get(f"/g/{slug}")
+    csrf = CSRF_INPUT.search(page.text)
+    assert csrf, page.text[:500]
+    entered = await client.post(f"/g/{slug}/password", data={"password": password, "csrf_token": csrf.group(1)})
+    assert entered.status_code == 302, entered.text
+    return client, csrf.group(1)
 
 
 def write_config(path: Path, *, webhook_url: str | None = None, **values: Any) -> Path:

@@ -27,7 +27,7 @@ import trio
 from picpeak_lite.media import exif, images
 
 from . import bombs, corpus, imagefactory
-from .harness import figures, get_idempotent
+from .harness import figures, get_idempotent, guest_client
 
 # A system suite (hostile files through the image layer and a real server process):
 # left out by -m "not system", run by plain pytest and CI.
@@ -343,7 +343,6 @@ async def test_bad_input_on_a_real_server(tmp_path: Path, capsys: pytest.Capture
 GUESTS = 5
 PER_REQUEST = 4
 GALLERY_PASSWORD = "bombs gallery password"
-CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
 RSS_MARGIN_MB = 150  # the server itself, its HTTP buffers and Pillow's allocator slack above the budget
 
 
@@ -384,17 +383,6 @@ class BombRun:
                 self.refused += 1
 
 
-async def guest_client(url: str, slug: str) -> tuple[httpx.AsyncClient, str]:
-    client = httpx.AsyncClient(base_url=url, timeout=REQUEST_SECONDS)
-    page = await client.get(f"/g/{slug}")
-    csrf = CSRF_INPUT.search(page.text)
-    assert csrf, page.text[:500]
-    entered = await client.post(f"/g/{slug}/password", data={"password": GALLERY_PASSWORD,
-                                                              "csrf_token": csrf.group(1)})
-    assert entered.status_code == 302, entered.text
-    return client, csrf.group(1)
-
-
 def jpeg_size(data: bytes) -> tuple[int, int]:
     """Width and height from a JPEG's SOF segment."""
     for marker, body in imagefactory.jpeg_segments(data):
@@ -431,7 +419,8 @@ async def test_decompression_bombs_stay_within_the_memory_budget(tmp_path: Path,
             gallery = created.json()
             assert (await admin.post(f"/api/admin/galleries/{gallery['id']}/publish")).status_code == 200
             slug = gallery["slug"]
-            guests = [await guest_client(server.url, slug) for _ in range(GUESTS)]
+            guests = [await guest_client(server.url, slug, GALLERY_PASSWORD, request_seconds=REQUEST_SECONDS)
+                      for _ in range(GUESTS)]
             good = await admin.post(f"/api/admin/galleries/{gallery['id']}/upload", content=body_of(
                 *[file_part(name, data) for name, data in fitting]),
                 headers={"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"})

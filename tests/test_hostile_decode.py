@@ -16,7 +16,6 @@ Against the code before the scan limit (checked by hand with the change stashed)
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,13 @@ from picpeak_lite.media import images
 from picpeak_lite.pipeline.worker import TOO_SLOW
 
 from . import bombs
-from .harness import ServerProcess, base_jpeg, create_token, multipart, query, unique_jpeg, write_config
+from .harness import ServerProcess, base_jpeg, create_token, guest_client, multipart, query, unique_jpeg, write_config
 from .hostile import Watch
 
 pytestmark = pytest.mark.system
 
 GUESTS = 3
 PASSWORD = "scan bombs gallery password"
-CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
 DEADLINE_SECONDS = 60.0  # the default decode_deadline_seconds, written out so that the line can name it
 SETTLE_SECONDS = 600.0  # a hung-test stop only
 
@@ -49,16 +47,6 @@ def bombs_for(guest: int) -> list[tuple[str, bytes]]:
         (f"g{guest}-just-over.jpg", bombs.jpeg_scans(images.MAX_SCANS, width=3000, height=2000, variant=guest)),
     ]
     return made
-
-
-async def guest_client(url: str, slug: str) -> tuple[httpx.AsyncClient, str]:
-    client = httpx.AsyncClient(base_url=url, timeout=120)
-    page = await client.get(f"/g/{slug}")
-    csrf = CSRF_INPUT.search(page.text)
-    assert csrf, page.text[:500]
-    entered = await client.post(f"/g/{slug}/password", data={"password": PASSWORD, "csrf_token": csrf.group(1)})
-    assert entered.status_code == 302, entered.text
-    return client, csrf.group(1)
 
 
 async def test_scan_bombs_are_refused_at_upload_and_no_decode_outlives_its_deadline(
@@ -84,7 +72,7 @@ async def test_scan_bombs_are_refused_at_upload_and_no_decode_outlives_its_deadl
             gallery = created.json()
             assert (await admin.post(f"/api/admin/galleries/{gallery['id']}/publish")).status_code == 200
             slug = gallery["slug"]
-            guests = [await guest_client(url, slug) for _ in range(GUESTS)]
+            guests = [await guest_client(url, slug, PASSWORD) for _ in range(GUESTS)]
 
             async def guest_upload(where: str, client: httpx.AsyncClient, csrf: str,
                                    files: list[tuple[str, bytes]]) -> None:

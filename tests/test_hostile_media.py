@@ -10,7 +10,6 @@ complete.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import trio
 from picpeak_lite.media import video
 
 from . import videofactory
-from .harness import ServerProcess, base_jpeg, create_token, multipart, write_config
+from .harness import ServerProcess, base_jpeg, create_token, guest_client, multipart, write_config
 from .hostile import Watch
 
 pytestmark = pytest.mark.system
@@ -30,20 +29,8 @@ GUESTS = 8  # the attack through the guest route, each a request of its own
 ADMIN_BOMBS = 4  # and through the admin API, at the same time
 MEDIA_CHILDREN = 2
 PASSWORD = "hostile media"
-CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
 ANSWER_SECONDS = 300.0  # a hang guard only: no figure is asserted against time
 SETTLE_SECONDS = 300.0
-
-
-async def guest_client(url: str, slug: str) -> tuple[httpx.AsyncClient, str]:
-    """A guest's session on the gallery (the password form, its CSRF token)."""
-    client = httpx.AsyncClient(base_url=url, timeout=ANSWER_SECONDS)
-    page = await client.get(f"/g/{slug}")
-    csrf = CSRF_INPUT.search(page.text)
-    assert csrf, page.text[:500]
-    entered = await client.post(f"/g/{slug}/password", data={"password": PASSWORD, "csrf_token": csrf.group(1)})
-    assert entered.status_code == 302, entered.text
-    return client, csrf.group(1)
 
 
 def make_files(folder: Path) -> tuple[list[tuple[str, bytes]], bytes, bytes]:
@@ -72,7 +59,8 @@ async def test_tiny_videos_with_a_giant_index_wait_their_turn_and_are_refused(
             assert created.status_code == 201, created.text
             gallery_id, slug = created.json()["id"], created.json()["slug"]
             assert (await admin.post(f"/api/admin/galleries/{gallery_id}/publish")).status_code == 200
-            guests = [await guest_client(server.url, slug) for _ in range(GUESTS)]
+            guests = [await guest_client(server.url, slug, PASSWORD, request_seconds=ANSWER_SECONDS)
+                      for _ in range(GUESTS)]
             watch = Watch(server, "tiny videos with a giant index", budget_mb=256)
 
             def record(response: httpx.Response) -> None:
