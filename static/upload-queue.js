@@ -32,7 +32,9 @@
 // backoff from the offset the server reports; while the browser is offline the file waits ("paused") and goes
 // on by itself when it is back online. item.sent counts bytes the server has acknowledged plus those in flight.
 // An upload the server no longer has (404 or 410: it expired after tus_idle_minutes without a byte, say a phone
-// that slept) is started again from the first byte, at most MAX_RESTARTS times per file.
+// that slept) is started again from the first byte, at most MAX_RESTARTS times per file. A complete upload
+// whose photo is not made yet (the last PATCH answers 503, HEAD 423, both with Retry-After) is asked again
+// when the server says, the row showing the server's sentence; a refusal's sentence is shown as it is told.
 //
 // Following an accepted upload is PicpeakLive.watchUpload's job (WebSocket, with its own polling fallback):
 // this module never polls. It needs http.js and live.js loaded before it.
@@ -62,6 +64,7 @@
   const TUS_STORE = "picpeak-tus:";
   const MAX_FAILURES = 10;  // in a row, while online; then the file is "unsent" and Retry resumes it
   const MAX_RESTARTS = 3;  // an upload the server lost (expired) is created afresh at most this often per file
+  const MAX_LATER_S = 30;  // the longest wait between asks when the server says "later" (Retry-After)
   const live = new Set();   // XHRs in flight: aborted when the browser goes offline, so they fail at once
 
   window.addEventListener("offline", () => { for (const xhr of live) xhr.abort(); });
@@ -118,6 +121,20 @@
   const transient = (answer) => answer.status === 0 || answer.status === 423
     || (answer.status >= 500 && answer.status !== 507)
     || (answer.status === 409 && answer.headers.get("Upload-Offset") !== null);
+  // The server's own "ask again in N s" (Retry-After in seconds): 423 to HEAD while a complete upload's photo
+  // is not made yet, 503 to the PATCH whose try at making it failed. Nothing is wrong with the connection.
+  const askLater = (answer) => {
+    if (answer.status !== 423 && answer.status !== 503) return 0;
+    const seconds = Number(answer.headers.get("Retry-After"));
+    return Number.isFinite(seconds) && seconds > 0 ? Math.min(MAX_LATER_S, seconds) : 0;
+  };
+  // The server's sentence: a body's {"error"}, or for a HEAD (no body) the percent-encoded Picpeak-Error.
+  const told = (answer) => {
+    if (answer.data && answer.data.error) return answer.data.error;
+    const header = answer.headers.get("Picpeak-Error");
+    if (!header) return null;
+    try { return decodeURIComponent(header); } catch { return header; }
+  };
 
   const create = (options) => {
     const opts = { batchFiles: 1, batchBytes: Infinity, parallel: 3, maxFileBytes: 0, fields: () => ({}),
@@ -245,11 +262,17 @@
       if (!frame) frame = requestAnimationFrame(flush);
     };
 
-    // Waits out the browser being offline, or the backoff after the failure-th failure in a row.
-    const pause = async (item, failures) => {
+    // Waits out the browser being offline, the server's Retry-After (saying what the server says), or the
+    // backoff after the failure-th failure in a row.
+    const pause = async (item, failures, answer) => {
+      const later = answer ? askLater(answer) : 0;
       if (!navigator.onLine) {
         touch(item, { paused: true, error: "Offline: the upload goes on by itself when the connection is back." });
         await onceOnline();
+      } else if (later) {
+        touch(item, { paused: true,
+                      error: told(answer) || `The server is busy; asking again in ${Math.ceil(later)} s…` });
+        await sleep(later * 1000);
       } else {
         const seconds = Math.min(30, 2 ** (failures - 1));
         touch(item, { paused: true, error: `Connection lost; trying again in ${seconds} s…` });
@@ -258,15 +281,17 @@
       touch(item, { paused: false, error: null });
     };
 
-    // A request that is retried while the failure is transient (offline waits do not count as failures).
+    // A request that is retried while the failure is transient. Offline waits do not count as failures, nor do
+    // 423s: the photo of a complete upload is not made yet, and the server bounds its own tries at that
+    // (tus_finish_attempts, then 410 and the file is sent again).
     const persist = async (item, request) => {
       let failures = 0;
       for (;;) {
         const answer = await request();
         if (!transient(answer) || answer.status === 409) return answer;
-        if (navigator.onLine) failures += 1;
+        if (navigator.onLine && !(answer.status === 423 && askLater(answer))) failures += 1;
         if (failures >= MAX_FAILURES) return answer;
-        await pause(item, failures);
+        await pause(item, failures, answer);
       }
     };
 
@@ -332,7 +357,7 @@
         }
         if (navigator.onLine) failures += 1;
         if (failures >= MAX_FAILURES) { tusFailed(item, answer); return; }
-        if (answer.status !== 409) await pause(item, failures);
+        if (answer.status !== 409) await pause(item, failures, answer);
         // Where did the server get to? It keeps what arrived of a cut-off chunk.
         const head = await persist(item, () => tusRequest("HEAD", item.tusUrl));
         if (head.status !== 200) {
@@ -372,10 +397,7 @@
       if (answer.status >= 400 && answer.status < 500 && answer.status !== 401 && answer.status !== 423) {
         store.remove(item.tusKey);  // refused: sending the same file again starts afresh
       }
-      // A HEAD answer has no body: the server puts its sentence in Picpeak-Error (percent-encoded).
-      const told = answer.headers.get("Picpeak-Error");
-      const data = answer.data && answer.data.error ? answer.data : { error: told ? decodeURIComponent(told) : null };
-      touch(item, { ...requestFailure(answer.status, data), paused: false });
+      touch(item, { ...requestFailure(answer.status, { error: told(answer) }), paused: false });
     };
 
     // Answers name files by their (cleaned) name: match on name and size, then size, then what is left.
