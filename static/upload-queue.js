@@ -321,11 +321,16 @@
       return true;
     };
 
-    // The upload is gone on the server (expired or unknown): forget it and create it afresh. False when it may not.
+    // The upload is gone on the server (expired or unknown): forget it and create it afresh. False when it may not
+    // (the file is then "unsent": the person's Retry sends it again, with MAX_RESTARTS more fresh starts).
     const tusRestart = async (item, group) => {
       store.remove(item.tusKey);
       item.restarts = (item.restarts || 0) + 1;
-      if (item.restarts > MAX_RESTARTS) return false;
+      if (item.restarts > MAX_RESTARTS) {
+        touch(item, { state: "unsent", paused: false, error: `The server lost this upload again after ${MAX_RESTARTS} `
+                      + "fresh starts. Retry to send it again." });
+        return false;
+      }
       touch(item, { sent: 0, resumed: false, paused: false, error: null });
       return tusPrepare(item, group);
     };
@@ -513,7 +518,7 @@
     const retry = async (item) => {
       if (RETRYABLE.has(item.state)) {
         queue.push(item);
-        touch(item, { state: "queued", sent: 0, error: null, retries: item.retries + 1 });
+        touch(item, { state: "queued", sent: 0, error: null, retries: item.retries + 1, restarts: 0 });
         pump();
         return;
       }
