@@ -10,6 +10,7 @@ footage (a 1080p HEVC clip comes out at several Mbit/s, not a few hundred kbit/s
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from pathlib import Path
 
@@ -163,3 +164,104 @@ def sample_table_bomb(path: Path, *, samples: int = 10_000_000, variant: int = 0
     data[stsc + 12 : stsc + 28] = b"".join(n.to_bytes(4, "big") for n in (1, 1, samples, 1))
     path.write_bytes(bytes(data))
     return path
+
+
+# --- HDR clips: colour patches with a known SDR appearance, carried as HLG or PQ (BT.2020) ------------------
+# Each patch is an SDR colour (8-bit BT.709 values, shown with the BT.1886 gamma 2.4); the clip carries the
+# light an SDR display shows for it, placed as ITU-R BT.2408 places SDR in HDR: SDR white at the HDR reference
+# white of 203 cd/m2, BT.709 primaries inside BT.2020. A tone mapping back to SDR BT.709 should give each patch
+# its SDR colour again; the HDR signal shown as it is (no tone mapping) is pale and flat.
+HDR_PATCHES = {
+    "grey": (128, 128, 128),
+    "skin": (205, 150, 125),
+    "red": (200, 40, 40),
+    "green": (50, 170, 60),
+    "blue": (40, 60, 190),
+    "dark": (50, 50, 50),
+}
+HDR_TRANSFERS = {"hlg": 18, "pq": 16}  # AVCOL_TRC_ARIB_STD_B67, AVCOL_TRC_SMPTE2084
+REFERENCE_WHITE = 203.0  # cd/m2, BT.2408
+HLG_PEAK = 1000.0  # cd/m2, the nominal HLG display of BT.2100
+BT709_TO_BT2020 = ((0.6274, 0.3293, 0.0433), (0.0691, 0.9195, 0.0114), (0.0164, 0.0880, 0.8956))
+
+
+def hdr_signal(rgb: tuple[int, int, int], transfer: str) -> tuple[float, float, float]:
+    """The BT.2020 R'G'B' signal (0..1) of an SDR BT.709 colour in an HLG or PQ stream (BT.2408 placement)."""
+    linear = [(v / 255) ** 2.4 for v in rgb]
+    light = [REFERENCE_WHITE * sum(m * c for m, c in zip(row, linear, strict=True)) for row in BT709_TO_BT2020]
+    if transfer == "pq":
+        m1, m2, c1, c2, c3 = 0.1593017578125, 78.84375, 0.8359375, 18.8515625, 18.6875
+        r, g, b = (((c1 + c2 * (f / 10000) ** m1) / (1 + c3 * (f / 10000) ** m1)) ** m2 for f in light)
+        return r, g, b
+    # HLG: the display light back to scene light (the inverse OOTF, system gamma 1.2), then the OETF
+    luma = 0.2627 * light[0] + 0.6780 * light[1] + 0.0593 * light[2]
+    scene = [(luma / HLG_PEAK) ** (1 / 1.2 - 1) * f / HLG_PEAK for f in light]
+    a, b_, c = 0.17883277, 0.28466892, 0.55991073
+    r, g, b = (math.sqrt(3 * e) if e <= 1 / 12 else a * math.log(12 * e - b_) + c for e in scene)
+    return r, g, b
+
+
+def _ycbcr10(signal: tuple[float, float, float]) -> tuple[int, int, int]:
+    """BT.2020 non-constant-luminance Y'CbCr, 10-bit limited range."""
+    r, g, b = signal
+    y = 0.2627 * r + 0.6780 * g + 0.0593 * b
+    cb, cr = (b - y) / 1.8814, (r - y) / 1.4746
+    return round(64 + 876 * y), round(512 + 896 * cb), round(512 + 896 * cr)
+
+
+def patch_columns(width: int) -> list[tuple[str, int, int]]:
+    """Where each patch of :data:`HDR_PATCHES` lies across a frame ``width`` wide: (name, first x, end x)."""
+    names = list(HDR_PATCHES)
+    step = width // len(names) // 2 * 2
+    return [(name, i * step, (i + 1) * step if i < len(names) - 1 else width) for i, name in enumerate(names)]
+
+
+def make_hdr_clip(path: Path, transfer: str, *, codec: str = "libx265", width: int = 384, height: int = 216,
+                  fps: int = 25, seconds: float = 2.0, gop: int = 25) -> Path:
+    """A 10-bit HLG or PQ clip (``transfer``: 'hlg' or 'pq') tagged BT.2020 (primaries, matrix) with the
+    transfer, as a phone records HDR video: vertical bars of :data:`HDR_PATCHES`, the same in every frame."""
+    columns = patch_columns(width)
+    codes = {name: _ycbcr10(hdr_signal(HDR_PATCHES[name], transfer)) for name in HDR_PATCHES}
+    luma_row = b"".join(codes[name][0].to_bytes(2, "little") * (end - start) for name, start, end in columns)
+    cb_row = b"".join(codes[name][1].to_bytes(2, "little") * ((end - start) // 2) for name, start, end in columns)
+    cr_row = b"".join(codes[name][2].to_bytes(2, "little") * ((end - start) // 2) for name, start, end in columns)
+    count = round(seconds * fps)
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p10le"
+        context = stream.codec_context
+        context.color_primaries, context.color_trc, context.colorspace, context.color_range = (
+            9, HDR_TRANSFERS[transfer], 9, 1)  # BT.2020, the transfer, BT.2020 NCL, limited range
+        stream.options = {"crf": "18", "preset": "ultrafast"}
+        if codec == "libx265":
+            stream.options["x265-params"] = "log-level=error"
+        context.gop_size = gop
+        for i in range(count):
+            frame = av.VideoFrame(width, height, "yuv420p10le")
+            for plane, row, rows in ((frame.planes[0], luma_row, height), (frame.planes[1], cb_row, height // 2),
+                                     (frame.planes[2], cr_row, height // 2)):
+                plane.update((row + bytes(plane.line_size - len(row))) * rows)
+            frame.color_primaries, frame.color_trc, frame.colorspace, frame.color_range = (
+                9, HDR_TRANSFERS[transfer], 9, 1)
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return path
+
+
+def mean_patches(rgb: bytes, width: int, height: int) -> dict[str, tuple[float, ...]]:
+    """The mean R, G, B of each patch's middle (a quarter of its width and height, away from edges and chroma
+    bleed) in packed RGB24 pixels of a frame of :func:`make_hdr_clip` (scaled to ``width``)."""
+    means = {}
+    for name, start, end in patch_columns(width):
+        x0, x1 = start + (end - start) * 3 // 8, start + (end - start) * 5 // 8
+        y0, y1 = height * 3 // 8, height * 5 // 8
+        sums, n = [0, 0, 0], 0
+        for y in range(y0, max(y1, y0 + 1)):
+            for x in range(x0, max(x1, x0 + 1)):
+                at = (y * width + x) * 3
+                for c in range(3):
+                    sums[c] += rgb[at + c]
+                n += 1
+        means[name] = tuple(s / n for s in sums)
+    return means
