@@ -18,6 +18,10 @@ failure is :class:`InvalidVideo` with a reason an uploader can read; the poster 
 stream's display matrix, shrunk to the view size by FFmpeg's scaler before it becomes a Pillow image, and it
 carries no metadata. Location tags are never read out: ``has_gps`` only says whether one was present, as for
 photos.
+
+HDR clips (HLG or PQ, as phones record them) are tone-mapped to SDR BT.709 in the poster and in the playable
+preview (:class:`_ToSdr`, FFmpeg's own scaler, whose colour management maps transfer, primaries and peak);
+shown as they are, their signal looks pale and flat on an ordinary screen. SDR clips take the plain scaler.
 """
 
 from __future__ import annotations
@@ -358,13 +362,91 @@ def _poster_image(frame: Any, view_px: int) -> Poster:
     scale = min(1.0, view_px / max(frame.width, frame.height))
     w, h = max(1, round(frame.width * scale)), max(1, round(frame.height * scale))
     orientation = ROTATION_ORIENTATION[_rotation(frame)]
-    plane, row = frame.reformat(width=w, height=h, format="rgb24", interpolation="AREA").planes[0], w * 3
+    if _is_hdr(frame):  # 16 bits from the tone mapping, then cut to 8 (see _ToSdr)
+        picture = _ToSdr(w, h, "rgb48le", "area").convert(frame).reformat(format="rgb24")
+    else:
+        picture = frame.reformat(width=w, height=h, format="rgb24", interpolation="AREA")
+    plane, row = picture.planes[0], w * 3
     view = memoryview(plane)
     if plane.line_size == row:
         pixels = bytes(view[: row * h])
     else:  # rows padded for alignment: pack them
         pixels = b"".join(view[y * plane.line_size : y * plane.line_size + row] for y in range(h))
     return Poster(w, h, pixels, orientation)
+
+
+# --- HDR to SDR --------------------------------------------------------------------------------------------
+# The transfers (AVCOL_TRC_*) of HDR video: PQ (SMPTE ST 2084, HDR10 and Dolby Vision's base layer) and HLG
+# (ARIB STD-B67, what most phones record), by the names FFmpeg's scale filter takes.
+HDR_TRANSFERS = {16: "smpte2084", 18: "arib-std-b67"}
+UNSPECIFIED = 2  # AVCOL_PRI_UNSPECIFIED, AVCOL_SPC_UNSPECIFIED
+# What an ordinary screen (and a browser's <video> with an untagged or BT.709 stream) expects.
+TO_SDR = "out_primaries=bt709:out_transfer=bt709:out_color_matrix=bt709:intent=relative_colorimetric"
+
+
+def _is_hdr(frame: Any) -> bool:
+    return frame.color_trc in HDR_TRANSFERS
+
+
+class _ToSdr:
+    """Frames of an HLG or PQ stream scaled and tone-mapped to SDR BT.709 in ``format`` by FFmpeg's scale
+    filter: FFmpeg 8's scaler converts transfer and primaries itself, with tone and gamut mapping (a 3D table
+    of a few hundred KB, built once per graph), so neither zscale (missing from PyAV's FFmpeg) nor numpy is
+    needed. Shown as it is, an HDR signal on an SDR screen is pale and flat (HLG's mid grey comes out 16 levels
+    too dark, PQ's skin tones lose most of their colour: tests/test_video_hdr.py measures both).
+
+    The intent is relative colorimetric: HDR reference white (203 cd/m2, BT.2408) becomes SDR white and
+    everything up to it keeps its colour (grey, skin and saturated patches within a few levels of their SDR
+    values); brighter highlights clip to white. The perceptual intent rolls highlights off instead, but with no
+    mastering metadata it compresses from the format's peak (1000 cd/m2 for HLG, 10000 for PQ) and made mid
+    grey 105 (HLG) or 92 (PQ) instead of 128: darker than doing nothing. Its 8-bit RGB output was off by up to
+    8 levels in saturated colours where 16-bit output then cut to 8 bits was within 1, hence ``rgb48le`` for
+    the poster.
+
+    A frame that does not say its primaries or matrix is taken as BT.2020, the only ones HDR video is made in
+    in practice. One graph per frame size and format (a stream that changes size mid-way gets a new one)."""
+
+    def __init__(self, width: int, height: int, format: str, flags: str) -> None:
+        self.size, self.format, self.flags = (width, height), format, flags
+        self._graph: Any = None
+        self._key: tuple[int, int, str, int, int, int, int] | None = None
+
+    def convert(self, frame: Any) -> Any:
+        key = (frame.width, frame.height, frame.format.name, frame.color_trc, frame.color_primaries,
+               frame.colorspace, frame.color_range)
+        if key != self._key:
+            self._graph, self._key = self._build(frame), key
+        self._graph.push(frame)
+        return self._graph.pull()
+
+    def _build(self, frame: Any) -> Any:
+        import av
+
+        graph = av.filter.Graph()
+        graph.threads = 2  # as the decoder: FFmpeg's default is one per core, each with its own arena
+        source = graph.add("buffer", video_size=f"{frame.width}x{frame.height}",
+                           pix_fmt=frame.format.name,
+                           time_base=str(frame.time_base or "1/1000"), pixel_aspect="1/1",
+                           colorspace=str(int(frame.colorspace)), range=str(int(frame.color_range)))
+        given = f"in_transfer={HDR_TRANSFERS[frame.color_trc]}"
+        if frame.color_primaries == UNSPECIFIED:
+            given += ":in_primaries=bt2020"
+        if frame.colorspace == UNSPECIFIED:
+            given += ":in_color_matrix=bt2020"
+        out_range = "pc" if self.format.startswith(("rgb", "bgr", "gbr")) else "tv"
+        width, height = self.size
+        # first to the output size in the frame's own format (a plain scale), then the colour: mapped at 4K, the
+        # scaler's float planes took a 4K poster child from 256 MB of address space to 480 MB
+        shrink = graph.add("scale", f"w={width}:h={height}:flags={self.flags}")
+        scale = graph.add("scale", f"{given}:{TO_SDR}:out_range={out_range}")
+        convert = graph.add("format", f"pix_fmts={self.format}")
+        sink = graph.add("buffersink")
+        source.link_to(shrink)
+        shrink.link_to(scale)
+        scale.link_to(convert)
+        convert.link_to(sink)
+        graph.configure()
+        return graph
 
 
 class _open:
@@ -521,7 +603,8 @@ def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) 
     superfast: about 0.6 s of CPU per second of 1080p, bench/bench_video.py) and AAC in an MP4 whose index is at
     the front (it starts playing before it has all arrived), fitted inside ``box`` (1080p, either orientation),
     the display matrix kept so a portrait clip stays portrait. Timestamps are the source's, so sound and
-    picture stay together. No metadata is copied."""
+    picture stay together. No metadata is copied. An HLG or PQ clip is tone-mapped to SDR and tagged BT.709
+    (:class:`_ToSdr`); an SDR clip's colours pass as they are."""
     import av
 
     _container_name(source)  # the index check, as for the probe
@@ -540,6 +623,12 @@ def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) 
         vout.time_base = vin.time_base
         vout.options = {"preset": "superfast", "crf": "23"}
         vout.codec_context.thread_count = 2
+        to_sdr = None
+        if _is_hdr(first):  # tone-mapped to SDR, and the stream says so (a player would guess otherwise)
+            to_sdr = _ToSdr(width, height, "yuv420p", "bilinear")
+            context = vout.codec_context
+            context.color_primaries = context.color_trc = context.colorspace = 1  # BT.709
+            context.color_range = 1  # limited ("tv"), as H.264 players expect
         if rotation:
             vout.set_display_rotation(rotation)
         aout = None
@@ -550,7 +639,10 @@ def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) 
         for packet in inp.demux(*streams):
             for frame in packet.decode():
                 if packet.stream is vin:
-                    picture = frame.reformat(width=width, height=height, format="yuv420p")
+                    if to_sdr is not None:
+                        picture = to_sdr.convert(frame)
+                    else:
+                        picture = frame.reformat(width=width, height=height, format="yuv420p")
                     picture.pts, picture.time_base = frame.pts, frame.time_base
                     out.mux(vout.encode(picture))
                 elif aout is not None:
