@@ -604,7 +604,10 @@ def transcode(source: str, target: str, *, box: tuple[int, int] = (1920, 1080)) 
     the front (it starts playing before it has all arrived), fitted inside ``box`` (1080p, either orientation),
     the display matrix kept so a portrait clip stays portrait. Timestamps are the source's, so sound and
     picture stay together. No metadata is copied. An HLG or PQ clip is tone-mapped to SDR and tagged BT.709
-    (:class:`_ToSdr`); an SDR clip's colours pass as they are."""
+    (:class:`_ToSdr`); an SDR clip's colours pass as they are. The mapping costs CPU: its table about 3 s once
+    (the poster pays it too: a 4K HLG poster 4.1 s of CPU against 0.2 s for SDR), then about 0.1 s per 1080p
+    frame; a 1 s 4K HLG clip took 7.2 s of CPU against 1.4 s for SDR on a loaded 2-core box, inside the
+    deadline's 20 s per second, and 640 to 896 MB of address space against under 640 MB (the limit: 2 GB)."""
     import av
 
     _container_name(source)  # the index check, as for the probe
