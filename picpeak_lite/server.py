@@ -141,7 +141,7 @@ async def run(
             nursery.start_soon(_stop_on_signals, shutdown)
             if os.environ.get(LAG_LOG_ENV):
                 nursery.start_soon(_record_loop_lag, os.environ[LAG_LOG_ENV])
-            await start_background_tasks(nursery, svc, workers=settings.processing_enabled)
+            await start_background_tasks(nursery, svc, workers=settings.processing_enabled, serving=True)
             await nursery.start(ChangeFeed(svc, svc.broker).run)
             await nursery.start(svc.activity.run)  # stores the last counts when the server stops
             binds = await nursery.start(_serve, svc, listener, shutdown, nursery.cancel_scope)
@@ -152,15 +152,21 @@ async def run(
         db.close()
 
 
-async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, workers: bool) -> None:
+async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, workers: bool, serving: bool) -> None:
     """Start the memory trimmer, the webhook sender, the janitor and (unless processing is off) the worker
-    pool, each ready before the next. Shared by ``run`` and by ``picpeak-lite worker``."""
+    pool, each ready before the next. Shared by ``run`` and by ``picpeak-lite worker``.
+
+    ``serving``: this process answers HTTP, so the tus uploads' writers are its own. Only that process expires
+    idle tus uploads and runs the :class:`Finisher`: what is being written now is known per process (another
+    process's janitor would expire a long PATCH in the middle of its bytes), and a try at an upload's photo is
+    serialised per process (another process's try could race the PATCH's own)."""
     svc.storage.create_dirs()
     memory.set_mmap_threshold()
     await nursery.start(svc.trimmer.run)
     await nursery.start(WebhookSender(svc.db, svc.settings, bell=svc.webhooks_bell, clock=svc.clock).run)
-    await nursery.start(Janitor(svc).run)
-    await nursery.start(Finisher(svc).run)
+    await nursery.start(Janitor(svc, expire_tus=serving).run)
+    if serving:
+        await nursery.start(Finisher(svc).run)
     if workers:
         await nursery.start(WorkerPool(svc).run)
         if svc.settings.video_previews:
@@ -176,7 +182,7 @@ async def run_workers(settings: Settings, *, task_status: trio.TaskStatus[Servic
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signals, shutdown)
-            await start_background_tasks(nursery, svc, workers=True)
+            await start_background_tasks(nursery, svc, workers=True, serving=False)
             task_status.started(svc)
             await shutdown.wait()
             nursery.cancel_scope.cancel()

@@ -281,6 +281,12 @@ async def test_tries_are_bounded_and_the_last_failure_is_told(tmp_path: Path, au
         assert "could not store it yet" in (await answer.get_json())["error"]
         head = await http.head(location, headers=auth)
         assert head.status_code == 423 and "Upload-Offset" not in head.headers
+        # A client that PATCHes again at once (tus clients retry within seconds) is told to come back when the
+        # try is due, and spends none: the tries are meant to span hours, not a client's retry loop.
+        again = await http.patch(location, data=b"", headers={
+            **auth, "Content-Type": "application/offset+octet-stream", "Upload-Offset": str(len(data))})
+        assert again.status_code == 503 and int(again.headers["Retry-After"]) >= 1
+        assert query(settings.data_path, "SELECT finish_attempts FROM tus_uploads")[0]["finish_attempts"] == 1
         finisher = resumable.Finisher(svc)
         assert await finisher.finish_due() == 0  # not due yet: nothing tried
         # The server is down for an hour: its group's lease runs out, yet the janitor does not abandon a group
@@ -303,5 +309,35 @@ async def test_tries_are_bounded_and_the_last_failure_is_told(tmp_path: Path, au
         assert not resumable.partial_path(svc.storage, location.rsplit("/", 1)[1]).exists()
         assert query(settings.data_path, "SELECT count(*) AS n FROM photos")[0]["n"] == 0
         assert query(settings.data_path, "SELECT count(*) AS n FROM uploads")[0]["n"] == 0  # no photo: gone
+    finally:
+        svc.db.close()
+
+
+async def test_a_client_gone_after_its_last_byte_still_gets_its_photo(tmp_path: Path) -> None:
+    """The request that brought the last byte ends before it makes the photo (its client went, or a newer
+    request took over): the bytes are durable, so the finisher is rung and makes the photo; no HEAD, no
+    restart needed."""
+    settings = make_settings(tmp_path)
+    token = prepare(settings)
+    svc = Services(settings=settings, db=Database(settings.database_path))
+    try:
+        http = create_app(svc).test_client()
+        auth = {"Authorization": f"Bearer {token}", **TUS}
+        data = photo_jpeg(34)
+        created = await http.post("/api/admin/galleries/1/tus", headers={**auth, "Upload-Length": str(len(data))})
+        tus_id = created.headers["Location"].rsplit("/", 1)[1]
+        row = query(settings.data_path, "SELECT * FROM tus_uploads WHERE id = ?", tus_id)[0]
+
+        async def body() -> Any:
+            yield data
+
+        wake = svc.finisher_bell.listen()
+        # What the PATCH does up to its last durable byte, and no further (resumable.complete never asked).
+        assert await resumable.write_chunk(svc, row, 0, body(), content_length=len(data), checksum=None) == len(data)
+        assert wake.is_set()  # the finisher is woken: the photo is its to make now
+        assert await resumable.Finisher(svc).finish_due() == 1
+        assert query(settings.data_path, "SELECT photo_id FROM tus_uploads")[0]["photo_id"]
+        photo = query(settings.data_path, "SELECT sha256, status FROM photos")
+        assert [p["sha256"] for p in photo] == [sha256(data)] and photo[0]["status"] == "pending"
     finally:
         svc.db.close()

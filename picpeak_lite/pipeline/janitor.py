@@ -8,7 +8,7 @@
   process receives; an upload whose lease ran out (its process died mid-request) has its provisional photos
   taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
 * Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash); unfinished tus
-  uploads past their expiry lose their bytes (``resumable.expire``).
+  uploads past their expiry lose their bytes (``resumable.expire``, in the process that serves HTTP only).
 * The reconciler removes stored files that have no row (a crash between the rename and the commit), after a
   grace period so that an upload in the middle of committing is never touched, and fails rows whose original
   is missing.
@@ -42,8 +42,9 @@ IDLE_GUEST_SESSION_SECONDS = 86400.0
 
 class Janitor:
     def __init__(self, svc: Services, *, orphan_grace: float = ORPHAN_GRACE_SECONDS,
-                 reconcile_every: float = RECONCILE_EVERY_SECONDS) -> None:
+                 reconcile_every: float = RECONCILE_EVERY_SECONDS, expire_tus: bool = True) -> None:
         self.svc = svc
+        self.expire_tus = expire_tus  # only where the tus writers are (server.start_background_tasks)
         self.storage = svc.storage
         self.orphan_grace = orphan_grace
         self.reconcile_every = reconcile_every
@@ -106,7 +107,8 @@ class Janitor:
         abandoned = await self.renew_and_abandon_uploads()
         now = svc.clock()
         swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds, now)
-        await resumable.expire(svc)
+        if self.expire_tus:
+            await resumable.expire(svc)
         rows = await svc.db.read(photo_q.rows_with_keys)
         known = {r["storage_key"] for r in rows}
         candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, now)

@@ -48,7 +48,6 @@ import contextlib
 import functools
 import hashlib
 import logging
-import math
 import os
 import re
 import secrets
@@ -381,9 +380,15 @@ async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[
         finally:
             with trio.CancelScope(shield=True):
                 new_offset = await chunk.settle()
-                if new_offset != offset:
-                    await svc.db.write(_record_offset, tus_id, current["upload_id"], new_offset,
-                                       idle_expiry(svc, current["created_at"], svc.clock()))
+                recorded = new_offset == offset or await svc.db.write(
+                    _record_offset, tus_id, current["upload_id"], new_offset,
+                    idle_expiry(svc, current["created_at"], svc.clock()))
+                if recorded and new_offset == current["upload_length"]:
+                    # Every byte is durable: the photo is the server's to make now, also when this request
+                    # ends before it asks (the client went after its last byte, a newer request took over).
+                    svc.finisher_bell.ring()
+        if not recorded:  # the upload ended meanwhile (expired, deleted): its bytes are not kept
+            raise NotFound("There is no such upload.")
         return new_offset
     finally:
         _release(tus_id, writer)
@@ -400,9 +405,13 @@ class OffsetMismatch(Conflict):
         return {"Upload-Offset": str(self.offset)}
 
 
-def _record_offset(conn: Connection, tus_id: str, upload_id: str | None, offset: int, expires_at: float) -> None:
-    if tus_q.set_offset(conn, tus_id, offset, expires_at) and upload_id is not None:
+def _record_offset(conn: Connection, tus_id: str, upload_id: str | None, offset: int, expires_at: float) -> bool:
+    """Whether the row took the new offset (False: it ended meanwhile, expired or deleted)."""
+    if not tus_q.set_offset(conn, tus_id, offset, expires_at):
+        return False
+    if upload_id is not None:
         tus_q.extend_group(conn, upload_id, expires_at)
+    return True
 
 
 class _Chunk:
@@ -615,7 +624,11 @@ async def _try_finish(svc: Services, row: Row) -> Finished:
     path = partial_path(svc.storage, tus_id)
     try:
         entry, upload_id = await _adopt(svc, row, path)
-    except FileNotFoundError:
+    except FileNotFoundError as error:
+        if await trio.to_thread.run_sync(path.exists, limiter=io_limiter()):
+            # The tus file is whole: something on the way went missing (a bucket's object, a temp file), which
+            # another try may not meet; only the tus file's own loss makes the bytes gone.
+            raise await _failed_try(svc, row, error.strerror or str(error)) from error
         await _refuse(svc, row, LOST, 410)
         raise Gone(LOST) from None
     except AppError as error:
@@ -687,6 +700,9 @@ def _link(path: Path, link: Path) -> None:
         link.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.link(path, link)
+            # The link shares the tus file's inode and so its time of the last chunk, perhaps hours ago: the
+            # temp sweep and the orphan reconciler judge files by that time, and must see a file made now.
+            os.utime(link)
         except OSError:  # another file system, or none that links: a copy
             shutil.copyfile(path, link)
 
@@ -737,6 +753,9 @@ def _refuse_row(conn: Connection, endpoints: tuple[WebhookEndpoint, ...], tus_id
     return close_group_if_last(conn, endpoints, row["upload_id"], now)
 
 
+FINISHER_LOOK_SECONDS = 60.0
+
+
 class Finisher:
     """Makes the photos of complete uploads whose first try failed or never ran (a crash between the last byte
     and the photo, the bucket down, a full disk): at start-up, whenever ``finisher_bell`` rings, and when the
@@ -746,15 +765,20 @@ class Finisher:
         self.svc = svc
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
         svc = self.svc
+        wake = svc.finisher_bell.listen()
+        await self.finish_due()  # what a crash left complete is tried before the server says it is ready
+        task_status.started()
         while True:
-            wake = svc.finisher_bell.listen()
-            await self.finish_due()
             next_at = await svc.db.read(tus_q.next_finish_at)
-            wait = math.inf if next_at is None else max(1.0, next_at - svc.clock())
+            # The bell is how it hears of new work; the look every FINISHER_LOOK_SECONDS is the backstop for a
+            # complete upload whose ring was lost (a process that died between its last byte and the ring).
+            wait = FINISHER_LOOK_SECONDS if next_at is None else min(FINISHER_LOOK_SECONDS,
+                                                                      max(1.0, next_at - svc.clock()))
             with trio.move_on_after(wait):
                 await wake.wait()
+            wake = svc.finisher_bell.listen()
+            await self.finish_due()
 
     async def finish_due(self) -> int:
         """One pass over the uploads whose try is due; returns how many now have their photo or refusal."""
@@ -768,8 +792,9 @@ class Finisher:
                 pass  # recorded and logged, tried again when due
             except AppError:
                 settled += 1  # refused: the row says why
-            except Exception:
+            except Exception as error:  # recorded as a failed try: not tried again at once, and bounded
                 log.exception("tus %s: could not make its photo", row["id"])
+                await _failed_try(svc, row, type(error).__name__)
         return settled
 
 

@@ -360,8 +360,8 @@ class Locked(AppError):
 
 async def _outcome(row: Row, *, head: bool) -> Finished:
     """What became of a complete upload: its photo, or its refusal raised. One whose photo is not made yet is
-    tried now when its try is due (or asked for by a PATCH); otherwise, or when the try fails, the client is
-    told when to ask again (HEAD: 423, PATCH: 503)."""
+    tried now when its try is due; otherwise, or when the try fails, the client is told when to ask again
+    (HEAD: 423, PATCH: 503)."""
     svc = services()
     if row["state"] == tus_q.DONE:
         return await resumable.finished(svc, row)
@@ -375,8 +375,10 @@ async def _outcome(row: Row, *, head: bool) -> Finished:
             if now is not None and now["state"] == tus_q.DONE:
                 return await resumable.finished(svc, now)
             raise resumable.pending_error(svc, now or row)
-        if head and row["finish_after"] is not None and row["finish_after"] > svc.clock():
-            raise resumable.pending_error(svc, row)  # not due yet: the finisher tries then
+        if row["finish_after"] is not None and row["finish_after"] > svc.clock():
+            # Not due yet: the finisher tries then. A PATCH does not try sooner either, or a client retrying
+            # every few seconds would use up tus_finish_attempts, meant for hours, in minutes.
+            raise resumable.pending_error(svc, row)
         return await resumable.complete(svc, row["id"])
     except resumable.NotFinishedYet as pending:
         if head:
