@@ -232,24 +232,11 @@ async def test_websockets_from_one_client_cannot_take_the_descriptors(tmp_path: 
         watch = Watch(server, "websockets")
         held: list[trio.SocketStream] = []
 
-        async def one() -> None:
-            try:
-                stream, status = await websocket_from(ATTACKER, port, slug)
-            except (OSError, trio.BrokenResourceError):
-                tally.closed_without_answer += 1
-                return
-            tally.add(status)
-            watch.saw(status)
-            if status == 101:
-                held.append(stream)
-            else:
-                await stream.aclose()
-
         async with watch.during(), trio.open_nursery() as nursery:
             nursery.start_soon(sample, server, port, tally)
             async with trio.open_nursery() as attack:
                 for _ in range(ATTACK_CONNECTIONS):
-                    attack.start_soon(one)
+                    attack.start_soon(hold_websocket, ATTACKER, port, slug, tally, held, watch)
             rss_held = tree_rss_mb(server.pid)
             guest_status = await guest_page(server.url, slug)
             guest_ws, guest_ws_status = await websocket_from(GUEST, port, slug)
@@ -292,23 +279,11 @@ async def test_websockets_from_many_clients_fill_the_total_cap_with_clean_refusa
         watch = Watch(server, "websockets from many clients")
         held: list[trio.SocketStream] = []
 
-        async def one(source: str) -> None:
-            try:
-                stream, status = await websocket_from(source, port, slug)
-            except (OSError, trio.BrokenResourceError):
-                tally.closed_without_answer += 1
-                return
-            tally.add(status)
-            if status == 101:
-                held.append(stream)
-            else:
-                await stream.aclose()
-
         async with watch.during(), trio.open_nursery() as nursery:
             nursery.start_soon(sample, server, port, tally)
             async with trio.open_nursery() as attack:
                 for n in range(10 * PER_CLIENT):
-                    attack.start_soon(one, f"127.0.1.{n % 10 + 1}")
+                    attack.start_soon(hold_websocket, f"127.0.1.{n % 10 + 1}", port, slug, tally, held, None)
             full_health = await answer_status(port)
             for stream in held:
                 await stream.aclose()
@@ -331,6 +306,24 @@ async def test_websockets_from_many_clients_fill_the_total_cap_with_clean_refusa
         assert "EMFILE" not in text and "Too many open files" not in text
     finally:
         server.kill()
+
+
+async def hold_websocket(source: str, port: int, slug: str, tally: Tally, held: list[trio.SocketStream],
+                         watch: Watch | None) -> None:
+    """One WebSocket handshake from ``source``: its answer tallied (and told to ``watch``, where 5xx count
+    against the server), the connection held open when accepted, else closed."""
+    try:
+        stream, status = await websocket_from(source, port, slug)
+    except (OSError, trio.BrokenResourceError):
+        tally.closed_without_answer += 1
+        return
+    tally.add(status)
+    if watch is not None:
+        watch.saw(status)
+    if status == 101:
+        held.append(stream)
+    else:
+        await stream.aclose()
 
 
 async def answer_status(port: int) -> int:

@@ -73,18 +73,24 @@ def tus_row(data_dir: Path) -> dict[str, Any]:
     return row
 
 
+async def start_server(tmp_path: Path, settings: dict[str, Any]) -> tuple[ServerProcess, str, dict[str, str]]:
+    """A real server process on ``tmp_path/data`` with these settings: the process, its URL, the admin's
+    headers (an API token)."""
+    config = write_config(tmp_path / "picpeak.toml", log_level="warning", **settings)
+    token = prepare(make_settings(tmp_path, **settings))
+    proc = ServerProcess(tmp_path / "data", config)
+    url = await trio.to_thread.run_sync(proc.start)
+    return proc, url, {"Authorization": f"Bearer {token}"}
+
+
 async def last_step_fails(tmp_path: Path, capsys: Any, name: str, settings: dict[str, Any],
                           brk: Callable[[], Awaitable[None]], mend: Callable[[], Awaitable[None]]) -> None:
     """The file is sent up to its last PATCH; ``brk`` breaks the last step; tuspy's last PATCH fails, and a
     resume while the fault lasts does not report success; ``mend``; a retrying tuspy reports success with
     the photo, which exists."""
     data_dir = tmp_path / "data"
-    config = write_config(tmp_path / "picpeak.toml", log_level="warning", **settings)
-    token = prepare(make_settings(tmp_path, **settings))
+    proc, url, headers = await start_server(tmp_path, settings)
     path, data = jpeg_file(tmp_path, 31)
-    proc = ServerProcess(data_dir, config)
-    url = await trio.to_thread.run_sync(proc.start)
-    headers = {"Authorization": f"Bearer {token}"}
     endpoint = url + "/api/admin/galleries/1/tus"
     try:
         location, _ = await trio.to_thread.run_sync(lambda: tuspy(endpoint, path, headers, stop_at=len(data) - LAST))
@@ -194,12 +200,8 @@ async def test_kill_9_between_the_last_byte_and_the_photo(tmp_path: Path,
         bucket = moto.new_bucket()
         settings = moto.settings_for(bucket)
         data_dir = tmp_path / "data"
-        config = write_config(tmp_path / "picpeak.toml", log_level="warning", **settings)
-        token = prepare(make_settings(tmp_path, **settings))
+        proc, url, headers = await start_server(tmp_path, settings)
         path, data = jpeg_file(tmp_path, 32)
-        proc = ServerProcess(data_dir, config)
-        url = await trio.to_thread.run_sync(proc.start)
-        headers = {"Authorization": f"Bearer {token}"}
         try:
             location, _ = await trio.to_thread.run_sync(lambda: tuspy(
                 url + "/api/admin/galleries/1/tus", path, headers, stop_at=len(data) - LAST))
