@@ -722,34 +722,6 @@ def test_ordinary_jpegs_are_not_held_to_the_scan_count(kind: str) -> None:
     assert images.render(data, RenderSpec()).width == 900
 
 
-class Stop(BaseException):
-    """Like the worker's Stopped, a BaseException: no decoder error handling may take it for a bad file."""
-
-
-def test_a_decode_calls_its_checkpoint_before_every_block_it_reads() -> None:
-    """The worker's deadline and cancellation land inside a long decode: ``checkpoint`` runs before each
-    1 MiB the JPEG decoder reads (and each read of the header), and what it raises ends the decode there."""
-    out = io.BytesIO()
-    Image.effect_noise((3000, 2500), 80).convert("RGB").save(out, "JPEG", quality=98, progressive=True)
-    data = out.getvalue()
-    blocks = -(-len(data) // images.JPEG_READ_BLOCK)
-    assert blocks >= 3, len(data)
-    calls: list[int] = []
-    images.decode(data, RenderSpec(), checkpoint=lambda: calls.append(1))
-    every = len(calls)
-    assert every >= blocks
-
-    def stop_before_the_last_block() -> None:
-        calls.append(1)
-        if len(calls) == every - 1:
-            raise Stop()
-
-    calls.clear()
-    with pytest.raises(Stop):
-        images.decode(data, RenderSpec(), checkpoint=stop_before_the_last_block)
-    assert len(calls) == every - 1
-
-
 def test_counting_scans_in_a_50_mb_file(capsys: Any) -> None:
     """What the header check's count costs a legitimate 50 MB progressive JPEG, which it reads to the end
     (printed, not asserted): 50 MB of random bytes in comment segments between the header and the scans."""

@@ -2,8 +2,8 @@
 
 This is the only module that imports PIL (and pillow_heif). Everything here is sync and CPU-bound; the worker
 runs :func:`derivatives` (:func:`decode`, :func:`make_view`, :func:`make_grid`, :func:`add_watermark`,
-:func:`encode`) as one job in an image thread, with a checkpoint between steps where a cancellation lands, and
-Pillow releases the GIL inside them (encoding too: ``_encoder_file``).
+:func:`encode`) as one job in an image child (``pipeline/imageprocs.py``), which is killed at its deadline;
+downloads run them in threads, and Pillow releases the GIL inside them (encoding too: ``_encoder_file``).
 
 Three rules shape the code:
 
@@ -225,36 +225,30 @@ def render(source: Source, spec: RenderSpec) -> Rendered:
     return Rendered(view.format, view.width, view.height, view_jpeg, grid_jpeg, view.exif)
 
 
-def derivatives(decode: Callable[[], Decoded], spec: RenderSpec, checkpoint: Callable[[], None] = lambda: None
-                ) -> tuple[Decoded, bytes, bytes]:
+def derivatives(decode: Callable[[], Decoded], spec: RenderSpec) -> tuple[Decoded, bytes, bytes]:
     """(the view, its JPEG, the grid's JPEG), watermarked when ``spec`` says so, without metadata: the steps
     every picture takes, a photo's decode and a video's poster (:func:`from_rgb`) alike.
 
     ``decode`` is a call without arguments that makes the decoded picture: this function then holds the only
     reference to it, and it is freed as soon as the view exists (a 144 MP PNG decodes to hundreds of MB; the
-    view is a few). ``checkpoint`` is called between steps; the worker's raises there once it is cancelled
-    (``ImageThreads.run_steps``)."""
+    view is a few). The worker runs it in an image child (``pipeline/imagejobs.py``), which is killed at its
+    deadline: no step needs to look at the clock."""
     decoded = decode()
-    checkpoint()
     view = make_view(decoded, spec)
     del decoded
-    checkpoint()
     grid = make_grid(view, spec)
-    checkpoint()
     if spec.watermark is not None:
         view = add_watermark(view, spec.watermark)
-        checkpoint()
-    view_jpeg = encode(view, spec)
-    checkpoint()
+        view_jpeg = encode(view, spec)
     return view, view_jpeg, encode(grid, spec)
 
 
-def decode(source: Source, spec: RenderSpec, checkpoint: Callable[[], None] | None = None) -> Decoded:
+def decode(source: Source, spec: RenderSpec) -> Decoded:
     """Decode, upright and in RGB, at the smallest JPEG scale that still covers ``spec.view_px``.
 
     ``checkpoint`` is called before every block the decoder reads (1 MiB for a JPEG, 64 KiB for a PNG), so that
     a worker's deadline or cancellation lands inside a long decode, not only after it."""
-    return _load(source, spec.max_pixels, spec.view_px, checkpoint=checkpoint)
+    return _load(source, spec.max_pixels, spec.view_px)
 
 
 def from_rgb(rgb: bytes, size: tuple[int, int], width: int, height: int, fmt: str, orientation: int = 1) -> Decoded:
@@ -400,12 +394,11 @@ def apply_watermark(source: Source, watermark: Watermark, *, quality: int = 92, 
 
 
 @contextmanager
-def _open(source: Source, max_pixels: int, *, checkpoint: Callable[[], None] | None = None,
-          count_scans: bool = False) -> Iterator[tuple[Image.Image, str]]:
+def _open(source: Source, max_pixels: int, *, count_scans: bool = False) -> Iterator[tuple[Image.Image, str]]:
     """Open lazily (header only) with the one Pillow plugin the magic bytes name, and check the size.
 
-    Pillow reads through a :class:`_Feed`, which calls ``checkpoint`` before each read and stops a JPEG's
-    decode at MAX_SCANS scans; ``count_scans`` counts them here already (the upload's check)."""
+    Pillow reads through a :class:`_Feed`, which stops a JPEG's decode at MAX_SCANS scans; ``count_scans``
+    counts them here already (the upload's check)."""
     with io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb") as fp:
         head = fp.read(64)
         fmt = _format(head)
@@ -413,7 +406,7 @@ def _open(source: Source, max_pixels: int, *, checkpoint: Callable[[], None] | N
         canvas = _webp_canvas(head) if fmt == "webp" else None
         if canvas is not None:  # Pillow's WebP decoder allocates the canvas when it opens: check it first
             _check_pixels(*canvas, max_pixels)
-        feed = _Feed(fp, checkpoint)
+        feed = _Feed(fp)
         try:
             im = Image.open(cast(BinaryIO, feed), formats=[FORMATS[fmt][0]])
         except Exception as exc:  # only Pillow runs here; its plugins raise many types
@@ -444,16 +437,15 @@ TOO_MANY_SCANS = (f"The JPEG has more than {MAX_SCANS} scans, far more than any 
 
 
 class _Feed:
-    """The file as Pillow reads it: ``checkpoint`` before every read, and a JPEG cut off before its scan after
+    """The file as Pillow reads it: a JPEG cut off before its scan after
     the allowed ones (the next read raises InvalidImage), so that no file can make one decoder call walk the
     image more than MAX_SCANS times, even one that an older version accepted at upload.
 
     Pillow hands the decoder what one read returns (``decodermaxblock``): cutting the block there is what bounds
-    the work of one call, whose scans run in C with no checkpoint between them."""
+    the work of one call, whose scans run in C."""
 
-    def __init__(self, fp: BinaryIO, checkpoint: Callable[[], None] | None) -> None:
+    def __init__(self, fp: BinaryIO) -> None:
         self.fp = fp
-        self.checkpoint = checkpoint
         self.scans_left: int | None = None  # None: not counting
         self.tail = b""  # b"\xff" when the last block ended with one: a marker may straddle two blocks
 
@@ -462,8 +454,6 @@ class _Feed:
         self.tail = b""
 
     def read(self, size: int = -1) -> bytes:
-        if self.checkpoint is not None:
-            self.checkpoint()
         if self.scans_left is not None and self.scans_left < 0:
             raise InvalidImage(TOO_MANY_SCANS)
         data = self.fp.read(size)
@@ -784,10 +774,10 @@ def _format(head: bytes) -> str:
 
 
 def _load(source: Source, max_pixels: int, draft_px: int | None, *, scale: int = 1,
-          upright_first: bool = False, checkpoint: Callable[[], None] | None = None) -> Decoded:
+          upright_first: bool = False) -> Decoded:
     """Decode to RGB. For a view (``draft_px``), the image stays as it is stored and is turned upright by
     make_view after shrinking; a full-size copy (``upright_first``) is turned here."""
-    with _open(source, max_pixels, checkpoint=checkpoint) as (im, fmt):
+    with _open(source, max_pixels) as (im, fmt):
         raw_size = im.size
         if fmt == "jpeg" and draft_px:
             _decode_at(im, _eighths(raw_size, draft_px))

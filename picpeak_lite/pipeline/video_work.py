@@ -2,9 +2,9 @@
 
 The poster frame comes back as RGB at most ``view_px`` on its long edge, with the EXIF orientation that turns it
 upright; from there it is a picture like any other (``images.from_rgb``, then ``images.derivatives``: view, turned
-upright, grid, watermark, encode, one job of steps in an image thread, on the worker's image limiter), so a video's
-grid and view images are made, watermarked and stripped of metadata exactly as a photo's. The bytes those steps take
-in this process are held in the decode budget like an image's (:func:`poster_cost`); the child's own memory is
+upright, grid, watermark, encode, one job in an image child, on the worker's image limiter: ``make_poster``), so a
+video's grid and view images are made, watermarked and stripped of metadata exactly as a photo's. The bytes those
+steps take are held in the decode budget like an image's (:func:`poster_cost`); the media child's own memory is
 bounded by its RLIMIT_AS instead.
 """
 
@@ -12,25 +12,28 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from picpeak_lite.media import images, video
 from picpeak_lite.pipeline import video_jobs
 from picpeak_lite.pipeline.budget import MemoryBudget
-from picpeak_lite.pipeline.imagethreads import RunSteps
+from picpeak_lite.pipeline.imageprocs import ChildCrashed
 
 log = logging.getLogger(__name__)
+# The worker's way to a poster's view and grid JPEGs: (the decode, the spec) -> (view JPEG, grid JPEG).
+MakePoster = Callable[[Callable[[], images.Decoded], images.RenderSpec], Awaitable[tuple[bytes, bytes]]]
 
 
 def poster_cost(view_px: int) -> int:
-    """Peak bytes in this process: the RGB bytes read from the child, the Pillow image made of them, the view,
+    """Peak bytes: the RGB bytes read from the media child, the Pillow image made of them, the view,
     the grid, the watermarked view and the encoders' buffers, each at most view_px square."""
     return 6 * view_px * view_px * 4
 
 
 async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, budget: MemoryBudget,
-                 run_steps: RunSteps, deadline: float, places: int = video_jobs.MEDIA_CHILDREN
+                 make_poster: MakePoster, deadline: float, places: int = video_jobs.MEDIA_CHILDREN
                  ) -> tuple[bytes, bytes, dict[str, Any]] | str:
     """(view JPEG, grid JPEG, the columns for ``claims.complete``), or the reason the video failed."""
     try:
@@ -42,12 +45,14 @@ async def render(path: Path, row: dict[str, Any], spec: images.RenderSpec, *, bu
             poster = functools.partial(images.from_rgb, got.poster_rgb, got.poster_size, info.width, info.height,
                                        info.container, got.poster_orientation)
             del got
-            _, view_jpeg, grid_jpeg = await run_steps(functools.partial(images.derivatives, poster, spec))
+            view_jpeg, grid_jpeg = await make_poster(poster, spec)
     except video.InvalidVideo as error:
         log.info("video %s failed: %s %s", row["id"], error.reason, error.detail)
         return error.reason
     except FileNotFoundError:
         return "The original file is missing from storage."
+    except ChildCrashed:
+        raise  # the worker's to count (worker.Crashed)
     except MemoryError:
         log.exception("video %s: out of memory", row["id"])
         return "The video's poster needs more memory than this server has."

@@ -1,20 +1,19 @@
 """The worker pool: N tasks that claim pending photos and turn each into derivatives and metadata.
 
 A worker claims with one guarded statement, renews its lease while it works, and records the result only
-if it still holds the claim (the token). Image work (decode, view, grid, watermark, encode) runs as one job in
-an image thread, with a checkpoint between steps so that cancellation lands between them
-(``images.derivatives``), and inside the decode before every block it reads. The steps have a deadline
-(``decode_deadline_seconds``): past it they stop at the next checkpoint and the photo fails with
-:data:`TOO_SLOW`, so no file holds a worker longer. A bad file fails that photo with a readable reason; the
-worker goes on. On shutdown a worker hands its photo back to ``pending``.
+if it still holds the claim (the token). Image work (plan, decode, view, grid, watermark, encode, EXIF) runs in
+an image child (``pipeline/imageprocs.py``): a process of its own, at a lower OS priority, so the web server
+keeps its GIL and its core while photos are made. The steps have a deadline (``decode_deadline_seconds``): past
+it the child is killed and the photo fails with :data:`TOO_SLOW`, so no file holds a worker longer. A bad file
+fails that photo with a readable reason; a child that dies under a file fails that attempt (:class:`Crashed`),
+and the photo is tried again until ``max_attempts``; the worker goes on. On shutdown a worker hands its photo
+back to ``pending``.
 
-How the work shares the cores: there are as many image threads (and places on the image limiter) as
+How the work shares the cores: there are as many places on the image limiter (children at work) as
 ``workers``, and one worker task more than that. Reading the original and writing the two JPEGs are file or
-bucket I/O, run in trio's own threads, off the image threads; the extra task claims the next photo and reads
-it while the others decode, so an image thread that finishes a photo finds the next one ready instead of
-waiting for a claim, a read and a write in turn. Measured on 200 x 12 MP photos, interleaved: 14.7 photos/s
-with every step in its own hop on the image threads, 17.2 with one job of steps and the I/O off them, at 0.101
-against 0.111 CPU-s per photo.
+bucket I/O, run in trio's own threads; the extra task claims the next photo and reads it while the others
+decode, so a child that finishes a photo finds the next one ready instead of waiting for a claim, a read and a
+write in turn.
 
 When no photo waits, a worker makes the view image of a photo again whose gallery's watermark changed since it
 was made (``views_stale``, schema 6). That needs no claim: the photo stays ``complete`` and visible, and the new
@@ -26,19 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import logging
 import secrets
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import InsufficientStorage, StorageUnavailable
-from picpeak_lite.media import exif, images
-from picpeak_lite.pipeline import attempts, transitions, video_work
-from picpeak_lite.pipeline.imagethreads import Checkpoint, ImageThreads
+from picpeak_lite.media import images
+from picpeak_lite.pipeline import attempts, imagejobs, transitions, video_work
+from picpeak_lite.pipeline.imageprocs import ChildCrashed, ImageProcesses
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -47,10 +44,17 @@ from picpeak_lite.store.storage import original_name
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 SAFETY_POLL_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 60.0
 TOO_SLOW = "Making this photo's images took longer than {seconds:g} seconds and was given up; the file may be damaged."
+
+
+@dataclasses.dataclass(frozen=True)
+class Crashed:
+    """What ``_process`` returns when the image child died under the photo: the attempt counts, and the photo
+    is tried again (behind the others) until ``max_attempts``, then failed with ``reason``."""
+
+    reason: str
 
 
 class HandBack(enum.Enum):
@@ -69,10 +73,9 @@ class WorkerPool:
         self.count = count or svc.settings.worker_count
         self.tasks = self.count + 1  # one more, which has its next photo read when an image thread comes free
         self.poll_seconds = poll_seconds
-        # Image work is CPU-bound and Pillow releases the GIL: ``count`` threads, at a lower priority than the
-        # event loop (see imagethreads.py).
+        # Image work is CPU-bound: ``count`` children at once, at a lower priority than the web server.
         self.image_limiter = trio.CapacityLimiter(self.count)
-        self.image_threads = ImageThreads(self.count, nice=svc.settings.image_nice)
+        self.image_processes = ImageProcesses(nice=svc.settings.image_nice, decode_bytes=svc.decode_budget.total)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -120,7 +123,7 @@ class WorkerPool:
         if row is None:
             return False
         claim = _Claim(row["id"], token)
-        outcome: dict[str, Any] | str | HandBack | None = None
+        outcome: dict[str, Any] | str | HandBack | Crashed | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._renew_lease, claim, nursery.cancel_scope)
@@ -144,6 +147,12 @@ class WorkerPool:
             log.warning("photo %s: lost its claim while processing; result discarded", row["id"])
             return True
         endpoints = svc.settings.webhooks
+        if isinstance(outcome, Crashed):
+            if row["attempts"] < svc.settings.max_attempts:
+                await svc.db.write(claims.requeue, row["id"], token)  # the attempt stays counted
+                svc.workers_bell.ring()
+                return True
+            outcome = f"{outcome.reason} (tried {row['attempts']} times)"
         if isinstance(outcome, str):
             result = await svc.db.write(transitions.fail_photo, endpoints, row["id"], token, outcome, svc.clock())
         else:
@@ -171,7 +180,7 @@ class WorkerPool:
             raise StorageUnavailable()
         if rendered is HandBack.DISK_FULL:
             raise InsufficientStorage("The server's disk is full; the images were not made again.")
-        if isinstance(rendered, str):  # it was made before, so the file went (deleted?): keep the old images
+        if isinstance(rendered, str | Crashed):  # it was made before: the file went (deleted?), keep the old images
             log.warning("photo %s: could not make its images again: %s", row["id"], rendered)
             await svc.db.write(photo_q.views_refreshed, row["id"], row["views_stale"])
             return True
@@ -192,10 +201,10 @@ class WorkerPool:
             return False
         return True
 
-    async def _process(self, row: dict[str, Any]) -> dict[str, Any] | str | HandBack:
-        """Metadata values for a complete photo, the reason it failed, or why it goes back (HandBack)."""
+    async def _process(self, row: dict[str, Any]) -> dict[str, Any] | str | HandBack | Crashed:
+        """Metadata values for a complete photo, the reason it failed, or why it goes back (HandBack, Crashed)."""
         rendered = await self._render(row)
-        if isinstance(rendered, str | HandBack):
+        if isinstance(rendered, str | HandBack | Crashed):
             return rendered
         write = self.storage.write_derivative
         try:
@@ -210,7 +219,7 @@ class WorkerPool:
             return "Could not save the thumbnails: a storage error."
         return rendered.metadata
 
-    async def _render(self, row: dict[str, Any]) -> _Rendered | str | HandBack:
+    async def _render(self, row: dict[str, Any]) -> _Rendered | str | HandBack | Crashed:
         """The photo's images with its gallery's current settings, or the reason they cannot be made.
 
         The bytes ``images.plan`` estimates from the header are held in the process's decode budget from
@@ -232,24 +241,31 @@ class WorkerPool:
         with copy:
             return await self._render_from(copy.path, row)
 
-    async def _render_from(self, path: Any, row: dict[str, Any]) -> _Rendered | str:
+    async def _render_from(self, path: Any, row: dict[str, Any]) -> _Rendered | str | Crashed:
         spec = await self._spec(row["gallery_id"])
         budget = self.svc.decode_budget
-        if row.get("media_type") == "video":  # its poster frame, then the same steps (pipeline/video_work.py)
-            made = await video_work.render(path, row, spec, budget=budget, run_steps=self._in_steps,
-                                           deadline=self.svc.settings.video_deadline_seconds,
-                                           places=self.svc.settings.media_children)
-            return made if isinstance(made, str) else _Rendered(*made)
+        try:
+            if row.get("media_type") == "video":  # its poster frame, then the same steps (pipeline/video_work.py)
+                made = await video_work.render(path, row, spec, budget=budget, make_poster=self._poster,
+                                               deadline=self.svc.settings.video_deadline_seconds,
+                                               places=self.svc.settings.media_children)
+                return made if isinstance(made, str) else _Rendered(*made)
+            return await self._photo(path, row, spec)
+        except ChildCrashed as crash:
+            log.error("photo %s: the image child died (%s)", row["id"], crash.detail)
+            return Crashed(crash.reason)
+
+    async def _photo(self, path: Any, row: dict[str, Any], spec: images.RenderSpec) -> _Rendered | str:
+        budget = self.svc.decode_budget
         deadline = self.svc.settings.decode_deadline_seconds
         try:
-            cost = await self._in_thread(images.plan, path, spec, budget.total)
-            async with budget.hold(cost):
-                steps = await self._in_steps_by(functools.partial(_derivatives, path, spec), deadline)
-            if steps is None:
+            async with self.image_limiter:
+                cost = await self.image_processes.run(imagejobs.plan, path, spec, budget.total)
+            async with budget.hold(cost), self.image_limiter:  # the deadline counts from when a child is had
+                made = await self.image_processes.run_by(deadline, imagejobs.photo, path, spec)
+            if made is None:
                 log.warning("photo %s: gave up after %g s", row["id"], deadline)
                 return TOO_SLOW.format(seconds=deadline)
-            view, view_jpeg, grid_jpeg = steps
-            metadata = exif.read_metadata(view.exif)
         except FileNotFoundError:  # deleted while we worked (its row is gone too), or lost from the disk
             return photo_q.ORIGINAL_MISSING
         except images.InvalidImage as error:
@@ -258,28 +274,16 @@ class WorkerPool:
         except MemoryError:
             log.exception("photo %s: out of memory", row["id"])
             return "The image needs more memory than this server has."
-        except Exception as error:  # a bug or a decoder crash: fail this photo, keep the worker alive
+        except ChildCrashed:
+            raise
+        except Exception as error:  # a bug, raised in the child: fail this photo, keep the worker alive
             log.exception("photo %s: unexpected error while processing", row["id"])
             return f"Processing failed unexpectedly ({type(error).__name__})."
-        values = {"width": view.width, "height": view.height, **dataclasses.asdict(metadata)}
-        return _Rendered(view_jpeg, grid_jpeg, values)
+        return _Rendered(*made)
 
-    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+    async def _poster(self, decode: Any, spec: images.RenderSpec) -> tuple[bytes, bytes]:
         async with self.image_limiter:
-            return await self.image_threads.run_sync(fn, *args)
-
-    async def _in_steps(self, fn: Callable[[Checkpoint], T]) -> T:
-        async with self.image_limiter:
-            return await self.image_threads.run_steps(fn)
-
-    async def _in_steps_by(self, fn: Callable[[Checkpoint], T], deadline: float) -> T | None:
-        """:meth:`_in_steps`, or None when the steps ran past ``deadline`` seconds: they are stopped at their next
-        checkpoint (the decode has one before every block it reads). Counted from when a thread is had, so a
-        photo that waited for its turn is not the slower for it."""
-        async with self.image_limiter:
-            with trio.move_on_after(deadline):
-                return await self.image_threads.run_steps(fn)
-        return None
+            return await self.image_processes.run(imagejobs.poster, decode, spec)
 
     async def _spec(self, gallery_id: int) -> images.RenderSpec:
         s = self.svc.settings
@@ -300,12 +304,6 @@ class WorkerPool:
                 claim.lost = True
                 processing.cancel()
                 return
-
-
-def _derivatives(path: Any, spec: images.RenderSpec, checkpoint: Checkpoint) -> tuple[images.Decoded, bytes, bytes]:
-    """A photo's steps in an image thread, with the job's checkpoint inside the decode too."""
-    decode = functools.partial(images.decode, path, spec, checkpoint)
-    return images.derivatives(decode, spec, checkpoint)
 
 
 @dataclasses.dataclass(frozen=True)
