@@ -101,10 +101,10 @@ class Settings:
         8, "Largest piece the upload pages send in one request, in MB: keep it under your proxy's body limit.")
     # Processing
     processing_enabled: bool = _setting(True, "Process photos here; off: they wait for `picpeak-lite worker`.")
-    workers: int = _setting(0, "Image threads (photos made at once); 0 means one per CPU core.")
-    image_nice: int = _setting(10, "OS priority (nice, 0-19) of the image threads below the web server; 0: the same.")
+    workers: int = _setting(0, "Image children (photos made at once); 0 means one per CPU core.")
+    image_nice: int = _setting(10, "OS priority (nice, 0-19) of the image children below the web server; 0: the same.")
     lease_seconds: float = _setting(60.0, "How long a claim lasts without renewal; a crash is recovered after this.")
-    max_attempts: int = _setting(3, "Attempts before a photo that keeps failing or crashing is given up.")
+    max_attempts: int = _setting(3, "Attempts before a photo whose image child keeps dying is given up.")
     max_pixels: int = _setting(150_000_000, "Largest image accepted, in pixels.")
     guest_max_pixels: int = _setting(50_000_000, "Largest image a guest may upload, in pixels (at most max_pixels).")
     decode_memory_mb: int = _setting(256, "Memory all image decoding in this process may use at once, in MB.")

@@ -252,8 +252,8 @@ async def run_crash_suite(tmp_path: Path, cycles: int, capsys: Any, seed: int | 
         assert (lost, corrupt, stuck, orphans, without_file) == (0, 0, 0, 0, 0), line
         assert receiver.duplicate_ids() == 0 and receiver.bad_signatures == 0, line
         assert integrity == "ok"
-        # A photo killed mid-processing in three cycles in a row is given up by design; anything else is a bug.
-        assert all(r["error"].startswith("Gave up after") for r in failed), failed
+        # The server's death is not a photo's fault (its image work runs in a child): none may fail of it.
+        assert not failed, failed
         assert check.returncode == 0, check.stdout + check.stderr
         assert not server.tracebacks(), "\n".join(server.tracebacks())
 

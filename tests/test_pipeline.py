@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import textwrap
@@ -29,6 +31,7 @@ from picpeak_lite.store.storage import new_key
 from . import bombs, imagefactory
 from .conftest import AuthActions, own_services
 from .factories import create_gallery, photo_jpeg, run_pool_until_idle, stage_photo
+from .hostile import tree_pids
 
 
 @pytest.fixture
@@ -118,11 +121,12 @@ async def test_stale_worker_cannot_overwrite_after_its_lease_expired(services: S
         slow = claims.claim_next(conn, "token-slow", now, 60)
     assert slow is not None and slow["id"] == photo_id
     with db.transaction(conn):  # the slow worker's lease runs out; the janitor requeues
-        requeued, failed = transitions.requeue_expired(conn, (), now + 61, max_attempts=3)
+        requeued, failed = transitions.requeue_expired(conn, (), now + 61)
     assert (requeued, failed) == ([photo_id], [])
     with db.transaction(conn):
         fresh = claims.claim_next(conn, "token-fresh", now + 62, 60)
-    assert fresh is not None and fresh["attempts"] == 2
+    # The slow worker's process is taken for dead: its attempt does not count, the interruption does.
+    assert fresh is not None and (fresh["attempts"], fresh["interruptions"]) == (1, 1)
     with db.transaction(conn):
         assert transitions.fail_photo(conn, (), photo_id, "token-slow", "late failure", now + 63) is None
         assert not claims.renew_lease(conn, photo_id, "token-slow", now + 200)
@@ -137,40 +141,49 @@ async def test_stale_worker_cannot_overwrite_after_its_lease_expired(services: S
 async def test_a_photo_whose_process_died_waits_behind_the_untried_ones(services: Services, conn: Any,
                                                                          gallery_id: int) -> None:
     """A server killed while it worked on a photo (kill -9 on a loaded machine, again and again) met that same
-    photo first at every start, and three kills failed a good photo. Now the untried photos go first."""
+    photo first at every start, and three kills failed a good photo. Now the untried photos go first, and the
+    interrupted attempt is not counted."""
     tried, _ = stage_photo(services, gallery_id, b"tried")
     now = time.time()
     with db.transaction(conn):
         assert claims.claim_next(conn, "dead-process", now, 60)["id"] == tried
-        assert transitions.requeue_expired(conn, (), now + 61, max_attempts=3) == ([tried], [])
+        assert transitions.requeue_expired(conn, (), now + 61) == ([tried], [])
     fresh = [stage_photo(services, gallery_id, b"fresh%d" % i)[0] for i in range(2)]
     order = []
     with db.transaction(conn):
         while (row := claims.claim_next(conn, f"t{len(order)}", now + 62, 60)) is not None:
             order.append((row["id"], row["attempts"]))
-    assert order == [(fresh[0], 1), (fresh[1], 1), (tried, 2)]
+    assert order == [(fresh[0], 1), (fresh[1], 1), (tried, 1)]
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT coalesce("
-                        "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 ORDER BY id LIMIT 1), "
+                        "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 AND interruptions = 0 "
+                        "ORDER BY id LIMIT 1), "
                         "(SELECT id FROM photos WHERE status = 'pending' ORDER BY id LIMIT 1))").fetchall()
     searches = [r["detail"] for r in plan if "photos" in r["detail"]]
     assert len(searches) == 2 and all("USING INDEX photos_queue" in d or "USING COVERING INDEX photos_queue" in d
                                       for d in searches), [r["detail"] for r in plan]
 
 
-async def test_attempts_are_bounded(services: Services, conn: Any, gallery_id: int) -> None:
+async def test_interruptions_are_bounded(services: Services, conn: Any, gallery_id: int) -> None:
+    """A photo whose process dies under it every time is still given up, after MAX_INTERRUPTIONS, and a retry
+    gives it a fresh count."""
     photo_id, _ = stage_photo(services, gallery_id, b"poison")
     now = time.time()
-    for attempt in range(1, 4):
+    limit = transitions.MAX_INTERRUPTIONS
+    for interruption in range(1, limit + 1):
         with db.transaction(conn):
-            assert claims.claim_next(conn, f"t{attempt}", now, 60)["attempts"] == attempt
+            row = claims.claim_next(conn, f"t{interruption}", now, 60)
+            assert (row["attempts"], row["interruptions"]) == (1, interruption - 1)
         now += 61
         with db.transaction(conn):
-            requeued, failed = transitions.requeue_expired(conn, (), now, max_attempts=3)
-        assert (requeued, failed) == (([photo_id], []) if attempt < 3 else ([], [photo_id]))
+            requeued, failed = transitions.requeue_expired(conn, (), now)
+        assert (requeued, failed) == (([photo_id], []) if interruption < limit else ([], [photo_id]))
     row = status_of(conn, photo_id)
-    assert row["status"] == "failed" and row["error"] == "Gave up after 3 attempts: processing did not finish."
+    assert row["status"] == "failed" and row["error"] == (
+        f"Gave up after its processing was interrupted {limit} times: the server stopped while making it.")
     with db.transaction(conn):
-        assert claims.claim_next(conn, "t4", now, 60) is None
+        assert claims.claim_next(conn, "again", now, 60) is None
+        assert photo_q.retry(conn, photo_id)
+        assert claims.claim_next(conn, "again", now, 60)["interruptions"] == 0
 
 
 async def test_status_is_checked_by_the_database(conn: Any, services: Services, gallery_id: int) -> None:
@@ -624,3 +637,42 @@ async def test_a_photo_past_its_decode_deadline_fails_and_is_tried_again_on_retr
         await run_pool_until_idle(svc)
         row = await svc.db.read(photo_q.get, photo_id)
         assert row["status"] == "failed" and row["error"] == TOO_SLOW.format(seconds=1) and row["attempts"] == 1
+
+
+async def test_an_image_child_that_dies_costs_an_attempt_and_the_server_lives_on(tmp_path: Path) -> None:
+    """The image child is killed while it decodes (what a decoder crash or the OOM killer does): the worker lives
+    on, the attempt counts and the photo is tried again; at ``max_attempts`` it fails with a sentence, and a good
+    photo of the same run completes. The child is killed for real, from outside, as the kernel would."""
+    with own_services(tmp_path, max_attempts=2) as svc:
+        gid = await svc.db.write(create_gallery)
+        slow = bombs.jpeg_scans(images.MAX_SCANS - 1, width=4000, height=4000, refine=True)  # seconds of decoding
+        photo_id, _ = stage_photo(svc, gid, slow)
+        pool = WorkerPool(svc, count=1)
+        killed = 0
+        for attempt in (1, 2):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pool.process_one)
+                while nursery.child_tasks:  # kill every image child until the attempt is over
+                    for pid in image_children():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                            killed += 1
+                    await trio.sleep(0.01)
+            row = await svc.db.read(photo_q.get, photo_id)
+            assert row["attempts"] == attempt
+            assert row["status"] == ("pending" if attempt == 1 else "failed"), row
+        assert killed >= 2
+        assert row["error"] == "The image decoder stopped while reading this file; it may be damaged. (tried 2 times)"
+        good, _ = stage_photo(svc, gid, photo_jpeg(5))
+        await run_pool_until_idle(svc, count=1)
+        assert (await svc.db.read(photo_q.get, good))["status"] == "complete"
+
+
+def image_children() -> list[int]:
+    """This process's image children (trio-parallel's spawned workers), not multiprocessing's resource tracker."""
+    found = []
+    for pid in tree_pids(os.getpid())[1:]:
+        with contextlib.suppress(FileNotFoundError):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found

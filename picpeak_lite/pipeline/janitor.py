@@ -1,9 +1,10 @@
 """The janitor: recovery and housekeeping on a timer.
 
-* Photos whose lease expired (their worker's process died) go back to ``pending``, or are failed once they have
-  used ``max_attempts``. An attempt this process is still running keeps its photo past the lease: its renewal
-  came late because the machine is loaded, and a slow machine must not cost a photo an attempt. It runs every
-  quarter lease, so a crash is recovered within about one lease.
+* Photos whose lease expired (their worker's process died) go back to ``pending`` without spending an attempt,
+  or are failed once that happened ``transitions.MAX_INTERRUPTIONS`` times. An attempt this process is still
+  running keeps its photo past the lease: its renewal came late because the machine is loaded, and a slow
+  machine must not cost a photo an attempt. It runs every quarter lease, so a crash is recovered within about
+  one lease.
 * Uploads whose request is still arriving (schema 7) have their lease renewed here, for the requests this
   process receives; an upload whose lease ran out (its process died mid-request) has its provisional photos
   taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
@@ -90,13 +91,13 @@ class Janitor:
         # dead worker): an attempt is over (its row written) before its token leaves the registry.
         alive = frozenset(attempts.running())
         requeued, failed = await svc.db.write(
-            transitions.requeue_expired, svc.settings.webhooks, svc.clock(), svc.settings.max_attempts, alive
+            transitions.requeue_expired, svc.settings.webhooks, svc.clock(), alive
         )
         if requeued:
             log.warning("requeued photos whose worker stopped answering: %s", requeued)
             svc.workers_bell.ring()
         if failed:
-            log.error("gave up on photos after %d attempts: %s", svc.settings.max_attempts, failed)
+            log.error("gave up on photos interrupted %d times: %s", transitions.MAX_INTERRUPTIONS, failed)
             svc.webhooks_bell.ring()
         return requeued, failed
 

@@ -16,6 +16,10 @@ from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import webhooks as webhook_q
 
+# A photo whose attempts ended with their process this many times is failed: ten server deaths in a row on one
+# photo are no longer chance (the claim order puts it behind every fresh photo each time).
+MAX_INTERRUPTIONS = 10
+
 
 def photo_subject(row: Row) -> str:
     # The storage key too: ids are never reused since schema 5, but subjects written before then may share one.
@@ -61,25 +65,28 @@ def fail_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id:
 
 
 def requeue_expired(conn: Connection, endpoints: Sequence[WebhookEndpoint], now: float,
-                    max_attempts: int, alive: Collection[str] = ()) -> tuple[list[int], list[int]]:
-    """Return photos whose lease ran out to ``pending``; give up on those out of attempts.
+                    alive: Collection[str] = ()) -> tuple[list[int], list[int]]:
+    """Return photos whose lease ran out (their process died) to ``pending``, without counting the attempt.
 
-    A photo whose processing kills the process is claimed, never completed, and its lease expires: after
-    ``max_attempts`` of that it is failed instead of being retried forever. Claims whose token is in ``alive``
-    (attempts this process is still running) are left alone: their lease ran out only because the renewal came
-    late on a loaded machine, and taking the photo would cancel a live worker and spend an attempt, so that a
-    slow machine could fail a good photo. Returns (requeued, failed) ids.
+    Nothing a photo contains runs in the server's process: its image work runs in a child, and a child that
+    dies under a file counts that attempt (``worker.Crashed``). So a lease that ran out means the server was
+    stopped (``kill -9``, a power cut, the OOM killer, a loaded machine's restarts), which is not the photo's
+    fault and must not fail it. It counts as an interruption, and after :data:`MAX_INTERRUPTIONS` the photo is
+    given up all the same, so that attempts stay bounded even for a cause nobody foresaw. Claims whose token is
+    in ``alive`` (attempts this process is still running) are left alone: their lease ran out only because the
+    renewal came late on a loaded machine. Returns (requeued, failed) ids.
     """
     requeued, failed = [], []
     for row in claims.expired_claims(conn, now):
         if row["claim_token"] in alive:
             continue
-        if row["attempts"] >= max_attempts:
-            reason = f"Gave up after {row['attempts']} attempts: processing did not finish."
+        if row["interruptions"] + 1 >= MAX_INTERRUPTIONS:
+            reason = (f"Gave up after its processing was interrupted {row['interruptions'] + 1} times: the server "
+                      "stopped while making it.")
             if claims.fail(conn, row["id"], row["claim_token"], reason, now):
                 _after_failure(conn, endpoints, row["id"], now)
                 failed.append(row["id"])
-        elif claims.requeue(conn, row["id"], row["claim_token"]):
+        elif claims.requeue_interrupted(conn, row["id"], row["claim_token"]):
             requeued.append(row["id"])
     return requeued, failed
 

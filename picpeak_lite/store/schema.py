@@ -375,6 +375,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX tus_uploads_finishing ON tus_uploads(finish_after)
         WHERE state = 'receiving' AND upload_offset = upload_length;
     """,
+    # interrupted attempts (issue 28): an attempt whose process died (its lease ran out with nobody renewing it)
+    # no longer counts in ``attempts``, since nothing a photo contains runs in the server (pipeline/imageprocs.py):
+    # it counts here instead, and a photo interrupted transitions.MAX_INTERRUPTIONS times is still given up.
+    """
+    ALTER TABLE photos ADD COLUMN interruptions INTEGER NOT NULL DEFAULT 0 CHECK (interruptions >= 0);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

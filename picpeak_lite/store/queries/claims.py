@@ -17,15 +17,18 @@ from picpeak_lite.store.queries.photos import MAX_ERROR_LENGTH
 
 def claim_next(conn: Connection, token: str, now: float, lease_seconds: float) -> Row | None:
     """The oldest pending photo not yet tried, else the oldest pending one. A photo whose attempt ended with its
-    process (a crash, a kill, a power cut) waits behind the fresh ones: one that crashes the server does not hold
-    up the good photos at every start, and a server stopped again and again (a loaded machine, restarts) does not
-    meet the same photo each time and spend its attempts. Both look-ups walk the ``photos_queue`` index."""
+    process (a crash, a kill, a power cut: ``interruptions``) or with its image child (``attempts``) waits behind
+    the fresh ones: a server stopped again and again (a loaded machine, restarts) does not meet the same photo at
+    every start, and one that kills its child does not hold up the good photos. Among those, the least tried goes
+    first, so that kills spread over them instead of meeting the oldest each time. Both look-ups walk the
+    ``photos_queue`` index (the second sorts only what the first found none of: photos tried before)."""
     rows = conn.execute(
         "UPDATE photos SET status = 'processing', claim_token = ?, attempts = attempts + 1, lease_until = ?, "
         "processing_started_at = ?, error = NULL "
         "WHERE id = coalesce("
-        "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 ORDER BY id LIMIT 1), "
-        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY id LIMIT 1)) AND status = 'pending' "
+        "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 AND interruptions = 0 ORDER BY id LIMIT 1), "
+        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1)) "
+        "AND status = 'pending' "
         "RETURNING *",
         (token, now + lease_seconds, now),
     ).fetchall()
@@ -87,13 +90,14 @@ def release_all_claims(conn: Connection) -> int:
 
 def expired_claims(conn: Connection, now: float) -> list[Row]:
     return conn.execute(
-        "SELECT id, attempts, claim_token, upload_id, gallery_id FROM photos "
+        "SELECT id, attempts, interruptions, claim_token, upload_id, gallery_id FROM photos "
         "WHERE status = 'processing' AND lease_until < ?",
         (now,),
     ).fetchall()
 
 
 def requeue(conn: Connection, photo_id: int, token: str) -> bool:
+    """Back to ``pending`` after an attempt that counts (its image child died under it)."""
     conn.execute(
         "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL "
         "WHERE id = ? AND claim_token = ? AND status = 'processing'",
@@ -102,3 +106,14 @@ def requeue(conn: Connection, photo_id: int, token: str) -> bool:
     return conn.changes() == 1
 
 
+
+
+def requeue_interrupted(conn: Connection, photo_id: int, token: str) -> bool:
+    """Back to ``pending`` after its process died: the attempt does not count, the interruption does."""
+    conn.execute(
+        "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
+        "attempts = max(attempts - 1, 0), interruptions = interruptions + 1 "
+        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        (photo_id, token),
+    )
+    return conn.changes() == 1

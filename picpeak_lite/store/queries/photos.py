@@ -264,7 +264,7 @@ def views_refreshed(conn: Connection, photo_id: int, stale: int) -> bool:
 def retry(conn: Connection, photo_id: int) -> bool:
     """``failed`` -> ``pending`` with a fresh attempt budget; nothing else moves."""
     conn.execute(
-        "UPDATE photos SET status = 'pending', error = NULL, attempts = 0, completed_at = NULL "
+        "UPDATE photos SET status = 'pending', error = NULL, attempts = 0, interruptions = 0, completed_at = NULL "
         "WHERE id = ? AND status = 'failed'",
         (photo_id,),
     )
