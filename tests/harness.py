@@ -159,9 +159,16 @@ class ServerProcess:
         return code
 
     def peak_rss_mb(self) -> float:
-        """The kernel's high-water mark of the process's resident memory (VmHWM)."""
-        status = Path(f"/proc/{self.pid}/status").read_text()
-        kb = int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
+        """The kernel's high-water marks of resident memory (VmHWM) of the server and of every process below it
+        (the image children), added up: at least the peak of their sum, never less."""
+        from .hostile import tree_pids  # hostile.py imports this module
+
+        kb = 0
+        for pid in tree_pids(self.pid):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                status = Path(f"/proc/{pid}/status").read_text()
+                found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+                kb += int(found.group(1)) if found else 0
         return kb / 1024
 
     def log_tail(self, lines: int = 60) -> str:

@@ -239,15 +239,12 @@ def derivatives(decode: Callable[[], Decoded], spec: RenderSpec) -> tuple[Decode
     grid = make_grid(view, spec)
     if spec.watermark is not None:
         view = add_watermark(view, spec.watermark)
-        view_jpeg = encode(view, spec)
+    view_jpeg = encode(view, spec)
     return view, view_jpeg, encode(grid, spec)
 
 
 def decode(source: Source, spec: RenderSpec) -> Decoded:
-    """Decode, upright and in RGB, at the smallest JPEG scale that still covers ``spec.view_px``.
-
-    ``checkpoint`` is called before every block the decoder reads (1 MiB for a JPEG, 64 KiB for a PNG), so that
-    a worker's deadline or cancellation lands inside a long decode, not only after it."""
+    """Decode, upright and in RGB, at the smallest JPEG scale that still covers ``spec.view_px``."""
     return _load(source, spec.max_pixels, spec.view_px)
 
 

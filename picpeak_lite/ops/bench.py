@@ -11,8 +11,9 @@ is terminal and prints:
 * per photo 202 -> complete, p50 / p95 (negative: the photo was complete before its request was answered);
 * per photo "own bytes sent -> complete" (the first photo's, and p50 / p95): what a photographer watching the
   gallery fill sees;
-* server CPU per photo (user + system time of the server process, read from /proc, HTTP and processing);
-* the server's peak RSS (VmHWM).
+* server CPU per photo (user + system time of the server process and its children, the image children
+  included, read from /proc: HTTP and processing);
+* the peak RSS of the server and its children together, sampled every 0.1 s.
 
 ``bench/bench_e2e.py`` prints the same figures; it can run the server from another checkout's Python, so a
 "before" and an "after" can be measured in one interleaved run.
@@ -28,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -155,15 +157,27 @@ class Server:
         return self.proc.pid
 
     def cpu_seconds(self) -> float:
-        """User + system time of the server process, all threads."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system time of the server and every process below it, all threads: the live ones' own, and
+        what the ones that ended left in their parent's (cutime, cstime). Image work runs in children."""
+        ticks = 0
+        for pid in _tree(self.pid):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # it ended meanwhile: its time is in its parent's cutime from now on
+            ticks += sum(int(f) for f in fields[11:15])
+        return ticks / os.sysconf("SC_CLK_TCK")
 
-    def peak_rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+    def rss_mb(self) -> float:
+        """The resident memory of the server and every process below it, now."""
+        total = 0
+        for pid in _tree(self.pid):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        return total / 1024
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -263,6 +277,48 @@ def _upload_and_wait(server: Server, groups: list[list[Path]]) -> dict[str, Any]
             "sent_at": sent_at, "cpu": cpu}
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it, as /proc shows them now."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            tasks = list(Path(f"/proc/{current}/task").iterdir())
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                todo.extend(int(child) for child in (task / "children").read_text().split())
+            except FileNotFoundError:
+                continue
+    return found
+
+
+class _PeakRss:
+    """The highest :meth:`Server.rss_mb` seen, sampled every 0.1 s in a thread while the block runs."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> _PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, self.server.rss_mb())
+            if self._stop.wait(0.1):
+                return
+
+
 def _timings(data_dir: Path) -> list[dict[str, Any]]:
     conn = db.connect(data_dir / "picpeak.sqlite3")
     try:
@@ -294,9 +350,10 @@ def measure(server: Server, paths: list[Path]) -> Result:
     """Upload ``paths`` to a new gallery of a running server, wait until each is complete or failed, and give
     the figures of those files alone (rows of earlier uploads to the same server are left out)."""
     groups = batches(paths)
-    measured = _upload_and_wait(server, groups)
+    with _PeakRss(server) as rss:
+        measured = _upload_and_wait(server, groups)
     rows = [r for r in _timings(server.data_dir) if r["upload_id"] in measured["answered"]]
-    return summarise(paths, groups, measured, rows, server.peak_rss_mb())
+    return summarise(paths, groups, measured, rows, rss.peak)
 
 
 def summarise(paths: list[Path], groups: list[list[Path]], measured: dict[str, Any], rows: list[dict[str, Any]],
