@@ -22,6 +22,20 @@ def has_encoder(name: str) -> bool:
     return name in av.codecs_available
 
 
+X265_BFRAME_DELAY = 2  # frames x265 holds back for B-frames with b-pyramid (its default, ultrafast included)
+
+
+def x265_params(count: int) -> str:
+    """libx265's parameters for a clip of ``count`` frames: no B-frames when the clip is too short for them.
+
+    x265 (4.x) works out each packet's DTS as ``pts - m_bframeDelayTime``, a member it sets only when frame number
+    X265_BFRAME_DELAY arrives and never initialises. A clip of 2 frames or fewer therefore gets whatever the heap
+    held as its DTS: 0 in a fresh process (nothing shows), a huge negative number after pytest has churned the
+    heap, and then the MOV muxer refuses the packet ("pts/dts pair unsupported"). Without B-frames x265 has no
+    delay and the DTS is the PTS, the same every time; such a clip has no frame a B-frame could use anyway."""
+    return "log-level=error" if count > X265_BFRAME_DELAY else "log-level=error:bframes=0"
+
+
 def make_clip(path: Path, *, codec: str = "libx264", container: str | None = None, width: int = 320,
               height: int = 240, fps: int = 30, seconds: float = 2.0, frames: int | None = None, rotation: int = 0,
               audio: bool = False, tags: dict[str, str] | None = None, crf: int = 30, gop: int | None = None,
@@ -38,7 +52,7 @@ def make_clip(path: Path, *, codec: str = "libx264", container: str | None = Non
         if codec in ("libx264", "libx265"):
             stream.options = {"crf": str(crf), "preset": "ultrafast"}
             if codec == "libx265":
-                stream.options["x265-params"] = "log-level=error"
+                stream.options["x265-params"] = x265_params(count)
         elif codec == "libvpx-vp9":
             stream.options = {"crf": "40", "b:v": "0", "deadline": "realtime", "cpu-used": "8"}
         if gop is not None:
@@ -234,7 +248,7 @@ def make_hdr_clip(path: Path, transfer: str, *, codec: str = "libx265", width: i
             9, HDR_TRANSFERS[transfer], 9, 1)  # BT.2020, the transfer, BT.2020 NCL, limited range
         stream.options = {"crf": "18", "preset": "ultrafast"}
         if codec == "libx265":
-            stream.options["x265-params"] = "log-level=error"
+            stream.options["x265-params"] = x265_params(count)
         context.gop_size = gop
         for i in range(count):
             frame = av.VideoFrame(width, height, "yuv420p10le")
