@@ -1,7 +1,7 @@
 """The worker pool: N tasks that claim pending photos and turn each into derivatives and metadata.
 
 A worker claims with one guarded statement, renews its lease while it works, and records the result only
-if it still holds the claim (the token). Image work (plan, decode, view, grid, watermark, encode, EXIF) runs in
+if it still holds the claim (the token). Image work (decode, view, grid, watermark, encode, EXIF) runs in
 an image child (``pipeline/imageprocs.py``): a process of its own, at a lower OS priority, so the web server
 keeps its GIL and its core while photos are made. The steps have a deadline (``decode_deadline_seconds``): past
 it the child is killed and the photo fails with :data:`TOO_SLOW`, so no file holds a worker longer. A bad file
@@ -71,10 +71,11 @@ class WorkerPool:
         self.svc = svc
         self.storage = svc.storage
         self.count = count or svc.settings.worker_count
-        self.tasks = self.count + 1  # one more, which has its next photo read when an image thread comes free
+        self.tasks = self.count + 1  # one more, which has its next photo read when an image child comes free
         self.poll_seconds = poll_seconds
         # Image work is CPU-bound: ``count`` children at once, at a lower priority than the web server.
         self.image_limiter = trio.CapacityLimiter(self.count)
+        self.plan_limiter = trio.CapacityLimiter(self.tasks)  # header reads, one per worker task at most
         self.image_processes = ImageProcesses(nice=svc.settings.image_nice, decode_bytes=svc.decode_budget.total)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -102,7 +103,7 @@ class WorkerPool:
                 continue
             backoff = 0.0
             if busy:
-                self.svc.trimmer.freed()  # a decode's small buffers stay in this thread's heap (memory.py)
+                self.svc.trimmer.freed()  # the JPEGs from the child leave pages in this heap (memory.py)
             else:
                 with trio.move_on_after(self.poll_seconds):
                     await wakeup.wait()
@@ -259,8 +260,8 @@ class WorkerPool:
         budget = self.svc.decode_budget
         deadline = self.svc.settings.decode_deadline_seconds
         try:
-            async with self.image_limiter:
-                cost = await self.image_processes.run(imagejobs.plan, path, spec, budget.total)
+            # The header only (the upload read it already): in a thread, not a round trip to a child.
+            cost = await trio.to_thread.run_sync(images.plan, path, spec, budget.total, limiter=self.plan_limiter)
             async with budget.hold(cost), self.image_limiter:  # the deadline counts from when a child is had
                 made = await self.image_processes.run_by(deadline, imagejobs.photo, path, spec)
             if made is None:
