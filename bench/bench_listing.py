@@ -9,7 +9,9 @@ they are processed, and then asks for the listing as a guest (one session cookie
 
 * ``full``: every photo in one page (``limit=200``, the most a page may hold), ``--requests`` times in a row;
 * ``page``: the default first page (60 photos), ``--requests`` times in a row;
-* ``full, concurrent``: ``--concurrency`` clients in threads, each ``--requests / --concurrency`` full pages.
+* ``full, concurrent``: ``--concurrency`` clients in threads, each ``--requests / --concurrency`` full pages;
+* ``thumbnail``: one photo's ``grid_url`` from the listing, ``--requests`` times in a row (for comparison: what
+  a guest's grid asks for after each listing).
 
 For each: p50 / p95 at the client (loopback, one keep-alive connection per client, so HTTP is included) and
 the server process's CPU seconds per request (user + system, all threads, from /proc).
@@ -88,10 +90,10 @@ def run_requests(client: httpx.Client, url: str, params: dict[str, str | int], c
         assert answer.status_code == 200, answer.text[:200]
 
 
-def sequential(server: bench.Server, slug: str, params: dict[str, str | int], count: int) -> str:
+def sequential(server: bench.Server, slug: str, params: dict[str, str | int], count: int, url: str = "") -> str:
     client = guest_client(server, slug)
     try:
-        url = f"/api/g/{slug}/photos"
+        url = url or f"/api/g/{slug}/photos"
         run_requests(client, url, params, 10, [])  # warm up
         samples: list[float] = []
         cpu = server.cpu_seconds()
@@ -163,6 +165,10 @@ def main() -> None:
                   f"{sequential(server, slug, {}, args.requests)}", flush=True)
             print(f"listing: full, {args.concurrency} concurrent clients: "
                   f"{concurrent(server, slug, {'limit': 200}, args.requests, args.concurrency)}", flush=True)
+            with httpx.Client(base_url=server.url, timeout=60) as guest:
+                grid_url = guest.get(f"/api/g/{slug}/photos").json()["photos"][0]["grid_url"]
+            print(f"listing: thumbnail ({grid_url.rsplit('/', 1)[-1]}), {args.requests} sequential: "
+                  f"{sequential(server, slug, {}, args.requests, grid_url)}", flush=True)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
                 spy.wait(timeout=60)
