@@ -7,12 +7,16 @@ Runs ``picpeak-lite serve`` (``picpeak_lite.ops.bench.Server``: a fresh data dir
 and measures, on one published gallery:
 
 * **idle**: ``--guests`` guests each asking for the gallery's listing (``GET /api/g/<slug>/photos``, the page
-  the guest grid scrolls through) every 0.2 s for 5 s: latency p50 / p95 at the client;
+  the guest grid scrolls through) every 0.2 s for 5 s: latency p50 / p95 at the client; after each listing
+  that has photos, a guest also fetches one of their thumbnails (a random photo's ``grid_url``), timed on its
+  own line;
 * **busy**: the same guests while ``--photos`` camera-like photos (``picpeak_lite.media.samples``) are uploaded
   in one request and processed, and an admin WebSocket (``/ws/admin/galleries/<id>``) follows the gallery:
   for each photo, the time from its row's ``completed_at`` (the commit, written by the server's clock) to the
   arrival of its ``photo`` message with status ``complete`` at the client (p50 / p95 / max), and the guests'
-  latency meanwhile.
+  latency meanwhile (listing and thumbnails);
+* **settled**: the guests again for 5 s once every photo is processed, so the idle thumbnail line has photos
+  to fetch (the idle phase's gallery is still empty): listing and thumbnail latency.
 
 Targets (issue 18): live push p95 < 50 ms, guest listing p95 < 100 ms while busy and < 50 ms idle.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -52,7 +57,8 @@ def quantiles(values: list[float]) -> str:
     return f"p50={statistics.median(ms):.0f}ms p95={p95:.0f}ms max={ms[-1]:.0f}ms n={len(ms)}"
 
 
-async def guests_poll(url: str, slug: str, guests: int, latencies: list[float], stop: trio.Event) -> None:
+async def guests_poll(url: str, slug: str, guests: int, latencies: list[float], thumbnails: list[float],
+                      stop: trio.Event) -> None:
     async def guest(client: httpx.AsyncClient) -> None:
         async with client:
             while not stop.is_set():
@@ -60,6 +66,12 @@ async def guests_poll(url: str, slug: str, guests: int, latencies: list[float], 
                 answer = await client.get(f"/api/g/{slug}/photos")
                 latencies.append(time.perf_counter() - began)
                 assert answer.status_code == 200, answer.text[:200]
+                photos = answer.json()["photos"]
+                if photos:
+                    began = time.perf_counter()
+                    image = await client.get(random.choice(photos)["grid_url"])
+                    thumbnails.append(time.perf_counter() - began)
+                    assert image.status_code == 200 and image.content, image.status_code
                 with trio.move_on_after(POLL_SECONDS):
                     await stop.wait()
 
@@ -86,12 +98,14 @@ async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
         answer = await api.post(f"/api/admin/galleries/{gallery['id']}/publish")
         assert answer.status_code == 200, answer.text
         idle: list[float] = []
+        idle_thumbnails: list[float] = []  # stays empty: the gallery has no photos yet
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(guests_poll, server.url, gallery["slug"], guests, idle, stop)
+            nursery.start_soon(guests_poll, server.url, gallery["slug"], guests, idle, idle_thumbnails, stop)
             await trio.sleep(IDLE_SECONDS)
             stop.set()
         busy: list[float] = []
+        busy_thumbnails: list[float] = []
         received: dict[int, float] = {}
         stop = trio.Event()
         ws_url = server.url.replace("http://", "ws://") + f"/ws/admin/galleries/{gallery['id']}"
@@ -107,7 +121,7 @@ async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
                 stop.set()
 
             await nursery.start(follow)
-            nursery.start_soon(guests_poll, server.url, gallery["slug"], guests, busy, stop)
+            nursery.start_soon(guests_poll, server.url, gallery["slug"], guests, busy, busy_thumbnails, stop)
             sent_at: dict[str, float] = {}
             answer = await api.post(
                 f"/api/admin/galleries/{gallery['id']}/upload", content=body(paths, sent_at),
@@ -116,6 +130,13 @@ async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
             assert answer.status_code == 202, answer.text[:300]
             with trio.fail_after(600):
                 await stop.wait()
+        settled: list[float] = []
+        settled_thumbnails: list[float] = []
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(guests_poll, server.url, gallery["slug"], guests, settled, settled_thumbnails, stop)
+            await trio.sleep(IDLE_SECONDS)
+            stop.set()
     conn = db.connect(server.data_dir / "picpeak.sqlite3")
     try:
         with db.transaction(conn, immediate=False):
@@ -125,6 +146,9 @@ async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
     push = [received[r["id"]] - r["completed_at"] for r in rows if r["id"] in received and r["completed_at"]]
     print(f"responsive: photos={len(paths)} guests={guests} guest_listing_idle {quantiles(idle)}", flush=True)
     print(f"responsive: guest_listing_busy {quantiles(busy)}", flush=True)
+    print(f"responsive: guest_thumbnail_idle {quantiles(settled_thumbnails)} (after processing, "
+          f"{len(paths)} photos listed); guest_thumbnail_busy {quantiles(busy_thumbnails)}", flush=True)
+    print(f"responsive: guest_listing_settled {quantiles(settled)} (idle, {len(paths)} photos listed)", flush=True)
     print(f"responsive: live_push_complete_to_client {quantiles(push)} (targets: push p95 < 50 ms, listing p95 "
           f"< 100 ms busy, < 50 ms idle)", flush=True)
 

@@ -38,6 +38,7 @@ COLUMNS = (
     "id, display_name, width, height, taken_at, camera_make, camera_model, lens, focal_length, aperture, "
     "exposure, iso, format, size, created_at, media_type, duration, preview_status, video_codec"
 )
+COLUMN_NAMES = tuple(name.strip() for name in COLUMNS.split(","))
 
 
 class BadCursor(ValueError):
