@@ -12,14 +12,16 @@ Callers make their access checks first and call this last, so a URL is only ever
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
+import zlib
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
 import trio
-from quart import Response, request, send_file
+from quart import Response, current_app, request, send_file
 from quart.wrappers.response import ResponseBody
 from werkzeug.http import http_date, parse_range_header
 
@@ -38,18 +40,46 @@ FILE_CHUNK_BYTES = 256 * 1024
 
 
 async def send_path(path: Any, mimetype: str) -> Response:
-    """``send_file`` with ETag/conditional support and large read steps."""
-    response = await send_file(path, mimetype=mimetype, conditional=True)
-    if hasattr(response.response, "buffer_size"):
-        response.response.buffer_size = FILE_CHUNK_BYTES
+    """``send_file`` with ETag/conditional support and large read steps.
+
+    A file of at most one read step (every grid and view image) is read whole in one thread hop and sent from
+    memory with the headers ``send_file`` gives (ETag, Last-Modified, public caching, ranges): ``send_file``
+    took four hops for it (open, read, the read that finds the end, close), and with 20 guests browsing those
+    hops were a fifth of the server's CPU per thumbnail (measured).
+    """
+    small = await trio.to_thread.run_sync(_read_if_small, Path(path), limiter=read_limiter())
+    if small is None:
+        response = await send_file(path, mimetype=mimetype, conditional=True)
+        if hasattr(response.response, "buffer_size"):
+            response.response.buffer_size = FILE_CHUNK_BYTES
+        return response
+    data, mtime = small
+    response = Response(data, mimetype=mimetype)
+    response.last_modified = dt.datetime.fromtimestamp(mtime, dt.UTC)
+    response.cache_control.public = True
+    max_age = current_app.get_send_file_max_age(str(path))
+    if max_age is not None:
+        response.cache_control.max_age = max_age
+        response.expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max_age)
+    response.set_etag(f"{mtime}-{len(data)}-{zlib.adler32(bytes(Path(path)))}")  # send_file's form
+    await response.make_conditional(request, accept_ranges=True, complete_length=len(data))
     return response
+
+
+def _read_if_small(path: Path) -> tuple[bytes, float] | None:
+    """(the bytes, the mtime) of a file of at most FILE_CHUNK_BYTES; None for a larger one."""
+    with open(path, "rb") as file:
+        info = os.fstat(file.fileno())
+        if info.st_size > FILE_CHUNK_BYTES:
+            return None
+        return file.read(), info.st_mtime
 
 
 _READ_LIMITER = PerRun("picpeak_storage_reads", lambda: trio.CapacityLimiter(16))
 
 
 def read_limiter() -> trio.CapacityLimiter:
-    """The threads that read objects from a bucket for responses: one limiter per trio run."""
+    """The threads that read stored files and bucket objects for responses: one limiter per trio run."""
     return _READ_LIMITER.get()
 
 
