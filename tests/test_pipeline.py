@@ -621,8 +621,8 @@ async def test_a_scan_bomb_an_older_check_let_in_fails_with_its_sentence(service
 
 async def test_a_photo_past_its_decode_deadline_fails_and_is_tried_again_on_retry(tmp_path: Path,
                                                                                   autojump_clock: Any) -> None:
-    """On trio's virtual clock the deadline passes as soon as the event loop waits for the image thread; the
-    decode (a scan bomb at the limit, seconds of real work in one block) is stopped at its next checkpoint and
+    """On trio's virtual clock the deadline passes as soon as the event loop waits for the image child; the
+    decode (a scan bomb at the limit, seconds of real work in one block) is stopped by killing the child, and
     the photo fails with the deadline's sentence. A retry runs it again (a fresh attempt, which fails the same way)."""
     with own_services(tmp_path, decode_deadline_seconds=1) as svc:
         svc.clock = trio.current_time

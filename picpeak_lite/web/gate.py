@@ -38,7 +38,7 @@ CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 CAPACITY_PAUSE = 0.1
 REPORT_EVERY = 10.0
 # Descriptors kept free of connections: the database (a few per connection, WAL and shm), files being
-# uploaded or sent, the image threads' reads, the video children's pipes, log files. At least this many, or
+# uploaded or sent, the workers' reads, the image and video children's pipes, log files. At least this many, or
 # an eighth of the limit when that is more.
 RESERVED_FDS = 96
 # A limit that leaves fewer connections than this is too small to serve anyone properly; the plan keeps at
