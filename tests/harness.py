@@ -175,9 +175,29 @@ class ServerProcess:
         return "".join(list(self.output)[-lines:])
 
     def tracebacks(self) -> list[str]:
-        """Each traceback the server printed, with the 40 lines that follow it (the frames and the error)."""
+        """Each traceback the server printed, with the 40 lines that follow it (the frames and the error).
+
+        Left out: an image child that the server was starting when it was killed (``kill -9``) finds its start-up
+        data never written and multiprocessing prints an EOFError from ``spawn_main`` (the child shares the
+        server's stderr). That is the kill's doing, and the only traceback a child prints itself: its jobs'
+        errors go back to the server through the pipe."""
         lines = list(self.output)
-        return ["".join(lines[i:i + 40]) for i, line in enumerate(lines) if "Traceback" in line]
+        found = []
+        for i, line in enumerate(lines):
+            if "Traceback" not in line:
+                continue
+            text = "".join(lines[i:i + 40])
+            if _orphaned_spawn(lines[i:i + 10]):
+                continue
+            found.append(text)
+        return found
+
+
+def _orphaned_spawn(head: list[str]) -> bool:
+    """The first lines of a traceback: multiprocessing's spawn_main reading start-up data that never came."""
+    text = "".join(head)
+    return "multiprocessing/spawn.py" in text and "preparation_data = reduction.pickle.load(from_parent)" in text \
+        and "EOFError: Ran out of input" in text
 
 
 # --- webhooks ----------------------------------------------------------------------------------------------

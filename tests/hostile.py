@@ -94,6 +94,14 @@ def tree_rss_mb(pid: int) -> float:
     return sum(rss_kb(p) for p in tree_pids(pid)) / 1024
 
 
+def _is_media_child(pid: int) -> bool:
+    """A video child (``python -m picpeak_lite.media.video ...``, pipeline/video_jobs.py)."""
+    try:
+        return b"picpeak_lite.media.video" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 @dataclass
 class Watch:
     """One attack's figures; see the module docstring."""
@@ -102,7 +110,7 @@ class Watch:
     name: str
     budget_mb: int = 256
     peak_mb: float = 0.0
-    children_peak: int = 0
+    media_children_peak: int = 0  # video children at once (image children are a fixed pool, not counted)
     health_ms: list[float] = field(default_factory=list)
     health_failed: list[str] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)
@@ -119,7 +127,8 @@ class Watch:
 
     def sample(self) -> None:
         pids = tree_pids(self.server.pid)
-        self.children_peak = max(self.children_peak, len(pids) - 1)
+        media = sum(1 for pid in pids[1:] if _is_media_child(pid))
+        self.media_children_peak = max(self.media_children_peak, media)
         self.peak_mb = max(self.peak_mb, sum(rss_kb(p) for p in pids) / 1024)
 
     @contextlib.asynccontextmanager
@@ -162,7 +171,7 @@ class Watch:
         self.extra.update(more)
         words = [f"hostile {self.name}:", f"seconds={self.seconds:.1f}",
                  f"peak_rss_mb={self.peak_mb:.0f}", f"peak_limit_mb={self.budget_mb + RSS_MARGIN_MB}",
-                 f"children_peak={self.children_peak}",
+                 f"media_children_peak={self.media_children_peak}",
                  f"healthz_p95_ms={percentile(self.health_ms, 0.95):.0f}",
                  f"healthz_max_ms={max(self.health_ms, default=0):.0f}",
                  f"healthz_answered={len(self.health_ms)}", f"healthz_failed={len(self.health_failed)}",

@@ -106,7 +106,7 @@ async def test_tiny_videos_with_a_giant_index_wait_their_turn_and_are_refused(
         assert refusals == {name: video.INDEX_CLAIMS.format(count=10_000_000, size=size)
                             for name, size in sizes.items()}
         assert sorted(p["media_type"] for p in complete) == ["photo", "video"] and lost == 0, photos
-        assert watch.children_peak <= MEDIA_CHILDREN + 1  # +1: /proc is read thread by thread, not at once
+        assert watch.media_children_peak <= MEDIA_CHILDREN + 1  # +1: /proc is read thread by thread, not at once
     finally:
         server.kill()
 

@@ -76,6 +76,10 @@ def run(limits: Limits, fn: Callable[..., T], *args: Any) -> T:
             _trimmed_at = time.monotonic()
 
 
+def ready() -> None:
+    """The empty job :meth:`ImageProcesses.warm` starts a child with (importing this module loaded Pillow)."""
+
+
 def photo(path: Path, spec: images.RenderSpec) -> tuple[bytes, bytes, dict[str, Any]]:
     """(view JPEG, grid JPEG, the columns for ``claims.complete``) of a photo."""
     view, view_jpeg, grid_jpeg = images.derivatives(functools.partial(images.decode, path, spec), spec)

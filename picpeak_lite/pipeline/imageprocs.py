@@ -10,8 +10,9 @@ stopped by killing its child, at once, not at its next checkpoint.
 That wall is what lets the janitor treat the server's own death (``kill -9``, a power cut, a loaded machine
 restarted) as nobody's fault (``transitions.requeue_expired``): nothing a photo contains runs in the server.
 
-The children are trio-parallel's default context: spawned when work comes, kept for ten idle minutes and reused
-(a start costs 0.3-0.7 s of a core: Python and Pillow), and ended with this process (their pipe closes). How
+The children are trio-parallel's default context: started with the worker pool (:meth:`ImageProcesses.warm`, in
+the background) and when work comes, kept for ten idle minutes and reused (a start costs 0.3-0.7 s of a core:
+Python and Pillow), and ended with this process (their pipe closes). How
 many run at once is the caller's limiter (the worker pool's ``workers``); each job carries the child's limits
 (``imagejobs.Limits``). SIGINT and SIGTERM are ignored in the children: a stop is the server's to carry out (it
 drains, then cancels, which kills a child still working), so a signal to the whole process group never fails a
@@ -20,6 +21,7 @@ photo as a crash.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -29,6 +31,7 @@ import trio_parallel
 
 from picpeak_lite.pipeline import imagejobs
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 MB = 1024 * 1024
 # What a child maps before any photo: Python, Pillow, libheif and their libraries (76 MB measured), with room.
@@ -63,6 +66,17 @@ class ImageProcesses:
         except trio_parallel.BrokenWorkerError as error:
             raise ChildCrashed("The image decoder stopped while reading this file; it may be damaged.",
                                _describe(error)) from None
+
+    async def warm(self, count: int) -> None:
+        """Start ``count`` children now (each runs one empty job), so that the first photo does not wait for a
+        start (0.3-0.7 s of a core each: Python and Pillow). Run in the background by the worker pool; a child
+        that fails to start is only logged, and started again by the first photo that needs it."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(count):
+                    nursery.start_soon(self.run, imagejobs.ready)
+        except* ChildCrashed as crashed:
+            log.warning("an image child did not start: %s", crashed.exceptions[0])
 
     async def run_by(self, deadline: float, fn: Callable[..., T], *args: Any) -> T | None:
         """:meth:`run`, or None when it took longer than ``deadline`` seconds (the child was killed)."""

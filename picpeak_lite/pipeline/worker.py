@@ -80,6 +80,7 @@ class WorkerPool:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.image_processes.warm, self.count)  # the first photo then finds them ready
             for index in range(self.tasks):
                 await nursery.start(self._work, index)
             task_status.started()
