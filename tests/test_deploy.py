@@ -116,6 +116,50 @@ def test_proxy_snippets_match_the_deploy_config() -> None:
     assert re.search(r"map \$http_upgrade \$connection_upgrade", nginx)
 
 
+def _nginx() -> str | None:
+    # Debian puts it in /usr/sbin, which a non-root user's PATH may lack.
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
+                                          if os.access(p, os.X_OK)), None)
+
+
+def test_the_nginx_snippet_passes_nginx_t(tmp_path: Path) -> None:
+    """Issue 35 #1: the snippet used "http2 on;" (nginx 1.25.1+), which Debian 12's nginx 1.22 refuses, and had no
+    port-80 redirect. Here Debian's nginx (in .ci/apt-packages) checks it, inside a minimal nginx.conf whose
+    certificate is a self-signed one made for the test; nothing is started."""
+    nginx = _nginx()
+    if nginx is None:
+        pytest.skip("no nginx binary (CI installs Debian's: .ci/apt-packages)")
+    key, cert = tmp_path / "privkey.pem", tmp_path / "fullchain.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=photos.example.com", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=120)
+    snippet = (DEPLOY / "nginx.conf").read_text()
+    snippet = snippet.replace("/etc/letsencrypt/live/photos.example.com/fullchain.pem", str(cert))
+    snippet = snippet.replace("/etc/letsencrypt/live/photos.example.com/privkey.pem", str(key))
+    assert str(cert) in snippet and str(key) in snippet
+    (tmp_path / "picpeak.conf").write_text(snippet)
+    temp = "\n".join(f"    {name}_temp_path {tmp_path / name};" for name in ("client_body", "proxy", "fastcgi",
+                                                                              "uwsgi", "scgi"))
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path / 'nginx.pid'};\nerror_log {tmp_path / 'error.log'};\nevents {{}}\nhttp {{\n"
+        f"    access_log off;\n{temp}\n    include {tmp_path / 'picpeak.conf'};\n}}\n")
+    result = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"),
+                             "-g", f"error_log {tmp_path / 'error.log'};"],
+                            capture_output=True, text=True, timeout=60)
+    print(result.stderr)
+    assert result.returncode == 0, result.stderr
+    assert "syntax is ok" in result.stderr and "[warn]" not in result.stderr and "[emerg]" not in result.stderr
+    # Plain HTTP is only a redirect to HTTPS, for the same name.
+    redirect = re.search(r"server \{\s*listen 80;\s*server_name ([^;]+);\s*return 301 https://\$host\$request_uri;",
+                         snippet)
+    assert redirect and redirect.group(1) == re.search(r"listen 443 ssl http2;\s*server_name ([^;]+);",
+                                                       snippet).group(1)  # type: ignore[union-attr]
+
+
+def test_ci_installs_nginx_for_the_snippet_check() -> None:
+    assert "nginx" in (ROOT / ".ci" / "apt-packages").read_text().split()
+
+
 def _dockerfile() -> list[tuple[str, str]]:
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
     return [(line.split(None, 1)[0], line.split(None, 1)[1]) for line in text.splitlines()
