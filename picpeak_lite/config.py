@@ -33,7 +33,7 @@ class WebhookEndpoint:
     """One receiver of webhooks, from a ``[[webhooks]]`` table."""
 
     url: str
-    secret: str
+    secret: str = field(repr=False)  # never in a printed Settings (logs, error reports)
     events: tuple[str, ...] = WEBHOOK_EVENTS
 
 
@@ -210,7 +210,7 @@ def _check_webhook_targets(settings: Settings) -> None:
         try:
             check_target_offline(endpoint.url, settings.webhook_allow_private)
         except TargetRefused as error:
-            raise ConfigError(f"webhook {endpoint.url!r} is refused: {error}") from None
+            raise ConfigError(f"webhook {_without_userinfo(endpoint.url)!r} is refused: {error}") from None
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -247,9 +247,9 @@ _NOT_SETTINGS = {"PICPEAK_ADMIN_PASSWORD", "PICPEAK_CONFIG", "PICPEAK_DEBUG_LAG_
 
 def _convert(key: str, value: Any) -> Any:
     kind = FIELDS[key].type
+    if key == "webhooks":
+        return _convert_webhooks(value)  # its own errors: the generic "(got ...)" would print the secrets
     try:
-        if key == "webhooks":
-            return _convert_webhooks(value)
         if kind == "bool":
             if isinstance(value, bool):
                 return value
@@ -295,26 +295,41 @@ def _convert(key: str, value: Any) -> Any:
 
 
 def _convert_webhooks(value: Any) -> tuple[WebhookEndpoint, ...]:
+    """The ``[[webhooks]]`` tables. A refusal names the table by its position and URL and says the rule; it
+    never repeats the table's values, because one of them is the secret (config errors are printed to the
+    terminal and the journal)."""
     if not isinstance(value, list):
-        raise ValueError("expected [[webhooks]] tables")
+        raise ConfigError("setting 'webhooks': expected [[webhooks]] tables")
     endpoints = []
-    for item in value:
+    for number, item in enumerate(value, start=1):
         if not isinstance(item, dict):
-            raise ValueError("expected [[webhooks]] tables")
+            raise ConfigError(f"[[webhooks]] table {number}: expected a table with url, secret and events")
+        url, secret = item.get("url"), item.get("secret")
+        which = f"[[webhooks]] table {number}" + (f" ({_without_userinfo(url)})" if isinstance(url, str) else "")
         unknown = set(item) - {"url", "secret", "events"}
         if unknown:
-            raise ValueError(f"unknown key {sorted(unknown)[0]!r} in a [[webhooks]] table")
-        url, secret = item.get("url"), item.get("secret")
+            raise ConfigError(f"{which}: unknown key {sorted(unknown)[0]!r}")
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError("each webhook needs an http(s) url")
+            raise ConfigError(f"{which}: each webhook needs an http(s) url")
         if not isinstance(secret, str) or len(secret) < 16:
-            raise ValueError("each webhook needs a secret of at least 16 characters")
-        events = tuple(item.get("events", WEBHOOK_EVENTS))
+            raise ConfigError(f"{which}: each webhook needs a secret of at least 16 characters")
+        events = item.get("events", WEBHOOK_EVENTS)
+        if not isinstance(events, list | tuple) or not all(isinstance(e, str) for e in events):
+            raise ConfigError(f"{which}: events must be a list of event names")
         bad = [e for e in events if e not in WEBHOOK_EVENTS]
         if bad:
-            raise ValueError(f"unknown webhook event {bad[0]!r}")
-        endpoints.append(WebhookEndpoint(url=url, secret=secret, events=events))
+            raise ConfigError(f"{which}: unknown webhook event {bad[0]!r}")
+        endpoints.append(WebhookEndpoint(url=url, secret=secret, events=tuple(events)))
     return tuple(endpoints)
+
+
+def _without_userinfo(url: str) -> str:
+    """A URL as it may be printed: a password in it (``https://user:pass@host/``) is left out."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
 
 
 def _validate(s: Settings) -> None:

@@ -6,7 +6,8 @@ thread (``first_start``: data directory, schema, admin account, database connect
 for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed, activity counters),
 starts each with ``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with
 hypercorn's serve loop (``_serve_gated``: the same, with the connection gate of ``web/gate.py`` on the listener).
-On SIGINT/SIGTERM (or ``RunningServer.stop()``) hypercorn stops accepting, in-flight requests get
+On SIGINT/SIGTERM (or ``RunningServer.stop()``) the live pages' WebSockets are closed first (1001 going away:
+``web/limits.py`` ``LiveFeeds``; the pages reconnect later), then hypercorn stops accepting, in-flight requests get
 ``shutdown_grace_seconds`` to finish, then the background tasks are cancelled (workers hand their photos back)
 and the database is closed cleanly.
 """
@@ -223,8 +224,19 @@ async def _serve(
     log.info("%s", connection_plan.describe())
     connections = gate.Gate(connection_plan, uncapped=trusted_set(settings.trusted_proxies))
     async with trio.open_nursery() as nursery:
+        feeds = app.extensions["picpeak_limits"].feeds
+
+        async def close_feeds_then_drain() -> None:
+            # The live pages' WebSockets never end by themselves: closed first (1001, live.js reconnects later),
+            # the drain that follows waits only for real requests (issue 35 #19).
+            await shutdown.wait()
+            started = trio.current_time()
+            was_open, still_open = await feeds.close_all(config.graceful_timeout)
+            log.info("shutdown: closed %d live feed(s) with 1001 going away in %.3f s%s", was_open - still_open,
+                     trio.current_time() - started, f"; {still_open} did not end" if still_open else "")
+
         binds = await nursery.start(functools.partial(_serve_gated, app, config, connections,
-                                                      shutdown_trigger=shutdown.wait))
+                                                      shutdown_trigger=close_feeds_then_drain))
         # The real bind URL (port 0 resolved) is the fallback of share links; say once how they are made.
         if binds:
             svc.bind_url = binds[0]
@@ -274,7 +286,14 @@ async def _serve_gated(
                     raise others from None
             finally:
                 await context.terminated.set()
-                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+                drain_started = trio.current_time()
+                server_nursery.cancel_scope.deadline = drain_started + config.graceful_timeout
+        if server_nursery.cancel_scope.cancel_called:
+            log.warning("shutdown: the %g s grace period ran out; the connections still open were cut",
+                        config.graceful_timeout)
+        else:
+            log.info("shutdown: every connection ended in %.3f s, within the %g s grace period",
+                     trio.current_time() - drain_started, config.graceful_timeout)
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
 

@@ -62,6 +62,9 @@
         if (handlers.onDisconnect) handlers.onDisconnect(event.code);
         if (event.code === 1000 || event.code === 4404) { finish(); return; }
         if (!opened) failures += 1;
+        // 1001 "going away": the server is stopping (a restart); reconnect later, from a second or two on, and
+        // resume with ?since= as after any drop. It is no failure of WebSockets (no step towards polling).
+        if (event.code === 1001) { schedule(open, 1000 + Math.random() * 1000); return; }
         schedule(open, backoff());
       };
     }

@@ -137,7 +137,10 @@
   async function load() {
     const answer = await window.PicpeakHttp.json(body.dataset.photosUrl);
     if (!answer.ok) {
-      if ([403, 404, 410].includes(answer.status)) setState(answer.data.error || "This wall is closed.");
+      // Refused (the gallery expired or was unpublished, or the link was replaced or removed while the wall
+      // ran): the page is loaded again, so the screen answers as the gallery page does (the expired page with
+      // the photographer's contact, ...) instead of "Reconnecting…" over the last photos for ever.
+      if ([403, 404, 410].includes(answer.status)) window.location.reload();
       return;
     }
     const listed = new Set(answer.data.photos.map((p) => p.id));
@@ -158,7 +161,7 @@
     onResync: () => load(),
     onDisconnect: (code) => {
       setState("Reconnecting…");
-      if (code === 4403) load();  // the link was replaced or removed: say so
+      if (code === 4403) load();  // no longer allowed (expired, unpublished, the link replaced): say why
     },
   });
   load();

@@ -244,3 +244,17 @@ def test_bad_numbers_in_the_environment_are_a_sentence(tmp_path: Path, name: str
     result = run_cli("serve", env={name: value}, cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == f"picpeak-lite: error: {message}"
+
+
+def test_short_webhook_secret_error_names_the_endpoint_not_the_secret(tmp_path: Path) -> None:
+    """Issue 35 #3, as the user sees it: one line naming the [[webhooks]] table and the rule, no secret."""
+    config = tmp_path / "picpeak.toml"
+    config.write_text("[[webhooks]]\nurl = 'https://user:pw@hooks.example.com/in'\nsecret = 'short-s3cret'\n")
+    result = run_cli("serve", "--port", "0", "--config", str(config), "--data-dir", str(tmp_path / "data"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "picpeak-lite: error: [[webhooks]] table 1 (https://hooks.example.com/in): each webhook needs a secret "
+        "of at least 16 characters"
+    )
+    assert "short-s3cret" not in result.stderr + result.stdout
+    assert "pw@" not in result.stderr

@@ -124,3 +124,27 @@ def test_split_host_reads_host_and_port() -> None:
     for bad in ("", "a b", "x:", "x:65536", "x:-1", "[::1]x", "[::1", "[x]:1", "a/b", "a@b", "a:1:2", "-a"):
         with pytest.raises(ValueError):
             split_host(bad)
+
+
+def test_short_webhook_secret_is_named_by_its_endpoint_never_printed(tmp_path: Path) -> None:
+    """Issue 35 #3: the error used to end in "(got [{'url': ..., 'secret': 'tooshort-s3cret'}])", the secret
+    on the terminal and in the journal. It names the table by position and URL, and the rule."""
+    config = tmp_path / "picpeak.toml"
+    config.write_text(
+        "[[webhooks]]\nurl = 'https://hooks.example.com/ok'\nsecret = 'a-long-enough-secret-1'\n"
+        "[[webhooks]]\nurl = 'https://hooks.example.com/short'\nsecret = 'tooshort-s3cret'\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, environ={})
+    message = str(caught.value)
+    assert message == ("[[webhooks]] table 2 (https://hooks.example.com/short): each webhook needs a secret of "
+                       "at least 16 characters")
+    assert "tooshort-s3cret" not in message and "a-long-enough-secret-1" not in message
+
+
+def test_a_loaded_webhook_secret_is_not_in_the_settings_repr(tmp_path: Path) -> None:
+    config = tmp_path / "picpeak.toml"
+    config.write_text("[[webhooks]]\nurl = 'https://hooks.example.com/x'\nsecret = 'the-real-secret-value'\n")
+    settings = load_settings(config, environ={})
+    assert settings.webhooks[0].secret == "the-real-secret-value"
+    assert "the-real-secret-value" not in repr(settings)

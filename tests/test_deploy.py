@@ -15,6 +15,7 @@ import sys
 import tomllib
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,10 +28,7 @@ SCRIPT = next(iter(PYPROJECT["project"]["scripts"]))  # picpeak-lite
 
 
 def unit_exec_start() -> list[str]:
-    unit = configparser.ConfigParser(interpolation=None, strict=False)
-    unit.optionxform = str  # type: ignore[assignment,method-assign]
-    unit.read(DEPLOY / "picpeak-lite.service")
-    return shlex.split(unit["Service"]["ExecStart"])
+    return shlex.split(_unit_service()["ExecStart"])
 
 
 def test_pyproject_lists_every_package_and_maps_templates_and_static() -> None:
@@ -114,6 +112,149 @@ def test_proxy_snippets_match_the_deploy_config() -> None:
                      "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for"):
         assert expected in directives, expected
     assert re.search(r"map \$http_upgrade \$connection_upgrade", nginx)
+
+
+def _nginx() -> str | None:
+    # Debian puts it in /usr/sbin, which a non-root user's PATH may lack.
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
+                                          if os.access(p, os.X_OK)), None)
+
+
+def test_the_nginx_snippet_passes_nginx_t(tmp_path: Path) -> None:
+    """Issue 35 #1: the snippet used "http2 on;" (nginx 1.25.1+), which Debian 12's nginx 1.22 refuses, and had no
+    port-80 redirect. Here Debian's nginx (in .ci/apt-packages) checks it, inside a minimal nginx.conf whose
+    certificate is a self-signed one made for the test; nothing is started."""
+    nginx = _nginx()
+    if nginx is None:
+        pytest.skip("no nginx binary (CI installs Debian's: .ci/apt-packages)")
+    key, cert = tmp_path / "privkey.pem", tmp_path / "fullchain.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=photos.example.com", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=120)
+    snippet = (DEPLOY / "nginx.conf").read_text()
+    snippet = snippet.replace("/etc/letsencrypt/live/photos.example.com/fullchain.pem", str(cert))
+    snippet = snippet.replace("/etc/letsencrypt/live/photos.example.com/privkey.pem", str(key))
+    assert str(cert) in snippet and str(key) in snippet
+    (tmp_path / "picpeak.conf").write_text(snippet)
+    temp = "\n".join(f"    {name}_temp_path {tmp_path / name};" for name in ("client_body", "proxy", "fastcgi",
+                                                                              "uwsgi", "scgi"))
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path / 'nginx.pid'};\nerror_log {tmp_path / 'error.log'};\nevents {{}}\nhttp {{\n"
+        f"    access_log off;\n{temp}\n    include {tmp_path / 'picpeak.conf'};\n}}\n")
+    result = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"),
+                             "-g", f"error_log {tmp_path / 'error.log'};"],
+                            capture_output=True, text=True, timeout=60)
+    print(result.stderr)
+    assert result.returncode == 0, result.stderr
+    assert "syntax is ok" in result.stderr and "[warn]" not in result.stderr and "[emerg]" not in result.stderr
+    # Plain HTTP is only a redirect to HTTPS, for the same name.
+    redirect = re.search(r"server \{\s*listen 80;\s*server_name ([^;]+);\s*return 301 https://\$host\$request_uri;",
+                         snippet)
+    assert redirect and redirect.group(1) == re.search(r"listen 443 ssl http2;\s*server_name ([^;]+);",
+                                                       snippet).group(1)  # type: ignore[union-attr]
+
+
+def test_ci_installs_nginx_for_the_snippet_check() -> None:
+    assert "nginx" in (ROOT / ".ci" / "apt-packages").read_text().split()
+
+
+def _unit_service() -> configparser.SectionProxy:
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(DEPLOY / "picpeak-lite.service")
+    return unit["Service"]
+
+
+def readme_deploy_commands() -> list[list[str]]:
+    """The README's deploy block as commands in order: one per line or ``&&`` step, comments and ``sudo`` off."""
+    section = (ROOT / "README.md").read_text().split("## Deploying", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = []
+    for line in block.splitlines():
+        for step in line.split("#", 1)[0].split("&&"):
+            words = shlex.split(step)
+            if words and words[0] == "sudo":
+                words = words[1:]
+            if words:
+                commands.append(words)
+    return commands
+
+
+def test_the_readmes_deploy_steps_work_in_their_order(tmp_path: Path) -> None:
+    """Issue 35 #2: the README's steps, in order, on a clean Debian machine. systemd cannot run here, so what
+    each step needs from the ones before is checked: the service user before its data directory, the data
+    directory (owned by that user: useradd --system makes no home, and systemd makes StateDirectory only at the
+    first start) before the password is set in it, the password before ``enable --now`` starts the server;
+    every picpeak-lite command and flag exists in our CLI; and the set-password step is run with its own flags
+    (paths moved into tmp_path), after which the unit's ExecStart starts without generating a password."""
+    from picpeak_lite.cli import cli
+
+    service = _unit_service()
+    state_dir = "/var/lib/" + service["StateDirectory"]
+    user, group = service["User"], service["Group"]
+    commands = readme_deploy_commands()
+
+    def index(predicate: Any, what: str) -> int:
+        found = [i for i, words in enumerate(commands) if predicate(words)]
+        assert found, f"the README's deploy block has no step that {what}"
+        return found[0]
+
+    adds_user = index(lambda w: w[0] == "useradd" and w[-1] == user, f"creates the user {user}")
+    assert commands[adds_user][commands[adds_user].index("--home-dir") + 1] == state_dir
+    makes_dir = index(lambda w: w[:2] == ["install", "-d"] and w[-1] == state_dir, f"makes {state_dir}")
+    assert commands[makes_dir][commands[makes_dir].index("-o") + 1] == user
+    assert commands[makes_dir][commands[makes_dir].index("-g") + 1] == group
+    sets_password = index(lambda w: "set-password" in w, "sets the admin password")
+    assert commands[sets_password][:3] == ["-u", user, unit_exec_start()[0]]  # as the service's user
+    installs_unit = index(lambda w: w[0] == "cp" and w[-1] == "/etc/systemd/system/", "installs the unit")
+    starts = index(lambda w: w[:3] == ["systemctl", "enable", "--now"], "enables and starts the unit")
+    assert adds_user < makes_dir < sets_password < starts and installs_unit < starts
+
+    exec_start = unit_exec_start()
+    for words in commands:
+        at = next((i for i, word in enumerate(words) if word.endswith(f"/bin/{SCRIPT}")), None)
+        if at is None:
+            continue
+        argv = words[at + 1:]
+        command: Any = cli
+        while argv and not argv[0].startswith("-"):
+            assert argv[0] in command.commands, f"{SCRIPT} has no command {' '.join(words)}"
+            command = command.commands[argv.pop(0)]
+        options = {opt for param in command.params for opt in param.opts}
+        flags = [word for word in argv if word.startswith("--")]
+        assert set(flags) <= options, f"{' '.join(words)}: unknown flags {set(flags) - options}"
+        # The same config and data directory as the unit's ExecStart.
+        for flag in ("--config", "--data-dir"):
+            assert argv[argv.index(flag) + 1] == exec_start[exec_start.index(flag) + 1], flag
+
+    # The set-password step as written (its paths in tmp_path), on the directory made as the README makes it.
+    config = tmp_path / "etc" / "picpeak.toml"
+    config.parent.mkdir()
+    shutil.copy(DEPLOY / "picpeak.toml", config)
+    state = tmp_path / "var"
+    state.mkdir()
+
+    def moved(args: list[str]) -> list[str]:
+        return [a.replace("/etc/picpeak/picpeak.toml", str(config)).replace(state_dir, str(state)) for a in args]
+
+    step = commands[sets_password]
+    args = moved(step[step.index("admin"):])
+    done = subprocess.run([sys.executable, "-m", "picpeak_lite", *args, "--password-stdin"], cwd=state,
+                          input="my own password 1\n", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "picpeak_lite", *moved(exec_start[1:])], cwd=state, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PICPEAK_PORT": "0"})
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "running at" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    printed = "".join(lines) + out
+    assert proc.returncode == 0, printed
+    assert "running at" in printed and "shown only once" not in printed, printed
 
 
 def _dockerfile() -> list[tuple[str, str]]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
-from .conftest import AuthActions
+from picpeak_lite.domain.gallery_fields import PAST_EXPIRY
+from picpeak_lite.services import Services
+
+from .conftest import AuthActions, sql
 
 
 async def test_api_create_validates_per_field(client: Any, admin: AuthActions) -> None:
@@ -115,3 +119,42 @@ async def test_form_create_edit_publish_delete(client: Any, admin: AuthActions) 
                                                                       "confirm_name": "Summer Party 2026"})
     assert gone.status_code == 302
     assert (await client.get(f"/api/admin/galleries/{gid}")).status_code == 404
+
+
+async def test_a_past_expiry_is_refused_alike_by_the_form_and_the_api(client: Any, admin: AuthActions,
+                                                                       services: Services) -> None:
+    """Issue 35 #11: the form refused a past expiry date while the API's PATCH took it (200). One rule, one
+    sentence, whichever way the date comes; an expired gallery's own date may be sent back unchanged."""
+    today = dt.datetime.fromtimestamp(services.clock(), dt.UTC).date()
+    yesterday = (today - dt.timedelta(days=1)).isoformat()
+    gallery = await admin.create_gallery(name="Garden party")
+    gid = gallery["id"]
+
+    for method in (client.patch, client.put):
+        answer = await method(f"/api/admin/galleries/{gid}", json={"name": "Garden party", "expires_on": yesterday},
+                              headers=admin.headers())
+        assert answer.status_code == 400, method
+        assert (await answer.get_json())["fields"] == {"expires_on": PAST_EXPIRY}
+    created = await client.post("/api/admin/galleries", json={"name": "Old", "expires_on": yesterday},
+                                headers=admin.headers())
+    assert created.status_code == 400
+    assert (await created.get_json())["fields"] == {"expires_on": PAST_EXPIRY}
+
+    form = await client.post(f"/admin/galleries/{gid}/edit", form={
+        "csrf_token": admin.csrf, "name": "Garden party", "event_type": "party", "expires_on": yesterday})
+    assert form.status_code == 400
+    assert PAST_EXPIRY.replace("'", "&#39;") in await form.get_data(as_text=True)
+    unchanged = await (await client.get(f"/api/admin/galleries/{gid}")).get_json()
+    assert unchanged["expires_on"] == gallery["expires_on"]
+
+    # A gallery that has expired keeps its date when the admin edits something else, by either way.
+    sql(services, "UPDATE galleries SET expires_at = ? WHERE id = ?",
+        dt.datetime.combine(today - dt.timedelta(days=3), dt.time(23, 59, 59), tzinfo=dt.UTC).timestamp(), gid)
+    expired_on = (today - dt.timedelta(days=3)).isoformat()
+    renamed = await client.post(f"/admin/galleries/{gid}/edit", form={
+        "csrf_token": admin.csrf, "name": "Garden party (over)", "event_type": "party", "expires_on": expired_on})
+    assert renamed.status_code == 302
+    patched = await client.patch(f"/api/admin/galleries/{gid}", json={"name": "Garden", "expires_on": expired_on},
+                                 headers=admin.headers())
+    assert patched.status_code == 200
+    assert (await patched.get_json())["expires_on"] == expired_on

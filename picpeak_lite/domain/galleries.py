@@ -74,8 +74,10 @@ def _with_defaults(data: dict[str, Any], chosen: admin_settings.AdminSettings) -
 
 
 async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *, partial: bool) -> Row:
+    current = expires_on(await get_gallery(svc, gallery_id))
     values = parse_gallery_input(
-        data, partial=partial, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days
+        data, partial=partial, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days,
+        current_expiry=dt.date.fromisoformat(current) if current else None,
     )
     if "password" in values:
         values["password_hash"] = await svc.hash_password(values["password"])

@@ -22,6 +22,10 @@ EVENT_TYPES = ("wedding", "birthday", "party", "corporate", "portrait", "family"
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _DATE_HINT = "Use a date like 2026-06-20."
+# The one rule for the admin form and the JSON API (POST, PUT and PATCH alike): a gallery is not given a last day
+# that has already gone by. The date an expired gallery already has is kept as it is, so its other fields can
+# still be edited (the form sends every field back) without the admin having to revive it.
+PAST_EXPIRY = "The expiry date is in the past: choose today or a later day, or leave it empty for never."
 
 
 class Invalid(Exception):
@@ -41,6 +45,7 @@ class Context:
     today: dt.date
     default_expiry_days: int
     is_form: bool  # the admin form, where an unchecked checkbox is simply absent
+    current_expiry: dt.date | None = None  # an update: the last day the gallery has now (None: never, or new)
 
 
 @dataclass(frozen=True)
@@ -103,8 +108,8 @@ def _expiry(value: Any, missing: bool, context: Context) -> float | None:
         expires_on = dt.date.fromisoformat(raw)
     except ValueError:
         raise Invalid(_DATE_HINT) from None
-    if not context.partial and expires_on < context.today:
-        raise Invalid("The expiry date is in the past.")
+    if expires_on < context.today and expires_on != context.current_expiry:
+        raise Invalid(PAST_EXPIRY)
     if expires_on > context.today + dt.timedelta(days=3650):
         raise Invalid("At most ten years ahead.")
     return _end_of_day(expires_on)
@@ -184,14 +189,17 @@ FIELDS: tuple[Field, ...] = (
 
 
 def parse_gallery_input(
-    data: Mapping[str, Any], *, partial: bool, today: dt.date, default_expiry_days: int
+    data: Mapping[str, Any], *, partial: bool, today: dt.date, default_expiry_days: int,
+    current_expiry: dt.date | None = None,
 ) -> dict[str, Any]:
     """Validate ``data`` against :data:`FIELDS`. With ``partial`` (an update), only the fields present are
-    checked and returned.
+    checked and returned. ``current_expiry`` is the updated gallery's last day now: sent back unchanged it is
+    kept even when it has passed (see :data:`PAST_EXPIRY`).
 
     The password is returned as ``password`` (plain, for the caller to hash) or ``clear_password: True``.
     """
-    context = Context(partial=partial, today=today, default_expiry_days=default_expiry_days, is_form=_is_form(data))
+    context = Context(partial=partial, today=today, default_expiry_days=default_expiry_days, is_form=_is_form(data),
+                      current_expiry=current_expiry)
     errors: dict[str, str] = {}
     out: dict[str, Any] = {}
     for field in FIELDS:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from quart import Response, has_websocket_context, render_template, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from picpeak_lite.errors import AppError, TooLarge
-from picpeak_lite.web.auth import current_guest
+from picpeak_lite.web.auth import admin_from_cookie, current_guest
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,11 @@ async def render_error(error: AppError) -> Response:
     else:
         if error.needs_guest_session:
             await current_guest(create=True)
+        context = error.page_context()
+        if error.page == "error.html":
+            context["way_on"] = await _way_on()
         try:
-            html = await render_template(error.page, **error.page_context())
+            html = await render_template(error.page, **context)
         except Exception:
             # The error page itself cannot render (templates missing from a broken install): say what happened
             # in plain text rather than an empty 500, and log why. /healthz reports the same problem.
@@ -59,6 +63,31 @@ async def render_error(error: AppError) -> Response:
     for name, value in error.headers().items():
         response.headers[name] = value
     return response
+
+
+async def _way_on() -> dict[str, str | None]:
+    """Where a person on an error page can go next (issue 35 #18: the 404 page was a dead end). The
+    photographer (a live admin session, or any ``/admin`` address) is sent to the galleries or the login; a
+    guest, who has only the link they were given, back to the page of ours they came from, if any, and told
+    what to check. A guest is never shown an admin link."""
+    try:
+        admin = await admin_from_cookie()
+    except Exception:  # the database cannot answer (the error may be that): no session is assumed
+        admin = None
+    if admin is not None:
+        return {"href": "/admin/", "label": "Back to your galleries", "hint": None}
+    if request.path == "/admin" or request.path.startswith("/admin/"):
+        return {"href": "/admin/login", "label": "Log in as the photographer", "hint": None}
+    referrer = urlsplit(request.referrer or "")
+    came_from = (referrer.netloc == request.host and referrer.scheme in ("http", "https")
+                 and referrer.path.startswith("/") and not referrer.path.startswith("//")
+                 and referrer.path != request.path)
+    return {
+        "href": urlunsplit(("", "", referrer.path, referrer.query, "")) if came_from else None,
+        "label": "Back to the previous page",
+        "hint": "Please check that the link is complete, exactly as your photographer sent it, or ask them for "
+                "it again.",
+    }
 
 
 async def _render_http_exception(error: HTTPException) -> Response:

@@ -15,6 +15,39 @@ from picpeak_lite.config import Settings
 from picpeak_lite.web.passwords import PasswordThrottle
 from picpeak_lite.web.ratelimit import GuestUploadLimits, RateLimit
 
+GOING_AWAY = 1001  # RFC 6455: "going away", a server restarting; the pages' live.js reconnects later
+
+
+class LiveFeeds:
+    """The open WebSocket feeds, so that a stopping server ends them first, each with a close frame of code
+    1001 (``GOING_AWAY``), instead of leaving them open until the shutdown grace period runs out (issue 35 #19):
+    a live page never ends by itself, so every stop with one open took the whole ``shutdown_grace_seconds``.
+    The pages' ``live.js`` reads 1001 as "the server is restarting" and reconnects with its backoff."""
+
+    def __init__(self) -> None:
+        self.going_away = trio.Event()
+        self.open = 0
+        self._none_open = trio.Event()
+        self._none_open.set()
+
+    def opened(self) -> None:
+        self.open += 1
+        self._none_open = trio.Event() if self.open == 1 else self._none_open
+
+    def closed(self) -> None:
+        self.open -= 1
+        if self.open == 0:
+            self._none_open.set()
+
+    async def close_all(self, patience: float) -> tuple[int, int]:
+        """Tell every feed to close with 1001 and wait (at most ``patience`` seconds) until they have; returns
+        how many were open and how many are still open."""
+        before = self.open
+        self.going_away.set()
+        with trio.move_on_after(patience):
+            await self._none_open.wait()
+        return before, self.open
+
 
 @dataclass
 class WebLimits:
@@ -30,6 +63,8 @@ class WebLimits:
     download_limiter: trio.CapacityLimiter
     # Open WebSockets (max_websockets): each holds ~50 KB that the process keeps once it has had it.
     websockets: trio.CapacityLimiter
+    # The open feeds, closed first (1001) when the server stops.
+    feeds: LiveFeeds
 
     @classmethod
     def for_settings(cls, settings: Settings, monotonic: Callable[[], float]) -> WebLimits:
@@ -41,4 +76,5 @@ class WebLimits:
             watermark_limiter=trio.CapacityLimiter(1),
             download_limiter=trio.CapacityLimiter(4),
             websockets=trio.CapacityLimiter(settings.max_websockets or math.inf),
+            feeds=LiveFeeds(),
         )

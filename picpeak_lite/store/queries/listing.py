@@ -107,15 +107,20 @@ def count_visible(conn: Connection, gallery_id: int) -> int:
     ).fetchall()[0]["n"]
 
 
-def download_totals(conn: Connection, gallery_id: int, web_px: int) -> Row:
+def download_totals(conn: Connection, gallery_id: int, web_px: int, scaled: tuple[float, float],
+                    unscaled: float) -> Row:
     """What "Download all" will send: ``count`` photos, ``bytes`` of originals, and ``web_bytes``, the web size's
-    estimate (each original's bytes scaled by the pixel share left at ``web_px`` on the long edge)."""
+    estimate: a video goes whole (zips carry its original); a photo's original bytes times its pixel share at
+    ``web_px`` on the long edge, s*s, times ``scaled[0] + scaled[1] * s`` (or ``unscaled`` when it is not made
+    smaller), the ratios measured in ``media/images.py``."""
     return conn.execute(
-        "SELECT count(*) AS count, coalesce(sum(size), 0) AS bytes, "
-        "coalesce(sum(size * min(1.0, (? * 1.0 / max(coalesce(width, 1), coalesce(height, 1), 1)) "
-        "  * (? * 1.0 / max(coalesce(width, 1), coalesce(height, 1), 1)))), 0) AS web_bytes "
-        f"FROM photos WHERE gallery_id = ? AND {GUEST_VISIBLE_PHOTO}",
-        (web_px, web_px, gallery_id),
+        "SELECT count(*) AS count, coalesce(sum(size), 0) AS bytes, coalesce(sum(CASE "
+        "  WHEN media_type = 'video' THEN size "
+        "  WHEN s >= 1.0 THEN size * ? "
+        "  ELSE size * s * s * (? + ? * s) END), 0) AS web_bytes "
+        "FROM (SELECT size, media_type, ? * 1.0 / max(coalesce(width, 1), coalesce(height, 1), 1) AS s "
+        f"      FROM photos WHERE gallery_id = ? AND {GUEST_VISIBLE_PHOTO})",
+        (unscaled, scaled[0], scaled[1], web_px, gallery_id),
     ).fetchall()[0]
 
 

@@ -79,11 +79,13 @@ def ratio_class(width: int | None, height: int | None) -> str:
 
 
 def size_label(size: float) -> str:
-    """'48 MB', '1.2 GB', '800 KB': what "Download all" says it will send before it starts."""
+    """'48 MB', '3.6 MB', '1.2 GB', '800 KB': what "Download all" says it will send before it starts."""
     if size >= 1e9:
         return f"{size / 1e9:.1f} GB"
-    if size >= 1e6:
+    if size >= 10e6:
         return f"{size / 1e6:.0f} MB"
+    if size >= 1e6:  # "4 MB" for 3.6 MB would be off by 11 %
+        return f"{size / 1e6:.1f} MB"
     return f"{max(1, round(size / 1e3))} KB"
 
 
@@ -273,7 +275,9 @@ async def gallery(slug: str) -> Any:
     def counts(conn: Any) -> tuple[int, int, dict[str, Any] | None, dict[str, Any], list[dict[str, Any]]]:
         return (listing.count_visible(conn, row["id"]),
                 favourite_q.count_for_guest(conn, guest.id, row["id"]) if guest else 0,
-                listing.cover_photo(conn, row), listing.download_totals(conn, row["id"], images.WEB_PX),
+                listing.cover_photo(conn, row), listing.download_totals(
+                    conn, row["id"], images.WEB_PX, (images.WEB_SCALED_BASE, images.WEB_SCALED_SLOPE),
+                    images.WEB_UNSCALED),
                 moderation_q.own_waiting(conn, row["id"], guest.id) if guest else [])
 
     total, favourite_count, cover, totals, own_waiting = await svc.db.read(counts)

@@ -19,6 +19,7 @@ their own uploads (what the upload's status route shows them), and of a gallery 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,7 @@ from picpeak_lite.web.auth import (
     origin_allowed,
     services,
 )
+from picpeak_lite.web.limits import GOING_AWAY, LiveFeeds
 from picpeak_lite.web.views.common import UploadSnapshot, load_upload, read_upload, upload_status
 
 blueprint = Blueprint("live", __name__)
@@ -104,12 +106,48 @@ def _counted(route: Callable[..., Awaitable[Response | None]]) -> Callable[..., 
             refusal = _refuse(FULL, 503)
             refusal.headers["Retry-After"] = "30"
             return refusal
+        feeds = limits().feeds
         try:
-            return await route(*args, **kwargs)
+            if feeds.going_away.is_set():  # the server is stopping: try again once it is back
+                refusal = _refuse(GOING_AWAY_TEXT, 503)
+                refusal.headers["Retry-After"] = "5"
+                return refusal
+            return await _until_going_away(feeds, route, *args, **kwargs)
         finally:
             places.release()
 
     return counted
+
+
+GOING_AWAY_TEXT = "The server is restarting; this page will reconnect."
+
+
+async def _until_going_away(feeds: LiveFeeds, route: Callable[..., Awaitable[Response | None]], *args: Any,
+                            **kwargs: Any) -> Response | None:
+    """Run a feed until it ends, or until the server stops (``LiveFeeds.close_all``): then the feed is
+    cancelled and its connection closed with 1001, so that the drain does not wait for it."""
+    feeds.opened()
+    try:
+        route_scope = trio.CancelScope()
+        result: Response | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_when_going_away, feeds, route_scope)
+            with route_scope:
+                result = await route(*args, **kwargs)
+            nursery.cancel_scope.cancel()
+        if route_scope.cancelled_caught:
+            # Already closed by the feed, or the client left meanwhile: nothing more to tell it.
+            with contextlib.suppress(RuntimeError, trio.BrokenResourceError, trio.ClosedResourceError,
+                                     trio.BusyResourceError):
+                await websocket.close(GOING_AWAY, "server restarting")
+        return result
+    finally:
+        feeds.closed()
+
+
+async def _cancel_when_going_away(feeds: LiveFeeds, route_scope: trio.CancelScope) -> None:
+    await feeds.going_away.wait()
+    route_scope.cancel()
 
 
 def _origin_ok() -> bool:
