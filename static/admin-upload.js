@@ -25,7 +25,7 @@
   const summaryBox = document.getElementById("upload-summary");
   const els = {};
   for (const id of ["up-sent", "up-total", "up-done", "up-failed", "up-dupes", "up-processing", "up-progress",
-                    "up-percent", "retry-all", "clear-finished"]) els[id] = document.getElementById(id);
+                    "up-percent", "up-photos", "up-refused", "retry-all", "clear-finished"]) els[id] = document.getElementById(id);
 
   // Resumable (tus) uploads in pieces of at most 8 MB, or less when the server says so (upload_chunk_mb).
   const CHUNK_BYTES = Math.min(8, Number(section.dataset.chunkMb) || 8) * 1024 * 1024;
@@ -122,6 +122,8 @@
   }
 
   function rowLabel(item) {
+    // Queued: not being sent yet (a file is "Sending" only while its own bytes go up, three at a time).
+    if (item.state === "queued" && item.sent > 0) return `Queued · ${Math.round(100 * item.sent)} % sent earlier`;
     if (item.state === "sending") {
       const sending = `Sending ${Math.round(100 * item.sent)} %`;
       return item.paused && item.error ? `${sending} · ${item.error}` : sending;
@@ -157,13 +159,16 @@
     els["up-sent"].textContent = String(s.sent);
     els["up-total"].textContent = String(s.total);
     els["up-done"].textContent = String(s.complete);
-    els["up-failed"].textContent = String(s.failed + s.refused + s.unsent);
+    els["up-failed"].textContent = String(s.failed + s.unsent);
+    els["up-refused"].textContent = String(s.refused);
     els["up-dupes"].textContent = String(s.duplicates);
     els["up-processing"].textContent = String(s.processing);
-    // Processed photos over all photos: bytes sent say nothing about when the last photo is ready.
-    const share = s.total ? s.finished / s.total : 0;
+    // Processed photos over all photos (a refused file is no photo): bytes sent say nothing about when the last
+    // photo is ready.
+    const share = s.photos ? s.processed / s.photos : 0;
     els["up-progress"].value = share;
     els["up-percent"].textContent = `${Math.floor(100 * share)} %`;
+    els["up-photos"].textContent = `${s.processed} of ${s.photos} photo${s.photos === 1 ? "" : "s"}`;
     els["retry-all"].hidden = s.retryable === 0;
     els["clear-finished"].hidden = s.clearable === 0;
     section.dataset.state = s.busy ? "sending" : s.processing > 0 ? "processing" : "idle";

@@ -1,0 +1,107 @@
+"""Issue 35, the photographer's pages (points 4-10), in Chromium against a real server, at 1440 x 900 and
+390 x 844 where layout is involved. Screenshots go to test-artifacts/ as ``<test name>-<label>.png``.
+
+Every screen state the uploader goes through is recorded by a MutationObserver in the page, so no check depends
+on catching a particular moment. Waits are hang guards (PATIENCE_MS), never speed bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .. import imagefactory
+from .conftest import PATIENCE_MS, LiveServer, Page, admin_login, new_page
+
+PARALLEL = 3  # static/admin-upload.js: requests in flight at once, so files really being sent at once
+
+# After each batch of DOM changes: how many rows say "Sending", what the bar and its label say.
+RECORDER = """() => {
+  window.__samples = [];
+  const take = () => {
+    const rows = [...document.querySelectorAll('#upload-list .up-item')];
+    const count = (states) => rows.filter((r) => states.includes(r.dataset.state)).length;
+    window.__samples.push({
+      rows: rows.length,
+      sendingLabels: rows.filter((r) => r.querySelector('.up-state').textContent.startsWith('Sending')).length,
+      sendingRows: count(['sending']),
+      queuedLabels: rows.filter((r) => r.querySelector('.up-state').textContent.startsWith('Queued')).length,
+      processed: count(['complete', 'failed', 'duplicate', 'lost']),
+      refused: count(['refused']),
+      value: document.getElementById('up-progress').value,
+    });
+  };
+  new MutationObserver(take).observe(document.getElementById('upload'),
+                                     {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+@pytest.fixture
+def desktop(browser: Any, request: Any) -> Iterator[Page]:
+    yield from new_page(browser, request, viewport={"width": 1440, "height": 900})
+
+
+def small_photos(folder: Path, count: int, *, prefix: str = "IMG_") -> list[Path]:
+    """Small, distinct JPEGs (no two are duplicates), quick to send and to process."""
+    paths = []
+    for i in range(count):
+        path = folder / f"{prefix}{i + 1:04d}.jpg"
+        imagefactory.save(imagefactory.photo(320, 240, seed=i + 1), "jpeg", path)
+        paths.append(path)
+    return paths
+
+
+def not_a_photo(folder: Path, name: str) -> Path:
+    path = folder / name
+    path.write_text("these are my notes, not a photo\n" * 20)
+    return path
+
+
+def open_gallery(page: Page, server: LiveServer, api: httpx.Client, name: str) -> dict[str, Any]:
+    gallery = api.post("/api/admin/galleries", json={"name": name}).json()
+    admin_login(page, server)
+    page.goto(f"{server.url}/admin/galleries/{gallery['id']}")
+    return gallery
+
+
+def wait_settled(page: Page) -> None:
+    """Every row has reached an end state (nothing queued, sending or processing)."""
+    page.wait_for_function(
+        "() => { const rows = [...document.querySelectorAll('#upload-list .up-item')];"
+        " return rows.length && rows.every((r) => ['complete', 'failed', 'duplicate', 'refused', 'unsent', 'lost']"
+        ".includes(r.dataset.state)); }", timeout=PATIENCE_MS)
+
+
+# --- point 4 -------------------------------------------------------------------------------------------------
+
+def test_queued_files_say_queued_and_refused_files_are_not_processed_photos(
+        server: LiveServer, api: httpx.Client, desktop: Page, tmp_path: Path) -> None:
+    page = desktop
+    open_gallery(page, server, api, "Queue")
+    page.evaluate(RECORDER)
+    files = [*small_photos(tmp_path, 30), not_a_photo(tmp_path, "notes.jpg")]
+    page.set_input_files("#file-input", [str(p) for p in files])
+    page.wait_for_function("() => document.querySelector('#upload-list .up-item .up-state').textContent"
+                           ".startsWith('Sending')", timeout=PATIENCE_MS)
+    page.screenshot("sending")
+    wait_settled(page)
+    page.screenshot("settled")
+
+    samples = [s for s in page.evaluate("window.__samples") if s["rows"]]
+    # Only the files whose bytes are going up say "Sending": at most one per request in flight.
+    assert max(s["sendingRows"] for s in samples) <= PARALLEL, max(s["sendingRows"] for s in samples)
+    assert max(s["sendingLabels"] for s in samples) <= PARALLEL
+    # The rest of the 31 said "Queued" while they waited.
+    assert max(s["queuedLabels"] for s in samples) >= len(files) - PARALLEL
+    # The bar counts processed photos over photos: the refused file is neither.
+    for s in samples:
+        photos = s["rows"] - s["refused"]
+        assert abs(s["value"] - (s["processed"] / photos if photos else 0)) < 1e-9, s
+    assert page.inner_text("#up-photos") == "30 of 30 photos"
+    assert page.inner_text("#up-percent") == "100 %"
+    assert page.inner_text("#up-refused") == "1"
+    assert page.inner_text("#up-failed") == "0"
