@@ -105,3 +105,54 @@ def test_queued_files_say_queued_and_refused_files_are_not_processed_photos(
     assert page.inner_text("#up-percent") == "100 %"
     assert page.inner_text("#up-refused") == "1"
     assert page.inner_text("#up-failed") == "0"
+
+
+# --- point 7 -------------------------------------------------------------------------------------------------
+
+def inside_list(page: Page, name: str) -> bool:
+    """Whether the row of this file is within the list's visible box (the list scrolls inside itself)."""
+    return bool(page.evaluate(
+        """(name) => { const list = document.getElementById('upload-list').getBoundingClientRect();
+        const row = [...document.querySelectorAll('#upload-list .up-item')]
+          .find((r) => r.querySelector('.up-name').textContent === name).getBoundingClientRect();
+        return row.top >= list.top - 1 && row.bottom <= list.bottom + 1; }""", name))
+
+
+def in_window(page: Page, name: str) -> bool:
+    return bool(page.evaluate(
+        """(name) => { const row = [...document.querySelectorAll('#upload-list .up-item')]
+          .find((r) => r.querySelector('.up-name').textContent === name).getBoundingClientRect();
+        return row.top >= 0 && row.bottom <= window.innerHeight; }""", name))
+
+
+@pytest.mark.parametrize("viewport", [(1440, 900), (390, 844)], ids=["desktop", "phone"])
+def test_failed_and_refused_uploads_stay_in_view(server: LiveServer, api: httpx.Client, browser: Any, request: Any,
+                                                  tmp_path: Path, viewport: tuple[int, int]) -> None:
+    width, height = viewport
+    pages = new_page(browser, request, viewport={"width": width, "height": height})
+    page = next(pages)
+    try:
+        open_gallery(page, server, api, "Problems")
+        photos = small_photos(tmp_path, 24)
+        cut = tmp_path / "cut_off.jpg"
+        cut.write_bytes(photos[0].read_bytes()[:3000])  # accepted (a valid header), then fails in processing
+        page.set_input_files("#file-input", [str(p) for p in [*photos, cut, not_a_photo(tmp_path, "notes.jpg")]])
+        wait_settled(page)
+        # The two problems are the list's first rows, in sight without scrolling the list.
+        names = page.locator("#upload-list .up-item .up-name").all_inner_texts()
+        assert set(names[:2]) == {"cut_off.jpg", "notes.jpg"}, names[:4]
+        assert inside_list(page, "notes.jpg") and inside_list(page, "cut_off.jpg")
+        assert page.inner_text("#up-problems-link") == "2 files need attention"
+        page.screenshot("settled")
+
+        # Scrolled away (the list to its end, the page to its foot): the summary's link brings them back.
+        page.evaluate("() => { const l = document.getElementById('upload-list'); l.scrollTop = l.scrollHeight;"
+                      " window.scrollTo(0, document.body.scrollHeight); }")
+        assert not inside_list(page, "notes.jpg")
+        page.evaluate("() => document.getElementById('upload').scrollIntoView()")
+        page.click("#up-problems-link")
+        page.wait_for_function("() => document.getElementById('upload-list').scrollTop === 0")
+        assert inside_list(page, "notes.jpg") and in_window(page, "notes.jpg") and in_window(page, "cut_off.jpg")
+        page.screenshot("after-link")
+    finally:
+        next(pages, None)
