@@ -7,6 +7,8 @@ on catching a particular moment. Waits are hang guards (PATIENCE_MS), never spee
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,3 +158,65 @@ def test_failed_and_refused_uploads_stay_in_view(server: LiveServer, api: httpx.
         page.screenshot("after-link")
     finally:
         next(pages, None)
+
+
+# --- point 5 -------------------------------------------------------------------------------------------------
+
+def shot_at(number: int) -> bytes:
+    """IMG_00NN, taken at 14:NN on the day: capture order is name order."""
+    exif = imagefactory.make_exif(date_original=f"2024:06:14 14:{number:02d}:00")
+    return imagefactory.save(imagefactory.photo(320, 240, seed=number), "jpeg", exif=exif)
+
+
+def wait_done(api: httpx.Client, upload_id: str) -> None:
+    for _ in range(PATIENCE_MS // 200):
+        if api.get(f"/api/admin/uploads/{upload_id}").json()["done"]:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the photos were not processed")
+
+
+def test_admin_grid_is_in_capture_order_and_the_cover_is_the_guests(server: LiveServer, api: httpx.Client,
+                                                                     desktop: Page, tmp_path: Path) -> None:
+    page = desktop
+    gallery = api.post("/api/admin/galleries", json={"name": "Order"}).json()
+    gid = gallery["id"]
+    # Two batches as two parallel uploads leave them: the later shots arrive first.
+    for numbers in ((21, 22, 23), (1, 2, 3)):
+        files = [("photos", (f"IMG_{n:04d}.jpg", shot_at(n), "image/jpeg")) for n in numbers]
+        answer = api.post(f"/api/admin/galleries/{gid}/upload", files=files)
+        assert answer.status_code == 202, answer.text
+        wait_done(api, answer.json()["upload_id"])
+    assert api.post(f"/api/admin/galleries/{gid}/publish").status_code == 200
+
+    admin_login(page, server)
+    page.goto(f"{server.url}/admin/galleries/{gid}")
+    names = page.locator("#grid li .name").all_inner_texts()
+    assert names == [f"IMG_{n:04d}.jpg" for n in (1, 2, 3, 21, 22, 23)], names
+    page.screenshot("grid")
+
+    # One cover everywhere: the dashboard's card shows the guest page's hero photo.
+    page.goto(f"{server.url}/admin/")
+    card = page.locator(".cover-thumb").first.get_attribute("src") or ""
+    page.goto(f"{server.url}/g/{gallery['slug']}")
+    hero = page.locator("img.hero-img").get_attribute("src") or ""
+    card_id, hero_id = re.search(r"/photos/(\d+)/", card), re.search(r"/photos/(\d+)/", hero)
+    assert card_id and hero_id, (card, hero)
+    assert card_id.group(1) == hero_id.group(1), (card, hero)
+    first = api.get(f"/api/admin/galleries/{gid}/photos").json()["photos"][0]
+    assert first["filename"] == "IMG_0001.jpg" and str(first["id"]) == hero_id.group(1)
+    page.screenshot("hero")
+
+    # Live: tiles that arrive while the page is open go in by name, whichever file was sent first.
+    live = api.post("/api/admin/galleries", json={"name": "Live order"}).json()
+    page.goto(f"{server.url}/admin/galleries/{live['id']}")
+    paths = []
+    for n in (21, 22, 1, 2):
+        path = tmp_path / f"IMG_{n:04d}.jpg"
+        path.write_bytes(shot_at(n))
+        paths.append(str(path))
+    page.set_input_files("#file-input", paths)
+    page.wait_for_function("() => document.querySelectorAll('#grid li[data-status=complete]').length === 4",
+                           timeout=PATIENCE_MS)
+    names = page.locator("#grid li .name").all_inner_texts()
+    assert names == [f"IMG_{n:04d}.jpg" for n in (1, 2, 21, 22)], names
