@@ -41,6 +41,22 @@
     onUpdate: draw,
   });
 
+  // --- uploads left unfinished by an earlier visit (a reload, a closed tab) ------------------------------------
+  // The browser cannot reopen a file by itself: the page names them, and choosing one again resumes it.
+  const unfinishedNote = document.getElementById("up-unfinished");
+  let unfinished = [];
+  const drawUnfinished = () => {
+    const left = unfinished.filter((u) => !queue.items.some((item) => item.name === u.name && item.size === u.size));
+    unfinishedNote.hidden = left.length === 0;
+    if (!left.length) return;
+    const files = left.map((u) => `${u.name} (${Math.floor(100 * u.sent)} % sent)`).join(", ");
+    unfinishedNote.textContent = `${left.length} unfinished upload${left.length === 1 ? "" : "s"}: `
+      + `choose the file${left.length === 1 ? "" : "s"} again to resume. ${files}`;
+  };
+  if (section.dataset.tusUrl) {
+    window.PicpeakUploadQueue.unfinished(section.dataset.tusUrl).then((found) => { unfinished = found; drawUnfinished(); });
+  }
+
   // --- choosing files -------------------------------------------------------------------------------------
   const addFiles = (files) => {
     const images = files.filter((f) => /^(image|video)\//.test(f.type) || IMAGE_NAME.test(f.name));
@@ -125,6 +141,7 @@
     if (fresh.childNodes.length) list.appendChild(fresh);
     for (const row of raised.reverse()) list.prepend(row);
     drawSummary(s);
+    if (unfinished.length) drawUnfinished();
   }
 
   function makeRow(item) {

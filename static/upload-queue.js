@@ -14,6 +14,7 @@
 //     onLost: (uploadId, reason) => {},              // an upload can no longer be followed
 //   });
 //   queue.add(files); queue.retry(item); queue.retryAll(); queue.clearFinished(); queue.busy()
+//   await PicpeakUploadQueue.unfinished(tusUrl)   // [{name, size, sent}]: uploads an earlier visit left unfinished
 //
 // Every file is an item whose `state` is what is really happening to that photo, so a row can show it:
 //   queued -> sending (item.sent, 0..1) -> pending -> processing -> complete | failed (item.error)
@@ -557,5 +558,36 @@
              busy: () => active > 0 || queue.length > 0 };
   };
 
-  window.PicpeakUploadQueue = { create };
+  // The uploads this browser started to tusUrl and did not finish (their URLs are kept by fingerprint), as the
+  // server sees them now: [{name, size, sent}] (sent 0..1). One the server no longer has (expired) is forgotten;
+  // one the server could not be asked about (offline) is listed all the same. Choosing the file again resumes it.
+  const unfinished = async (tusUrl) => {
+    const prefix = `${TUS_STORE}${tusUrl}|`;
+    const keys = [];
+    try {
+      for (let i = 0; i < localStorage.length; i += 1) {
+        const key = localStorage.key(i);
+        if (key && key.startsWith(prefix)) keys.push(key);
+      }
+    } catch { return []; }
+    const found = [];
+    for (const key of keys) {
+      const parts = key.slice(prefix.length).split("|");
+      parts.pop();  // lastModified
+      const size = Number(parts.pop());
+      const name = parts.join("|");
+      const url = store.get(key);
+      if (!url || !name || !size) continue;
+      const head = await tusRequest("HEAD", url);
+      if (head.status === 404 || head.status === 410 || head.headers.get("Picpeak-Photo-Id")) {
+        store.remove(key);  // expired, or finished after all: nothing to resume
+        continue;
+      }
+      const offset = Number(head.headers.get("Upload-Offset")) || 0;
+      found.push({ key, name, size, sent: offset / size });
+    }
+    return found;
+  };
+
+  window.PicpeakUploadQueue = { create, unfinished };
 })();

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from .. import imagefactory
-from .conftest import PATIENCE_MS, LiveServer, Page, admin_login, new_page
+from .conftest import PATIENCE_MS, LiveServer, Page, admin_login, api_client, new_page, start_server, stop_server
 
 PARALLEL = 3  # static/admin-upload.js: requests in flight at once, so files really being sent at once
 
@@ -220,3 +220,68 @@ def test_admin_grid_is_in_capture_order_and_the_cover_is_the_guests(server: Live
                            timeout=PATIENCE_MS)
     names = page.locator("#grid li .name").all_inner_texts()
     assert names == [f"IMG_{n:04d}.jpg" for n in (1, 2, 21, 22)], names
+
+
+# --- point 6 -------------------------------------------------------------------------------------------------
+
+MB = 1024 * 1024
+
+
+@pytest.fixture
+def chunked(tmp_path: Path) -> Iterator[LiveServer]:
+    """A server that takes tus uploads in 1 MB pieces, so that a 3 MB file is three PATCHes."""
+    live = start_server(tmp_path / "chunked", env={"PICPEAK_UPLOAD_CHUNK_MB": "1"})
+    yield live
+    stop_server(live)
+
+
+def test_an_unfinished_upload_is_named_after_a_reload(chunked: LiveServer, desktop: Page, tmp_path: Path) -> None:
+    page = desktop
+    clients = api_client(chunked)
+    api = next(clients)
+    path = tmp_path / "DSC_0042.jpg"
+    photo = imagefactory.save(imagefactory.photo(1200, 900, seed=42), "jpeg")
+    path.write_bytes(photo + bytes(3 * MB - len(photo)))  # a real JPEG padded to three 1 MB pieces
+
+    # The second piece is held: the upload is a third done when the photographer reloads the page.
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        if route.request.method == "PATCH" and route.request.headers.get("upload-offset") == str(MB):
+            held.append(route)
+            return
+        route.continue_()
+
+    page.on("dialog", lambda dialog: dialog.accept())
+    open_gallery(page, chunked, api, "Reload")
+    page.route("**/tus/*", hold)
+    page.set_input_files("#file-input", [str(path)])
+    for _ in range(PATIENCE_MS // 100):
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert held, "the page never sent the second piece"
+    held[0].abort()
+    page.reload()
+    page.unroute("**/tus/*")
+    # The one request this test cut is logged by Chromium as failed; nothing else may be.
+    assert sum("ERR_FAILED" in e for e in page.console_errors) <= 1, page.console_errors
+    page.console_errors[:] = [e for e in page.console_errors if "ERR_FAILED" not in e]
+
+    note = page.locator("#up-unfinished")
+    note.wait_for(state="visible", timeout=PATIENCE_MS)
+    assert note.inner_text().startswith("1 unfinished upload: choose the file again to resume.")
+    assert "DSC_0042.jpg (33 % sent)" in note.inner_text()
+    page.screenshot("note")
+
+    # Choosing it again resumes it (from the second piece), and the note goes.
+    patches: list[str] = []
+    page.on("request", lambda r: r.method == "PATCH" and patches.append(r.headers.get("upload-offset", "")))
+    page.set_input_files("#file-input", [str(path)])
+    note.wait_for(state="hidden", timeout=PATIENCE_MS)
+    page.wait_for_selector(".up-item[data-state=complete]", timeout=PATIENCE_MS)
+    assert patches[0] == str(MB), patches
+    page.reload()
+    page.wait_for_timeout(1000)  # the page asked the server about what it remembers (nothing now)
+    assert note.is_hidden()
+    next(clients, None)
