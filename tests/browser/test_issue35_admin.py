@@ -17,7 +17,17 @@ import httpx
 import pytest
 
 from .. import imagefactory
-from .conftest import PATIENCE_MS, LiveServer, Page, admin_login, api_client, new_page, start_server, stop_server
+from .conftest import (
+    ARTIFACTS,
+    PATIENCE_MS,
+    LiveServer,
+    Page,
+    admin_login,
+    api_client,
+    new_page,
+    start_server,
+    stop_server,
+)
 
 PARALLEL = 3  # static/admin-upload.js: requests in flight at once, so files really being sent at once
 
@@ -285,3 +295,51 @@ def test_an_unfinished_upload_is_named_after_a_reload(chunked: LiveServer, deskt
     page.wait_for_timeout(1000)  # the page asked the server about what it remembers (nothing now)
     assert note.is_hidden()
     next(clients, None)
+
+
+# --- point 8 -------------------------------------------------------------------------------------------------
+
+def test_the_photographers_preview_is_no_view_and_the_chart_has_a_scale(server: LiveServer, api: httpx.Client,
+                                                                        browser: Any, request: Any) -> None:
+    gallery = api.post("/api/admin/galleries", json={"name": "Visits"}).json()
+    gid, slug = gallery["id"], gallery["slug"]
+    answer = api.post(f"/api/admin/galleries/{gid}/upload",
+                      files=[("photos", ("IMG_0001.jpg", shot_at(1), "image/jpeg"))])
+    wait_done(api, answer.json()["upload_id"])
+    photo_id = answer.json()["photo_ids"][0]
+
+    # The photographer opens the draft's preview, publishes, and opens the guest page: none of it is a view.
+    pages = new_page(browser, request, viewport={"width": 1440, "height": 900})
+    page = next(pages)
+    try:
+        admin_login(page, server)
+        page.goto(f"{server.url}/g/{slug}")
+        assert api.post(f"/api/admin/galleries/{gid}/publish").status_code == 200
+        page.goto(f"{server.url}/g/{slug}")
+        page.goto(f"{server.url}/admin/")
+        assert page.inner_text(f'[data-activity-for="{gid}"]') == "No visits yet."
+
+        # Guests: 40 views and one download today. The download's bar is short but visible, and the chart
+        # says what its height means (0 and the peak, 40).
+        with httpx.Client(base_url=server.url, timeout=60) as guest:
+            for _ in range(40):
+                assert guest.get(f"/g/{slug}").status_code == 200
+            assert guest.get(f"/g/{slug}/photos/{photo_id}/download").status_code == 200
+        for viewport in ((1440, 900), (390, 844)):
+            page.set_viewport_size({"width": viewport[0], "height": viewport[1]})
+            page.goto(f"{server.url}/admin/")
+            card = page.locator(f'[data-activity-for="{gid}"]')
+            assert card.locator(".activity-views").inner_text() == "40 views"
+            assert card.locator(".axis-max").text_content() == "40"
+            assert card.locator(".axis-zero").text_content() == "0"
+            bars = card.locator("rect").evaluate_all(
+                "(rects) => rects.map((r) => [r.getAttribute('class'), r.getBoundingClientRect().height,"
+                " r.querySelector('title').textContent])")
+            shown = [(kind, height) for kind, height, title in bars if not title.split(": ")[1].startswith("0 ")]
+            assert ("bar-downloads", 3.0) in [(k, round(h, 1)) for k, h in shown], shown
+            assert all(height >= 3 for _, height in shown), shown
+            assert max(height for _, height in shown) >= 40, shown
+            card.screenshot(path=str(ARTIFACTS / f"activity-chart-{viewport[0]}.png"))
+            page.screenshot(f"dashboard-{viewport[0]}")
+    finally:
+        next(pages, None)
