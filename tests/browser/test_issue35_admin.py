@@ -7,7 +7,9 @@ on catching a particular moment. Waits are hang guards (PATIENCE_MS), never spee
 
 from __future__ import annotations
 
+import http.server
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -343,3 +345,76 @@ def test_the_photographers_preview_is_no_view_and_the_chart_has_a_scale(server: 
             page.screenshot(f"dashboard-{viewport[0]}")
     finally:
         next(pages, None)
+
+
+# --- point 9 -------------------------------------------------------------------------------------------------
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def hooked(tmp_path: Path) -> Iterator[tuple[LiveServer, str]]:
+    """A server that may post to 127.0.0.1, and a receiver there with a long path."""
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    live = start_server(tmp_path / "hooked", env={"PICPEAK_WEBHOOK_ALLOW_PRIVATE": "true"})
+    yield live, f"http://127.0.0.1:{receiver.server_address[1]}/hooks/picpeak/anna-and-ben-wedding-receiver"
+    stop_server(live)
+    receiver.shutdown()
+    receiver.server_close()
+
+
+OUTSIDE = """(selector) => [...document.querySelectorAll(selector)].filter((e) => {
+  const r = e.getBoundingClientRect();
+  return r.width > 0 && (r.left < -0.5 || r.right > window.innerWidth + 0.5);
+}).map((e) => e.textContent.trim().slice(0, 40))"""
+
+
+def test_settings_webhooks_and_the_menu_fit_a_phone(hooked: tuple[LiveServer, str], phone: Page) -> None:
+    server, receiver = hooked
+    page = phone
+    admin_login(page, server)
+    page.goto(server.url + "/admin/settings/")
+    page.fill("#webhook-form input[name=url]", receiver)
+    page.click("#webhook-form button[type=submit]")
+    page.wait_for_selector("#endpoints")
+    page.click("button.send-test")
+    for _ in range(PATIENCE_MS // 250):
+        page.goto(server.url + "/admin/settings/#deliveries")
+        if page.locator("tr.delivery-delivered").count():
+            break
+        page.wait_for_timeout(250)
+    assert page.locator("tr.delivery-delivered").count() == 1
+
+    # Every item of the menu, Password included, is on screen, on one line.
+    items = page.locator(".topbar nav > a, .topbar nav button")
+    assert items.all_inner_texts() == ["Galleries", "New gallery", "Settings", "Password", "Log out"]
+    assert page.evaluate(OUTSIDE, ".topbar nav > a, .topbar nav button") == []
+    tops = items.evaluate_all("(es) => new Set(es.map((e) => Math.round(e.getBoundingClientRect().top))).size")
+    assert tops == 1
+    # The webhook tables: no cell and no button off the screen, and the URL wraps at the screen's width
+    # (at most two lines of 390 px, where a 3-character column needed dozens).
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    assert page.evaluate(OUTSIDE, "#endpoints td, #endpoints button, #delivery-log td") == []
+    for cell in ("#endpoints td.url", "#delivery-log td.url"):
+        box = page.locator(cell).first.bounding_box()
+        assert box is not None and box["width"] >= 300, (cell, box)
+        lines = page.locator(cell).first.evaluate(
+            "(e) => Math.round(e.getBoundingClientRect().height / parseFloat(getComputedStyle(e).lineHeight))")
+        assert lines <= 3, (cell, lines)
+    for button in ("Send test", "Pause", "Remove"):
+        assert page.locator("#endpoints button", has_text=button).is_visible()
+    page.screenshot("settings")
+    page.locator(".topbar").screenshot(path=str(ARTIFACTS / "phone-menu.png"))
+    page.locator("#webhooks").screenshot(path=str(ARTIFACTS / "phone-webhooks.png"))
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(server.url + "/admin/settings/#webhooks")
+    assert page.evaluate(OUTSIDE, "#endpoints td, #endpoints button, #delivery-log td") == []
+    page.screenshot("settings-desktop")
