@@ -418,3 +418,55 @@ def test_settings_webhooks_and_the_menu_fit_a_phone(hooked: tuple[LiveServer, st
     page.goto(server.url + "/admin/settings/#webhooks")
     assert page.evaluate(OUTSIDE, "#endpoints td, #endpoints button, #delivery-log td") == []
     page.screenshot("settings-desktop")
+
+
+# --- point 10 ------------------------------------------------------------------------------------------------
+
+ROWS = """(selector) => [...document.querySelectorAll(selector)].map((e) => {
+  const r = e.getBoundingClientRect(), tile = e.closest('li').getBoundingClientRect();
+  return {text: e.textContent.trim(), top: Math.round(r.top), left: r.left - tile.left, right: tile.right - r.right};
+})"""
+
+
+@pytest.mark.parametrize("viewport", [(1440, 900), (390, 844)], ids=["desktop", "phone"])
+def test_delete_label_and_review_buttons_sit_right(server: LiveServer, api: httpx.Client, browser: Any,
+                                                   request: Any, tmp_path: Path, viewport: tuple[int, int]) -> None:
+    created = api.post("/api/admin/galleries", json={"name": "Anna & Ben", "allow_guest_uploads": True,
+                                                     "guest_photos_need_approval": True}).json()
+    gallery = api.post(f"/api/admin/galleries/{created['id']}/publish").json()
+    guest_pages = new_page(browser, request, viewport={"width": 390, "height": 844})
+    guest = next(guest_pages)
+    try:
+        path = tmp_path / "cake.jpg"
+        path.write_bytes(shot_at(9))
+        guest.goto(gallery["share_url"] + "/upload")
+        guest.fill("input[name=guest_name]", "Aunt Sue")
+        guest.set_input_files("#file-input", [str(path)])
+        guest.wait_for_selector('#files .file[data-state="complete"]', timeout=PATIENCE_MS)
+    finally:
+        next(guest_pages, None)
+
+    width, height = viewport
+    pages = new_page(browser, request, viewport={"width": width, "height": height})
+    page = next(pages)
+    try:
+        admin_login(page, server)
+        page.goto(f"{server.url}/admin/galleries/{gallery['id']}")
+        page.locator("#review-list li.review-item img.thumb").wait_for(timeout=PATIENCE_MS)
+        # The review tile's three buttons on one row, none touching the tile's edge.
+        buttons = page.evaluate(ROWS, "#review-list .review-actions button")
+        assert [b["text"] for b in buttons] == ["Approve", "Hide", "Delete"]
+        assert len({b["top"] for b in buttons}) == 1, buttons
+        assert all(b["left"] >= 4 and b["right"] >= 4 for b in buttons), buttons
+        # Each button's label fits inside it.
+        assert page.evaluate("() => [...document.querySelectorAll('#review-list .review-actions button')]"
+                             ".every((b) => b.scrollWidth <= b.clientWidth)")
+        page.locator("#review").screenshot(path=str(ARTIFACTS / f"review-tile-{width}.png"))
+        # "Type Anna & Ben to confirm" is one line above its box.
+        label = page.locator("section.danger label span")
+        lines = label.evaluate("(e) => Math.round(e.getBoundingClientRect().height"
+                               " / parseFloat(getComputedStyle(e).lineHeight))")
+        assert label.inner_text() == "Type Anna & Ben to confirm" and lines == 1, lines
+        page.locator("section.danger").screenshot(path=str(ARTIFACTS / f"delete-gallery-{width}.png"))
+    finally:
+        next(pages, None)
