@@ -4,7 +4,8 @@
 // group per batch of BATCH_FILES (and at most BATCH_BYTES, both
 // well inside the server's admin_max_files and request cap) with PARALLEL requests at a time. Each row shows
 // its photo's real state from the live feed; the bar counts processed photos, not bytes sent. Choosing files
-// brings the progress into view, and the summary stays in view (sticky) while the list grows below it.
+// brings the progress into view, and the summary stays in view (sticky) while the list grows below it. Failed,
+// refused and unsent files move to the top of the list, and the summary links to them.
 "use strict";
 
 (() => {
@@ -21,11 +22,13 @@
     unsent: "Not sent", lost: "Progress unknown",
   };
 
+  const PROBLEMS = new Set(["failed", "refused", "unsent", "lost"]);
+
   const list = document.getElementById("upload-list");
   const summaryBox = document.getElementById("upload-summary");
   const els = {};
   for (const id of ["up-sent", "up-total", "up-done", "up-failed", "up-dupes", "up-processing", "up-progress",
-                    "up-percent", "retry-all", "clear-finished"]) els[id] = document.getElementById(id);
+                    "up-percent", "up-photos", "up-refused", "up-problems", "up-problems-link", "retry-all", "clear-finished"]) els[id] = document.getElementById(id);
 
   // Resumable (tus) uploads in pieces of at most 8 MB, or less when the server says so (upload_chunk_mb).
   const CHUNK_BYTES = Math.min(8, Number(section.dataset.chunkMb) || 8) * 1024 * 1024;
@@ -37,6 +40,22 @@
     retryUrl: (photoId) => (photoId ? `/api/admin/photos/${photoId}/retry` : null),
     onUpdate: draw,
   });
+
+  // --- uploads left unfinished by an earlier visit (a reload, a closed tab) ------------------------------------
+  // The browser cannot reopen a file by itself: the page names them, and choosing one again resumes it.
+  const unfinishedNote = document.getElementById("up-unfinished");
+  let unfinished = [];
+  const drawUnfinished = () => {
+    const left = unfinished.filter((u) => !queue.items.some((item) => item.name === u.name && item.size === u.size));
+    unfinishedNote.hidden = left.length === 0;
+    if (!left.length) return;
+    const files = left.map((u) => `${u.name} (${Math.floor(100 * u.sent)} % sent)`).join(", ");
+    unfinishedNote.textContent = `${left.length} unfinished upload${left.length === 1 ? "" : "s"}: `
+      + `choose the file${left.length === 1 ? "" : "s"} again to resume. ${files}`;
+  };
+  if (section.dataset.tusUrl) {
+    window.PicpeakUploadQueue.unfinished(section.dataset.tusUrl).then((found) => { unfinished = found; drawUnfinished(); });
+  }
 
   // --- choosing files -------------------------------------------------------------------------------------
   const addFiles = (files) => {
@@ -90,6 +109,13 @@
     if (button) queue.retry(queue.items[Number(button.dataset.index)]);
   });
   els["retry-all"].addEventListener("click", () => queue.retryAll());
+  // The problems are the list's first rows: show them, however far the list or the page was scrolled.
+  els["up-problems-link"].addEventListener("click", (event) => {
+    event.preventDefault();
+    list.scrollTop = 0;
+    const first = list.querySelector(".up-problem");
+    if (first) first.scrollIntoView({ block: "nearest" });
+  });
   els["clear-finished"].addEventListener("click", () => queue.clearFinished());
 
   window.addEventListener("beforeunload", (event) => {
@@ -97,18 +123,25 @@
   });
 
   // --- drawing (the queue calls this at most once per frame, with the rows that changed) --------------------
+  // A row that turns into a problem moves to the top of the list: the list scrolls inside its own box, and a
+  // failed or refused file at the bottom of 500 rows would be out of sight (the summary's link shows them).
   function draw(changed, s) {
     const fresh = document.createDocumentFragment();
+    const raised = [];
     for (const item of changed) {
       if (item.cleared) {
         if (item.row) { item.row.remove(); item.row = null; }
         continue;
       }
       if (!item.row) { item.row = makeRow(item); fresh.appendChild(item.row); }
+      const was = item.row.dataset.state;
       drawRow(item);
+      if (PROBLEMS.has(item.state) && !PROBLEMS.has(was)) raised.push(item.row);
     }
     if (fresh.childNodes.length) list.appendChild(fresh);
+    for (const row of raised.reverse()) list.prepend(row);
     drawSummary(s);
+    if (unfinished.length) drawUnfinished();
   }
 
   function makeRow(item) {
@@ -122,6 +155,8 @@
   }
 
   function rowLabel(item) {
+    // Queued: not being sent yet (a file is "Sending" only while its own bytes go up, three at a time).
+    if (item.state === "queued" && item.sent > 0) return `Queued · ${Math.round(100 * item.sent)} % sent earlier`;
     if (item.state === "sending") {
       const sending = `Sending ${Math.round(100 * item.sent)} %`;
       return item.paused && item.error ? `${sending} · ${item.error}` : sending;
@@ -133,7 +168,7 @@
 
   function drawRow(item) {
     const row = item.row;
-    row.className = `up-item up-${item.state}`;
+    row.className = `up-item up-${item.state}${PROBLEMS.has(item.state) ? " up-problem" : ""}`;
     row.dataset.state = item.state;
     // The row's bar is its transfer: full once the server has the file, empty when it was not taken.
     const taken = ["pending", "processing", "complete", "failed", "duplicate", "lost"].includes(item.state);
@@ -157,13 +192,20 @@
     els["up-sent"].textContent = String(s.sent);
     els["up-total"].textContent = String(s.total);
     els["up-done"].textContent = String(s.complete);
-    els["up-failed"].textContent = String(s.failed + s.refused + s.unsent);
+    els["up-failed"].textContent = String(s.failed + s.unsent);
+    els["up-refused"].textContent = String(s.refused);
     els["up-dupes"].textContent = String(s.duplicates);
     els["up-processing"].textContent = String(s.processing);
-    // Processed photos over all photos: bytes sent say nothing about when the last photo is ready.
-    const share = s.total ? s.finished / s.total : 0;
+    // Processed photos over all photos (a refused file is no photo): bytes sent say nothing about when the last
+    // photo is ready.
+    const share = s.photos ? s.processed / s.photos : 0;
     els["up-progress"].value = share;
     els["up-percent"].textContent = `${Math.floor(100 * share)} %`;
+    els["up-photos"].textContent = `${s.processed} of ${s.photos} photo${s.photos === 1 ? "" : "s"}`;
+    const problems = s.failed + s.unsent + s.refused;
+    els["up-problems"].hidden = problems === 0;
+    const problemText = problems === 1 ? "1 file needs attention" : `${problems} files need attention`;
+    if (els["up-problems-link"].textContent !== problemText) els["up-problems-link"].textContent = problemText;
     els["retry-all"].hidden = s.retryable === 0;
     els["clear-finished"].hidden = s.clearable === 0;
     section.dataset.state = s.busy ? "sending" : s.processing > 0 ? "processing" : "idle";

@@ -152,6 +152,7 @@
       if (c.guest) text += `, ${c.guest} from guests`;
       return text;
     }
+    const byName = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
     function updateTile(p) {
       let tile = grid.querySelector(`li[data-id="${p.id}"]`);
       if (p.status === "deleted") { if (tile) tile.remove(); return; }
@@ -164,7 +165,12 @@
         tile.querySelector("input").value = String(p.id);
         tile.querySelector(".visually-hidden").textContent = `Select ${p.filename || "photo"}`;
         tile.querySelector(".name").textContent = p.filename || "";
-        grid.appendChild(tile);
+        // The grid is in capture order, then by name (store/queries/admin_photos.py); a new photo's capture time
+        // is not known before it is processed, so a live tile goes in by its name (IMG_0001 before IMG_0021,
+        // whichever batch arrived first) until the next reload orders it exactly.
+        const after = [...grid.querySelectorAll("li[data-id] .name")]
+          .find((name) => byName.compare(name.textContent, p.filename || "") > 0);
+        grid.insertBefore(tile, after ? after.closest("li") : null);
       }
       // Hiding and showing change only `hidden`: apply it even when the status (and so the body) stays.
       const hidden = "hidden" in p ? Boolean(p.hidden) : tile.classList.contains("is-hidden");

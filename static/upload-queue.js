@@ -14,6 +14,7 @@
 //     onLost: (uploadId, reason) => {},              // an upload can no longer be followed
 //   });
 //   queue.add(files); queue.retry(item); queue.retryAll(); queue.clearFinished(); queue.busy()
+//   await PicpeakUploadQueue.unfinished(tusUrl)   // [{name, size, sent}]: uploads an earlier visit left unfinished
 //
 // Every file is an item whose `state` is what is really happening to that photo, so a row can show it:
 //   queued -> sending (item.sent, 0..1) -> pending -> processing -> complete | failed (item.error)
@@ -22,8 +23,9 @@
 //   refused   the server (or the size limit) will never take this file: no retry, item.error says why
 //   unsent    the request did not get through (network, 5xx, session ended): retry sends it again
 //   lost      accepted, but its progress can no longer be followed (gallery gone, session ended)
-// The summary's `finished` counts photos that reached an end state; the progress bars use it (processed
-// photos, not bytes sent, which reach 100 % long before the last photo is ready).
+// The summary's `finished` counts files that reached an end state; `processed` counts the photos among them that
+// the server took and is done with, out of `photos` (every file but the refused ones): the admin's bar uses
+// those (processed photos, not bytes sent, which reach 100 % long before the last photo is ready).
 //
 // With `tus`, each file goes up as a tus 1.0.0 upload in pieces of chunkBytes (small enough for any proxy's body
 // limit), the files of one batch sharing an upload group (`upload_group` metadata). Each file's upload URL is
@@ -45,6 +47,8 @@
   const SENDING = new Set(["queued", "waiting", "sending"]);
   const FOLLOWING = new Set(["pending", "processing"]);
   const FINISHED = new Set(["complete", "failed", "duplicate", "refused", "unsent", "lost"]);
+  // A photo the server took and is done with (a refused file is no photo; an unsent one is still to send).
+  const PROCESSED = new Set(["complete", "failed", "duplicate", "lost"]);
 
   // Why a whole request failed, for the files of it the answer did not name.
   const requestFailure = (status, data) => {
@@ -164,7 +168,8 @@
 
     const summary = () => {
       const s = { total: 0, queued: 0, sending: 0, sent: 0, processing: 0, complete: 0, failed: 0, refused: 0,
-                  unsent: 0, duplicates: 0, finished: 0, retryable: 0, clearable: 0, active };
+                  unsent: 0, duplicates: 0, finished: 0, photos: 0, processed: 0, retryable: 0, clearable: 0,
+                  active };
       for (const item of items) {
         if (item.cleared) continue;
         s.total += 1;
@@ -178,6 +183,8 @@
         if (item.state === "unsent") s.unsent += 1;
         if (item.state === "duplicate") s.duplicates += 1;
         if (FINISHED.has(item.state)) s.finished += 1;
+        if (item.state !== "refused") s.photos += 1;
+        if (PROCESSED.has(item.state)) s.processed += 1;
         if (canRetry(item)) s.retryable += 1;
         if (item.state === "complete" || item.state === "duplicate") s.clearable += 1;
       }
@@ -249,14 +256,20 @@
     };
 
     // --- sending with tus ----------------------------------------------------------------------------------
+    // The files of a batch go up one after the other: each stays "queued" until its own bytes are sent (with
+    // three batches in flight, three files are "sending", however long the queue).
     const sendTus = async (batch) => {
       active += 1;
-      for (const item of batch) touch(item, { state: "sending", sent: 0, error: null });
+      for (const item of batch) touch(item, { state: "queued", sent: 0, error: null });
       // Every file's upload is created (or found again) first: the files of the batch then share one group.
       const group = randomKey();
       const ready = [];
       for (const item of batch) if (await tusPrepare(item, group)) ready.push(item);
-      for (const item of ready) if (item.state === "sending") await tusTransfer(item, group);
+      for (const item of ready) {
+        if (item.state !== "queued") continue;  // settled meanwhile (refused, slowed down, already complete)
+        touch(item, { state: "sending", error: null });
+        await tusTransfer(item, group);
+      }
       active -= 1;
       pump();
       if (!frame) frame = requestAnimationFrame(flush);
@@ -545,5 +558,36 @@
              busy: () => active > 0 || queue.length > 0 };
   };
 
-  window.PicpeakUploadQueue = { create };
+  // The uploads this browser started to tusUrl and did not finish (their URLs are kept by fingerprint), as the
+  // server sees them now: [{name, size, sent}] (sent 0..1). One the server no longer has (expired) is forgotten;
+  // one the server could not be asked about (offline) is listed all the same. Choosing the file again resumes it.
+  const unfinished = async (tusUrl) => {
+    const prefix = `${TUS_STORE}${tusUrl}|`;
+    const keys = [];
+    try {
+      for (let i = 0; i < localStorage.length; i += 1) {
+        const key = localStorage.key(i);
+        if (key && key.startsWith(prefix)) keys.push(key);
+      }
+    } catch { return []; }
+    const found = [];
+    for (const key of keys) {
+      const parts = key.slice(prefix.length).split("|");
+      parts.pop();  // lastModified
+      const size = Number(parts.pop());
+      const name = parts.join("|");
+      const url = store.get(key);
+      if (!url || !name || !size) continue;
+      const head = await tusRequest("HEAD", url);
+      if (head.status === 404 || head.status === 410 || head.headers.get("Picpeak-Photo-Id")) {
+        store.remove(key);  // expired, or finished after all: nothing to resume
+        continue;
+      }
+      const offset = Number(head.headers.get("Upload-Offset")) || 0;
+      found.push({ key, name, size, sent: offset / size });
+    }
+    return found;
+  };
+
+  window.PicpeakUploadQueue = { create, unfinished };
 })();

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.queries.listing import COVER_ID, TAKEN_KEY
 
 STATUS_FILTERS = {
     "complete": "p.status = 'complete'",
@@ -18,7 +19,9 @@ _FAV_COUNT = "(SELECT count(*) FROM favourites f WHERE f.photo_id = p.id) AS fav
 
 def list_photos(conn: Connection, gallery_id: int, *, status: str | None = None, source: str | None = None,
                 favourites: bool = False, limit: int = 5000) -> list[Row]:
-    """The gallery's photos for the admin grid, oldest first, with how many guests favourited each."""
+    """The gallery's photos for the admin grid, with how many guests favourited each: by capture time (the upload
+    time for a photo without one), then by name, so that two batches sent in parallel read IMG_0001, IMG_0002, ...
+    and not in the order they arrived."""
     clauses = ["p.gallery_id = ?"]
     if status in STATUS_FILTERS:
         clauses.append(STATUS_FILTERS[status])
@@ -30,7 +33,7 @@ def list_photos(conn: Connection, gallery_id: int, *, status: str | None = None,
         f"SELECT p.id, p.display_name, p.status, p.error, p.width, p.height, p.size, p.hidden, p.uploaded_by, "
         f"p.guest_name, p.created_at, p.awaiting_approval, p.media_type, p.duration, {_FAV_COUNT} "
         f"FROM photos p WHERE {' AND '.join(clauses)} "
-        f"ORDER BY p.id LIMIT ?",
+        f"ORDER BY {TAKEN_KEY}, p.display_name, p.id LIMIT ?",
         (gallery_id, limit),
     ).fetchall()
 
@@ -82,14 +85,10 @@ def set_cover(conn: Connection, gallery_id: int, photo_id: int | None, now: floa
 
 
 def gallery_extras(conn: Connection) -> dict[int, Row]:
-    """Per gallery: the cover to show (the chosen one, else the first complete photo), favourites, bytes."""
+    """Per gallery: its cover (the guests' one, :data:`listing.COVER_ID`), favourites, bytes."""
     rows = conn.execute(
-        """
-        SELECT g.id,
-            coalesce(
-                (SELECT p.id FROM photos p WHERE p.id = g.cover_photo_id AND p.status = 'complete'),
-                (SELECT p.id FROM photos p WHERE p.gallery_id = g.id AND p.status = 'complete'
-                 ORDER BY p.id LIMIT 1)) AS cover_id,
+        f"""
+        SELECT g.id, {COVER_ID} AS cover_id,
             (SELECT count(*) FROM favourites f JOIN photos p ON p.id = f.photo_id WHERE p.gallery_id = g.id)
                 AS favourite_count,
             (SELECT coalesce(sum(p.size), 0) FROM photos p WHERE p.gallery_id = g.id) AS original_bytes

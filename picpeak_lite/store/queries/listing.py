@@ -124,16 +124,23 @@ def download_totals(conn: Connection, gallery_id: int, web_px: int, scaled: tupl
     ).fetchall()[0]
 
 
+# The one cover choice, for a gallery row ``g`` (the guest's hero, the dashboard's card, the link preview): the
+# chosen cover if a guest may see it, else the first visible photo by capture time (the guest listing's first).
+# Unqualified names in the subqueries are the photos' own (SQLite resolves the innermost table first).
+COVER_ID = (
+    "coalesce("
+    f"(SELECT c.id FROM photos c WHERE c.id = g.cover_photo_id AND c.gallery_id = g.id AND {GUEST_VISIBLE_PHOTO}), "
+    f"(SELECT c.id FROM photos c WHERE c.gallery_id = g.id AND {GUEST_VISIBLE_PHOTO} "
+    f"ORDER BY {TAKEN_KEY}, c.id LIMIT 1))"
+)
+
+
 def cover_photo(conn: Connection, gallery: Row) -> Row | None:
-    """The gallery's chosen cover if a guest may see it, else its first visible photo by capture time."""
-    if gallery.get("cover_photo_id"):
-        rows = conn.execute(
-            f"SELECT {COLUMNS} FROM photos WHERE id = ? AND gallery_id = ? AND {GUEST_VISIBLE_PHOTO}",
-            (gallery["cover_photo_id"], gallery["id"]),
-        ).fetchall()
-        if rows:
-            return rows[0]
-    rows, _ = list_photos(conn, gallery["id"], limit=1)
+    """The gallery's cover (:data:`COVER_ID`), or None while no photo is visible."""
+    rows = conn.execute(
+        f"SELECT {COLUMNS} FROM photos WHERE id = (SELECT {COVER_ID} FROM galleries g WHERE g.id = ?)",
+        (gallery["id"],),
+    ).fetchall()
     return rows[0] if rows else None
 
 

@@ -11,7 +11,7 @@ import operator
 from collections import OrderedDict
 from typing import Any
 
-from quart import Blueprint, current_app, redirect, render_template, request, url_for
+from quart import Blueprint, current_app, g, redirect, render_template, request, url_for
 from quart.blueprints import BlueprintSetupState
 from quart.json.provider import DefaultJSONProvider
 
@@ -22,7 +22,7 @@ from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import listing
 from picpeak_lite.store.queries import moderation as moderation_q
-from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, limits, services
+from picpeak_lite.web.auth import Guest, admin_from_cookie, check_guest_state_change, current_guest, limits, services
 from picpeak_lite.web.playback import duration_label, video_fields
 from picpeak_lite.web.views.common import base_url, client_ip, load_gallery, prove_device, trusted_device
 
@@ -281,7 +281,9 @@ async def gallery(slug: str) -> Any:
                 moderation_q.own_waiting(conn, row["id"], guest.id) if guest else [])
 
     total, favourite_count, cover, totals, own_waiting = await svc.db.read(counts)
-    svc.activity.count(row["id"], "views")
+    # The photographer looking at the page (preview, or the "Open" link) is not a guest's visit.
+    if not g.get("admin_preview") and await admin_from_cookie() is None:
+        svc.activity.count(row["id"], "views")
     cover_url = (url_for("photos.guest_image", slug=slug, photo_id=cover["id"], kind="view") if cover else None)
     return await render_template(
         "guest/gallery.html", gallery=row, page=page, total=total, sort=sort, favourites_only=favourites_only,
