@@ -1,0 +1,118 @@
+"""Issue 35, the guest's pages (points 12-16), each seen in Chromium at 1440 x 900 and on a 390 x 844 phone, with
+screenshots in test-artifacts/ (``guest35-...``).
+
+The server runs with a text watermark in the bottom-right corner (the default position), so that the galleries
+made with ``watermark: True`` show what a photographer's watermarked gallery shows.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image, ImageChops
+
+from picpeak_lite.media import images
+
+from .. import imagefactory
+from .conftest import PATIENCE_S, LiveServer, Page, new_page, start_server, stop_server
+
+WATERMARK_ENV = {"PICPEAK_WATERMARK_TEXT": "PROOF COPY", "PICPEAK_WATERMARK_OPACITY": "1",
+                 "PICPEAK_WATERMARK_SIZE": "0.4", "PICPEAK_WATERMARK_POSITION": "bottom-right"}
+DESK = {"viewport": {"width": 1440, "height": 900}}
+PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 3, "is_mobile": True, "has_touch": True}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    live = start_server(tmp_path / "data", env=WATERMARK_ENV)
+    yield live
+    stop_server(live)
+
+
+def shot(page: Page, label: str) -> None:
+    page.screenshot(label)
+
+
+def open_page(browser: Any, request: Any, name: str, **args: Any) -> tuple[Page, Iterator[Page]]:
+    pages = new_page(browser, request, **args)
+    page = next(pages)
+    page.name = f"guest35-{name}"
+    return page, pages
+
+
+def close(pages: Iterator[Page]) -> None:
+    next(pages, None)  # runs new_page's end: the context closes and the console is checked for errors
+
+
+def gallery_with(api: httpx.Client, name: str, files: list[tuple[str, bytes]], **fields: Any) -> dict[str, Any]:
+    """A published gallery holding ``files``, every photo processed."""
+    gallery = api.post("/api/admin/galleries", json={"name": name, **fields}).json()
+    upload = api.post(f"/api/admin/galleries/{gallery['id']}/upload",
+                      files=[("photos", (n, data)) for n, data in files]).json()
+    deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
+    while not api.get(f"/api/admin/uploads/{upload['upload_id']}").json()["done"]:
+        assert time.monotonic() < deadline, "the photos were not processed in time"
+        time.sleep(0.2)
+    return {**gallery, **api.post(f"/api/admin/galleries/{gallery['id']}/publish").json()}
+
+
+def fetched(page: Page, url: str) -> Image.Image:
+    response = page.request.get(url)
+    assert response.status == 200, (url, response.status)
+    return Image.open(io.BytesIO(response.body())).convert("L")
+
+
+def changed_share(a: Image.Image, b: Image.Image, box: tuple[float, float, float, float]) -> float:
+    """The share of pixels in ``box`` (given as shares of the width and height) that differ by more than 40 grey
+    levels: a watermark's letters, not JPEG noise."""
+    w, h = a.size
+    crop = (round(box[0] * w), round(box[1] * h), round(box[2] * w), round(box[3] * h))
+    hist = ImageChops.difference(a.crop(crop), b.crop(crop)).histogram()
+    return sum(hist[41:]) / max(1, sum(hist))
+
+
+# ---- 14. Every size a guest sees carries the watermark ---------------------------------------------------------------
+
+SIZES_14 = [(1800, 1200), (1200, 1800), (1600, 1600), (2000, 1000), (1500, 1000), (1000, 1400), (1700, 1100),
+            (1300, 1300)]
+
+
+def test_every_tile_of_a_watermarked_gallery_shows_the_watermark(server: LiveServer, api: httpx.Client,
+                                                                 browser: Any, request: Any) -> None:
+    sources = {size: imagefactory.save(imagefactory.photo(*size, seed=i), "jpeg") for i, size in enumerate(SIZES_14)}
+    gallery = gallery_with(api, "Marked", [(f"IMG_{i:04d}.jpg", data) for i, data in enumerate(sources.values())],
+                           watermark=True)
+    # What the server makes without a watermark, made here by the same code: the reference for each size.
+    plain = {size: images.render(data, images.RenderSpec()) for size, data in sources.items()}
+    for name, args in (("desk", DESK), ("phone", PHONE)):
+        page, pages = open_page(browser, request, f"14-watermark-{name}", **args)
+        page.goto(f"{server.url}/g/{gallery['slug']}")
+        page.evaluate("window.scrollTo(0, document.body.scrollHeight)")  # every lazy tile loads
+        page.wait_for_function("""() => [...document.querySelectorAll('#grid .tile img')]
+                                  .every(i => i.complete && i.naturalWidth > 0)""")
+        tiles = page.eval_on_selector_all("#grid .tile", """ts => ts.map(t => {
+            const a = t.querySelector('.tile-link'), i = t.querySelector('img');
+            const abs = u => new URL(u, location.href).href;
+            return {w: +a.dataset.width, h: +a.dataset.height, shown: i.currentSrc, grid: abs(a.dataset.grid),
+                    view: abs(a.dataset.view)}; })""")
+        assert len(tiles) == len(SIZES_14)
+        for index, tile in enumerate(tiles):
+            reference = plain[(tile["w"], tile["h"])]
+            for url in {tile["shown"], tile["grid"], tile["view"]}:
+                served = fetched(page, url)
+                made = reference.grid_jpeg if served.width <= 400 and served.height <= 400 else reference.view_jpeg
+                unmarked = Image.open(io.BytesIO(made)).convert("L")
+                assert served.size == unmarked.size, (url, served.size, unmarked.size)
+                # The mark sits in the bottom-right corner (40 % of the width); the opposite corner is untouched.
+                corner = changed_share(served, unmarked, (0.5, 0.5, 1, 1))
+                assert corner > 0.01, f"tile {index + 1} ({url}) has no watermark: {corner:.2%} changed"
+                assert changed_share(served, unmarked, (0, 0, 0.5, 0.5)) < 0.001, url
+        page.evaluate("window.scrollTo(0, 0)")
+        shot(page, "grid")
+        close(pages)
