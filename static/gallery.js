@@ -74,12 +74,26 @@
 
   // ---- Hearts ------------------------------------------------------------------------------------------------
   const favCounts = document.querySelectorAll(".fav-count");
+  let saidTimer = 0;
+
+  // A refused heart says why where the guest is looking: a toast at the foot of the screen (guest.css), moved
+  // into the lightbox while it is open (a modal dialog covers everything outside it).
+  function sayRefusal(text) {
+    const said = document.getElementById("favourite-error");  // the limit's sentence (guest/_favourite_limit.html)
+    if (!said) return;
+    clearTimeout(saidTimer);
+    said.textContent = text;
+    said.hidden = !text;
+    if (!text) return;
+    const place = box.open ? box : document.body;
+    if (said.parentNode !== place) place.appendChild(said);
+    saidTimer = setTimeout(function () { said.hidden = true; }, 8000);
+  }
 
   function setFavourite(id, on) {
     const tile = grid.querySelector('.tile[data-id="' + id + '"]');
     return window.PicpeakHttp.json(grid.dataset.favouriteUrl + id, {method: on ? "PUT" : "DELETE"}).then(function (r) {
-      const said = document.getElementById("favourite-error");  // the limit's sentence (guest/_favourite_limit.html)
-      if (said) { said.textContent = r.ok ? "" : (r.data && r.data.error) || ""; said.hidden = r.ok; }
+      sayRefusal(r.ok ? "" : (r.data && r.data.error) || "Your favourite could not be saved. Please try again.");
       if (!r.ok) throw new Error("HTTP " + r.status);
       return r.data;
     }).then(function (result) {

@@ -20,7 +20,7 @@ from PIL import Image, ImageChops
 from picpeak_lite.media import images
 
 from .. import imagefactory
-from .conftest import PATIENCE_S, LiveServer, Page, new_page, start_server, stop_server
+from .conftest import ARTIFACTS, PATIENCE_S, LiveServer, Page, new_page, start_server, stop_server
 
 WATERMARK_ENV = {"PICPEAK_WATERMARK_TEXT": "PROOF COPY", "PICPEAK_WATERMARK_OPACITY": "1",
                  "PICPEAK_WATERMARK_SIZE": "0.4", "PICPEAK_WATERMARK_POSITION": "bottom-right"}
@@ -35,8 +35,13 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
     stop_server(live)
 
 
-def shot(page: Page, label: str) -> None:
-    page.screenshot(label)
+def shot(page: Page, label: str, *, full: bool = False) -> None:
+    """What the guest sees on the screen (``full``: the whole page)."""
+    if full:
+        page.screenshot(label)
+    else:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.page.screenshot(path=str(ARTIFACTS / f"{page.name}-{label}.png"))
 
 
 def open_page(browser: Any, request: Any, name: str, **args: Any) -> tuple[Page, Iterator[Page]]:
@@ -114,5 +119,63 @@ def test_every_tile_of_a_watermarked_gallery_shows_the_watermark(server: LiveSer
                 assert corner > 0.01, f"tile {index + 1} ({url}) has no watermark: {corner:.2%} changed"
                 assert changed_share(served, unmarked, (0, 0, 0.5, 0.5)) < 0.001, url
         page.evaluate("window.scrollTo(0, 0)")
+        shot(page, "grid", full=True)
+        close(pages)
+
+
+# ---- 12. A refused heart says why where the guest is looking ---------------------------------------------------------
+
+IN_VIEW_JS = """e => { const r = e.getBoundingClientRect(), x = r.left + r.width / 2, y = r.top + r.height / 2;
+    const top = document.elementFromPoint(x, y);
+    return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, shown: !!top && e.contains(top),
+            width: innerWidth, height: innerHeight}; }"""
+
+
+def assert_in_view(box: dict[str, Any]) -> None:
+    assert box["shown"], box  # nothing covers it
+    assert box["top"] >= 0 and box["bottom"] <= box["height"], box
+    assert box["left"] >= 0 and box["right"] <= box["width"], box
+
+
+def press(page: Page, target: Any) -> None:
+    """A finger's tap on a touch screen, a mouse click (after the hover that shows a tile's heart) elsewhere."""
+    target.scroll_into_view_if_needed()
+    if page.evaluate("matchMedia('(hover: hover)').matches"):
+        target.hover()
+        target.click()
+    else:
+        target.tap()
+
+
+def test_the_eleventh_heart_says_the_limit_on_screen(server: LiveServer, api: httpx.Client, browser: Any,
+                                                     request: Any) -> None:
+    files = [(f"DSC_{i:04d}.jpg", imagefactory.save(imagefactory.photo(900, 600 + 20 * i, seed=i), "jpeg"))
+             for i in range(13)]
+    gallery = gallery_with(api, "Limited", files, favourite_limit=10)
+    for name, args in (("phone", PHONE), ("desk", DESK)):
+        page, pages = open_page(browser, request, f"12-limit-{name}", **args)
+        page.goto(f"{server.url}/g/{gallery['slug']}")
+        hearts = page.locator("#grid .tile .heart")
+        for index in range(11):
+            press(page, hearts.nth(index))
+            if index < 10:
+                page.wait_for_selector(f"#grid .tile:nth-child({index + 1}).is-favourite")
+        said = page.wait_for_selector("#favourite-error:not([hidden])")
+        assert "up to 10 favourites" in said.inner_text()
+        assert page.locator("#grid .tile.is-favourite").count() == 10
+        assert_in_view(said.evaluate(IN_VIEW_JS))
         shot(page, "grid")
+        # In the lightbox, the same: its heart on a photo not chosen is refused on screen, over the photo.
+        page.locator("#grid .tile .tile-link").nth(11).click()
+        page.wait_for_selector("#lightbox[open]")
+        page.evaluate("document.getElementById('favourite-error').hidden = true")
+        page.click("#lightbox .lb-fav")
+        said = page.wait_for_selector("#favourite-error:not([hidden])")
+        assert_in_view(said.evaluate(IN_VIEW_JS))
+        shot(page, "lightbox")
+        page.keyboard.press("Escape")
+        # A heart taken back is never refused: the message goes.
+        press(page, hearts.nth(0))
+        page.wait_for_selector("#grid .tile:nth-child(1):not(.is-favourite)")
+        assert page.locator("#favourite-error").is_hidden()
         close(pages)
