@@ -20,7 +20,7 @@
     const link = li.querySelector(".tile-link");
     link.href = photo.view_url;
     link.dataset.view = photo.view_url;
-    link.dataset.grid = photo.grid_url;
+    link.dataset.srcset = photo.srcset;
     link.dataset.width = photo.width;
     link.dataset.height = photo.height;
     link.dataset.taken = photo.taken || "";
@@ -33,12 +33,11 @@
     const badge = li.querySelector(".play-badge");
     badge.hidden = !photo.duration;
     badge.textContent = "\u25B6 " + (photo.duration || "");
-    li.querySelector("source").srcset = photo.grid_url + " 400w";
     const img = li.querySelector("img");
     img.width = photo.width;
     img.height = photo.height;
     img.alt = photo.alt || "";
-    img.srcset = photo.grid_url + " 400w, " + photo.view_url + " 1600w";
+    img.srcset = photo.srcset;  // the grid and the view with their real widths (guest.py PhotoUrls.srcset)
     img.src = photo.grid_url;
     li.querySelector(".heart").setAttribute("aria-pressed", photo.favourite ? "true" : "false");
     return li;
@@ -152,7 +151,7 @@
     boxImg.removeAttribute("src");
     boxImg.width = Number(link.dataset.width);
     boxImg.height = Number(link.dataset.height);
-    boxImg.srcset = link.dataset.grid + " 400w, " + link.dataset.view + " 1600w";
+    boxImg.srcset = link.dataset.srcset;
     boxImg.sizes = "100vw";
     boxImg.src = link.dataset.view;
     boxImg.alt = link.dataset.alt;

@@ -104,7 +104,7 @@ def test_every_tile_of_a_watermarked_gallery_shows_the_watermark(server: LiveSer
         tiles = page.eval_on_selector_all("#grid .tile", """ts => ts.map(t => {
             const a = t.querySelector('.tile-link'), i = t.querySelector('img');
             const abs = u => new URL(u, location.href).href;
-            return {w: +a.dataset.width, h: +a.dataset.height, shown: i.currentSrc, grid: abs(a.dataset.grid),
+            return {w: +a.dataset.width, h: +a.dataset.height, shown: i.currentSrc, grid: abs(i.getAttribute("src")),
                     view: abs(a.dataset.view)}; })""")
         assert len(tiles) == len(SIZES_14)
         for index, tile in enumerate(tiles):
@@ -178,4 +178,35 @@ def test_the_eleventh_heart_says_the_limit_on_screen(server: LiveServer, api: ht
         press(page, hearts.nth(0))
         page.wait_for_selector("#grid .tile:nth-child(1):not(.is-favourite)")
         assert page.locator("#favourite-error").is_hidden()
+        close(pages)
+
+
+# ---- 13. A tile gets an image as sharp as the screen can show --------------------------------------------------------
+
+def test_tiles_get_an_image_as_wide_as_their_device_pixels(server: LiveServer, api: httpx.Client, browser: Any,
+                                                            request: Any) -> None:
+    sizes = [(2400, 1600), (1600, 2400), (2000, 2000), (2400, 1350), (1800, 2400), (2400, 1800)]
+    files = [(f"IMG_{i:04d}.jpg", imagefactory.save(imagefactory.photo(*size, seed=40 + i, noise=0.1), "jpeg"))
+             for i, size in enumerate(sizes)]
+    gallery = gallery_with(api, "Sharp", files)
+    for name, args, ratio in (("phone", PHONE, 3), ("desk", DESK, 1)):
+        page, pages = open_page(browser, request, f"13-sharp-{name}", **args)
+        page.goto(f"{server.url}/g/{gallery['slug']}")
+        page.evaluate("window.scrollTo(0, document.body.scrollHeight)")  # every lazy tile loads
+        page.wait_for_function("""() => [...document.querySelectorAll('#grid .tile img')]
+                                  .every(i => i.complete && i.naturalWidth > 0)""")
+        # naturalWidth of a srcset image is in CSS pixels: the file's own width comes from a plain Image of it.
+        tiles = page.eval_on_selector_all("#grid .tile img", """imgs => Promise.all(imgs.map(i => {
+            const file = new Image();
+            file.src = i.currentSrc;
+            return file.decode().then(() => ({tile: i.getBoundingClientRect().width, natural: file.naturalWidth,
+                src: i.currentSrc, bytes: (performance.getEntriesByName(i.currentSrc)[0] || {}).encodedBodySize || 0}));
+            }))""")
+        assert len(tiles) == len(sizes)
+        for tile in tiles:
+            wanted = min(tile["tile"] * ratio, 1600)  # nothing wider than the view image exists
+            assert tile["natural"] >= wanted * 0.98, (name, tile)
+        print(f"\n{name}: tiles {[round(t['tile'] * ratio) for t in tiles]} device px, images "
+              f"{[t['natural'] for t in tiles]} px, {sum(t['bytes'] for t in tiles) / 1024:.0f} KB in all")
+        shot(page, "grid", full=True)
         close(pages)

@@ -106,8 +106,11 @@ class PhotoUrls:
         self._download = self._split("downloads.photo")
         self._web_download = self._split("downloads.photo", size="web")
         self._play = self._split("video.guest_play")
+        settings = services().settings
+        self.grid_px, self.view_px = settings.grid_px, settings.view_px
         # What the URLs are made of, for FragmentCache's key (None: that endpoint is built per photo).
-        self.key = (slug, self._grid, self._view, self._download, self._web_download, self._play)
+        self.key = (slug, self._grid, self._view, self._download, self._web_download, self._play, self.grid_px,
+                    self.view_px)
 
     def _split(self, endpoint: str, **values: Any) -> tuple[str, str] | None:
         built = url_for(endpoint, slug=self.slug, photo_id=self.SENTINEL, **values)
@@ -124,6 +127,13 @@ class PhotoUrls:
 
     def view(self, photo_id: int) -> str:
         return self._url(self._view, "photos.guest_image", photo_id, kind="view")
+
+    def srcset(self, photo_id: int, width: int, height: int) -> str:
+        """The grid and the view image with their real widths, so that a browser picks the one that fills a tile
+        (or the lightbox) at the screen's pixel ratio: a portrait grid image is 267 px wide, not 400."""
+        def across(long_edge: int) -> int:
+            return max(1, round(width * min(1.0, long_edge / max(width, height))))
+        return f"{self.grid(photo_id)} {across(self.grid_px)}w, {self.view(photo_id)} {across(self.view_px)}w"
 
     def download(self, photo_id: int) -> str:
         return self._url(self._download, "downloads.photo", photo_id)
@@ -150,6 +160,7 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
         "ratio_class": ratio_class(photo["width"], photo["height"]),
         "grid_url": urls.grid(pid),
         "view_url": urls.view(pid),
+        "srcset": urls.srcset(pid, photo["width"] or 1, photo["height"] or 1),
         "download_url": urls.download(pid) if gallery["allow_downloads"] else None,
         "web_download_url": (urls.web_download(pid)
                              if gallery["allow_downloads"] and photo.get("media_type") != "video" else None),
