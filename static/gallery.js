@@ -249,7 +249,10 @@
     if (touchX === null) return;
     const dx = event.changedTouches[0].clientX - touchX, dy = event.changedTouches[0].clientY - touchY;
     touchX = null;
-    if (Math.abs(dx) > 50 && Math.abs(dx) > 1.5 * Math.abs(dy)) step(dx < 0 ? 1 : -1);
+    if (Math.abs(dx) > 50 && Math.abs(dx) > 1.5 * Math.abs(dy)) {
+      box.classList.add("lb-swiped");  // the guest knows now: the swipe hint goes (guest.css)
+      step(dx < 0 ? 1 : -1);
+    }
     else if (dy > 90 && Math.abs(dy) > 2 * Math.abs(dx)) closeLightbox();
   }, {passive: true});
 

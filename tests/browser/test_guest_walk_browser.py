@@ -210,3 +210,74 @@ def test_tiles_get_an_image_as_wide_as_their_device_pixels(server: LiveServer, a
               f"{[t['natural'] for t in tiles]} px, {sum(t['bytes'] for t in tiles) / 1024:.0f} KB in all")
         shot(page, "grid", full=True)
         close(pages)
+
+
+# ---- 15. A phone: nothing at the screen's edge, nothing covered, nothing cut -----------------------------------------
+
+TEXT_BOX_JS = """e => { const r = document.createRange(); r.selectNodeContents(e); const b = r.getBoundingClientRect();
+    return {left: b.left, right: b.right, width: innerWidth}; }"""
+LINES_JS = """e => { const r = document.createRange(); r.selectNodeContents(e);
+    return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size; }"""
+
+
+def test_the_phone_layout_keeps_off_the_edges_and_shows_everything(server: LiveServer, api: httpx.Client,
+                                                                   browser: Any, request: Any,
+                                                                   tmp_path: Path) -> None:
+    from .. import videofactory
+    from .test_event_browser import guest_upload
+
+    exif = imagefactory.make_exif(make="Canon", model="Canon EOS R5", date_original="2024:06:14 18:30:05",
+                                  fnumber=(18, 10), exposure=(1, 200), iso=400, focal=(35, 1))
+    files = [(f"IMG_{i:04d}.jpg", imagefactory.save(imagefactory.photo(1200, 800, seed=60 + i), "jpeg", exif=exif))
+             for i in range(3)]
+    clip = videofactory.make_clip(tmp_path / "dance.mp4", width=360, height=640, seconds=4)
+    files.append(("dance.mp4", clip.read_bytes()))
+    gallery = gallery_with(api, "Phone", files, favourite_limit=5, allow_guest_uploads=True,
+                           guest_photos_need_approval=True, allow_downloads=True)
+    page, pages = open_page(browser, request, "15-phone", **PHONE)
+    upload = tmp_path / "cake.jpg"
+    upload.write_bytes(imagefactory.save(imagefactory.photo(800, 600, seed=69), "jpeg"))
+    guest_upload(page, gallery, str(upload), "Aunt Sue")
+    page.goto(gallery["share_url"])
+    page.wait_for_selector("#own-waiting img")
+    # The favourites' count and the waiting photos' sentences keep 8 px off both edges.
+    for selector in ("#favourite-limit", "#own-waiting-title", "#own-waiting p", "#download-all-size"):
+        text = page.eval_on_selector(selector, TEXT_BOX_JS)
+        assert text["left"] >= 8 and text["right"] <= text["width"] - 8, (selector, text)
+    # The video tile's badge and heart do not meet.
+    video = page.locator("#grid .tile", has=page.locator(".play-badge:visible"))
+    badge, heart = video.locator(".play-badge").bounding_box(), video.locator(".heart").bounding_box()
+    assert badge and heart
+    apart = (badge["x"] + badge["width"] <= heart["x"] or heart["x"] + heart["width"] <= badge["x"]
+             or badge["y"] + badge["height"] <= heart["y"] or heart["y"] + heart["height"] <= badge["y"])
+    assert apart, (badge, heart)
+    shot(page, "gallery", full=True)
+    # The lightbox: the date and the camera whole, each button on one line, a hint that swiping turns the page.
+    page.locator("#grid .tile-link[data-camera*='Canon']").first.click()
+    page.wait_for_selector("#lightbox[open]")
+    for selector in (".lb-date", ".lb-camera"):
+        cut = page.eval_on_selector(f"#lightbox {selector}", "e => [e.scrollWidth, e.clientWidth, e.textContent]")
+        assert cut[2] and cut[0] <= cut[1], (selector, cut)
+    assert "14 June 2024" in page.inner_text("#lightbox .lb-date")
+    for button in page.locator("#lightbox .lb-actions .button:visible").all():
+        assert button.evaluate(LINES_JS) == 1, button.inner_text()
+        box = button.bounding_box()
+        assert box and box["x"] >= 8 and box["x"] + box["width"] <= 390 - 8, box
+    assert page.locator("#lightbox .lb-hint").is_visible()
+    shot(page, "lightbox")
+    page.evaluate("""() => { const box = document.getElementById('lightbox');  // a swipe to the left
+        const at = x => new Touch({identifier: 1, target: box, clientX: x, clientY: 400});
+        box.dispatchEvent(new TouchEvent('touchstart', {touches: [at(300)], bubbles: true}));
+        box.dispatchEvent(new TouchEvent('touchend', {changedTouches: [at(100)], bubbles: true})); }""")
+    assert page.locator("#lightbox .lb-hint").is_hidden()  # swiped once: the hint has done its job
+    close(pages)
+    # A mouse has the previous and next buttons: no swipe hint there.
+    desk, pages = open_page(browser, request, "15-desk", **DESK)
+    desk.goto(gallery["share_url"])
+    desk.locator("#grid .tile-link").first.click()
+    desk.wait_for_selector("#lightbox[open]")
+    assert desk.locator("#lightbox .lb-hint").is_hidden()
+    cut = desk.eval_on_selector("#lightbox .lb-camera", "e => [e.scrollWidth, e.clientWidth]")
+    assert cut[0] <= cut[1], cut
+    shot(desk, "lightbox")
+    close(pages)
