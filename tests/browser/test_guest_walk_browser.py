@@ -281,3 +281,40 @@ def test_the_phone_layout_keeps_off_the_edges_and_shows_everything(server: LiveS
     assert cut[0] <= cut[1], cut
     shot(desk, "lightbox")
     close(pages)
+
+
+# ---- 16. The wall's QR code leaves the watermark in sight ------------------------------------------------------------
+
+def test_the_walls_qr_code_does_not_cover_the_watermark(server: LiveServer, api: httpx.Client, browser: Any,
+                                                        request: Any) -> None:
+    from .test_event_browser import wait_shown, wall_link
+
+    data = imagefactory.save(imagefactory.photo(2400, 1600, seed=80), "jpeg")
+    gallery = gallery_with(api, "Wall", [("IMG_0080.jpg", data)], watermark=True, allow_guest_uploads=True)
+    gallery["share_url"] = f"{server.url}/g/{gallery['slug']}"
+    link = wall_link(api, gallery)
+    unmarked = Image.open(io.BytesIO(images.render(data, images.RenderSpec()).view_jpeg)).convert("L")
+    for name, args in (("desk", DESK), ("phone", PHONE)):
+        page, pages = open_page(browser, request, f"16-wall-{name}", **args)
+        page.goto(link)
+        wait_shown(page, 1)
+        shown = page.wait_for_selector(".wall-layer.is-shown img")
+        page.wait_for_function("() => { const i = document.querySelector('.wall-layer.is-shown img');"
+                               " return i && i.complete && i.naturalWidth > 0 && "
+                               "getComputedStyle(i.parentNode).opacity === '1'; }")
+        served = fetched(page, shown.evaluate("i => i.currentSrc"))
+        # Where the mark is: the pixels that differ from an unwatermarked render, mapped onto the screen.
+        changed = ImageChops.difference(served, unmarked).point(lambda v: 255 if v > 40 else 0).getbbox()
+        assert changed and changed[0] > served.width / 2 and changed[1] > served.height / 2, changed  # bottom right
+        img = shown.bounding_box()
+        assert img
+        scale = img["width"] / served.width
+        mark = (img["x"] + changed[0] * scale, img["y"] + changed[1] * scale,
+                img["x"] + changed[2] * scale, img["y"] + changed[3] * scale)
+        qr = page.locator(".wall-qr").bounding_box()
+        assert qr
+        overlap = not (qr["x"] + qr["width"] <= mark[0] or mark[2] <= qr["x"]
+                       or qr["y"] + qr["height"] <= mark[1] or mark[3] <= qr["y"])
+        assert not overlap, (name, qr, mark)
+        shot(page, "photo")
+        close(pages)
