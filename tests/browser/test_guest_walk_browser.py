@@ -88,7 +88,7 @@ SIZES_14 = [(1800, 1200), (1200, 1800), (1600, 1600), (2000, 1000), (1500, 1000)
             (1300, 1300)]
 
 
-def test_every_tile_of_a_watermarked_gallery_shows_the_watermark(server: LiveServer, api: httpx.Client,
+def test_every_tile_and_the_cover_of_a_watermarked_gallery_show_the_watermark(server: LiveServer, api: httpx.Client,
                                                                  browser: Any, request: Any) -> None:
     sources = {size: imagefactory.save(imagefactory.photo(*size, seed=i), "jpeg") for i, size in enumerate(SIZES_14)}
     gallery = gallery_with(api, "Marked", [(f"IMG_{i:04d}.jpg", data) for i, data in enumerate(sources.values())],
@@ -119,8 +119,27 @@ def test_every_tile_of_a_watermarked_gallery_shows_the_watermark(server: LiveSer
                 assert corner > 0.01, f"tile {index + 1} ({url}) has no watermark: {corner:.2%} changed"
                 assert changed_share(served, unmarked, (0, 0, 0.5, 0.5)) < 0.001, url
         page.evaluate("window.scrollTo(0, 0)")
+        assert_cover_shows_its_mark(page, plain)
         shot(page, "grid", full=True)
         close(pages)
+
+
+def assert_cover_shows_its_mark(page: Page, plain: dict[tuple[int, int], images.Rendered]) -> None:
+    """The hero crops its cover (object-fit: cover): the watermark's corner must stay in the frame."""
+    hero = page.eval_on_selector(".hero-img", """i => { const r = i.getBoundingClientRect();
+        const [px, py] = getComputedStyle(i).objectPosition.split(' ').map(v => parseFloat(v) / 100);
+        return {x: r.left, y: r.top, w: r.width, h: r.height, px, py, src: i.currentSrc}; }""")
+    served = fetched(page, hero["src"])
+    unmarked = next(u for u in (Image.open(io.BytesIO(r.view_jpeg)).convert("L") for r in plain.values())
+                    if u.size == served.size and changed_share(served, u, (0, 0, 0.5, 0.5)) < 0.001)
+    changed = ImageChops.difference(served, unmarked).point(lambda v: 255 if v > 40 else 0).getbbox()
+    assert changed, "the cover has no watermark"
+    scale = max(hero["w"] / served.width, hero["h"] / served.height)
+    left = hero["x"] + (hero["w"] - served.width * scale) * hero["px"]
+    top = hero["y"] + (hero["h"] - served.height * scale) * hero["py"]
+    mark = [left + changed[0] * scale, top + changed[1] * scale, left + changed[2] * scale, top + changed[3] * scale]
+    assert mark[0] >= hero["x"] - 1 and mark[2] <= hero["x"] + hero["w"] + 1, (mark, hero)
+    assert mark[1] >= hero["y"] - 1 and mark[3] <= hero["y"] + hero["h"] + 1, (mark, hero)
 
 
 # ---- 12. A refused heart says why where the guest is looking ---------------------------------------------------------

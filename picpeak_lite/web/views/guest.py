@@ -15,7 +15,7 @@ from quart import Blueprint, current_app, redirect, render_template, request, ur
 from quart.blueprints import BlueprintSetupState
 from quart.json.provider import DefaultJSONProvider
 
-from picpeak_lite.domain import access
+from picpeak_lite.domain import access, admin_settings
 from picpeak_lite.errors import BadRequest, Forbidden
 from picpeak_lite.media import images
 from picpeak_lite.store.queries import favourites as favourite_q
@@ -290,12 +290,15 @@ async def gallery(slug: str) -> Any:
     total, favourite_count, cover, totals, own_waiting = await svc.db.read(counts)
     svc.activity.count(row["id"], "views")
     cover_url = (url_for("photos.guest_image", slug=slug, photo_id=cover["id"], kind="view") if cover else None)
+    # The cover is cropped to the hero's shape: it keeps the watermark's corner in the frame (guest.css).
+    mark = (await svc.db.read(admin_settings.gallery_watermark, svc.settings, row)
+            if cover and row["watermark"] else None)
     return await render_template(
         "guest/gallery.html", gallery=row, page=page, total=total, sort=sort, favourites_only=favourites_only,
         favourite_count=favourite_count, cover=cover, cover_url=cover_url, guest=guest,
         download_sizes={"original": size_label(totals["bytes"]), "web": size_label(totals["web_bytes"])},
         og_image=f"{base_url()}{cover_url}" if cover_url and row["password_hash"] is None else None,
-        og_url=f"{base_url()}/g/{slug}", own_waiting=own_waiting,
+        og_url=f"{base_url()}/g/{slug}", own_waiting=own_waiting, cover_mark=mark.position if mark else "",
     )
 
 
