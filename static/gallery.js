@@ -20,7 +20,7 @@
     const link = li.querySelector(".tile-link");
     link.href = photo.view_url;
     link.dataset.view = photo.view_url;
-    link.dataset.grid = photo.grid_url;
+    link.dataset.srcset = photo.srcset;
     link.dataset.width = photo.width;
     link.dataset.height = photo.height;
     link.dataset.taken = photo.taken || "";
@@ -33,12 +33,11 @@
     const badge = li.querySelector(".play-badge");
     badge.hidden = !photo.duration;
     badge.textContent = "\u25B6 " + (photo.duration || "");
-    li.querySelector("source").srcset = photo.grid_url + " 400w";
     const img = li.querySelector("img");
     img.width = photo.width;
     img.height = photo.height;
     img.alt = photo.alt || "";
-    img.srcset = photo.grid_url + " 400w, " + photo.view_url + " 1600w";
+    img.srcset = photo.srcset;  // the grid and the view with their real widths (guest.py PhotoUrls.srcset)
     img.src = photo.grid_url;
     li.querySelector(".heart").setAttribute("aria-pressed", photo.favourite ? "true" : "false");
     return li;
@@ -74,12 +73,26 @@
 
   // ---- Hearts ------------------------------------------------------------------------------------------------
   const favCounts = document.querySelectorAll(".fav-count");
+  let saidTimer = 0;
+
+  // A refused heart says why where the guest is looking: a toast at the foot of the screen (guest.css), moved
+  // into the lightbox while it is open (a modal dialog covers everything outside it).
+  function sayRefusal(text) {
+    const said = document.getElementById("favourite-error");  // the limit's sentence (guest/_favourite_limit.html)
+    if (!said) return;
+    clearTimeout(saidTimer);
+    said.textContent = text;
+    said.hidden = !text;
+    if (!text) return;
+    const place = box.open ? box : document.body;
+    if (said.parentNode !== place) place.appendChild(said);
+    saidTimer = setTimeout(function () { said.hidden = true; }, 8000);
+  }
 
   function setFavourite(id, on) {
     const tile = grid.querySelector('.tile[data-id="' + id + '"]');
     return window.PicpeakHttp.json(grid.dataset.favouriteUrl + id, {method: on ? "PUT" : "DELETE"}).then(function (r) {
-      const said = document.getElementById("favourite-error");  // the limit's sentence (guest/_favourite_limit.html)
-      if (said) { said.textContent = r.ok ? "" : (r.data && r.data.error) || ""; said.hidden = r.ok; }
+      sayRefusal(r.ok ? "" : (r.data && r.data.error) || "Your favourite could not be saved. Please try again.");
       if (!r.ok) throw new Error("HTTP " + r.status);
       return r.data;
     }).then(function (result) {
@@ -138,7 +151,7 @@
     boxImg.removeAttribute("src");
     boxImg.width = Number(link.dataset.width);
     boxImg.height = Number(link.dataset.height);
-    boxImg.srcset = link.dataset.grid + " 400w, " + link.dataset.view + " 1600w";
+    boxImg.srcset = link.dataset.srcset;
     boxImg.sizes = "100vw";
     boxImg.src = link.dataset.view;
     boxImg.alt = link.dataset.alt;
@@ -236,7 +249,10 @@
     if (touchX === null) return;
     const dx = event.changedTouches[0].clientX - touchX, dy = event.changedTouches[0].clientY - touchY;
     touchX = null;
-    if (Math.abs(dx) > 50 && Math.abs(dx) > 1.5 * Math.abs(dy)) step(dx < 0 ? 1 : -1);
+    if (Math.abs(dx) > 50 && Math.abs(dx) > 1.5 * Math.abs(dy)) {
+      box.classList.add("lb-swiped");  // the guest knows now: the swipe hint goes (guest.css)
+      step(dx < 0 ? 1 : -1);
+    }
     else if (dy > 90 && Math.abs(dy) > 2 * Math.abs(dx)) closeLightbox();
   }, {passive: true});
 

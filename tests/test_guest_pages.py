@@ -69,9 +69,10 @@ async def test_page_lists_only_complete_visible_photos(guest: Any, admin: AuthAc
     html = await response.get_data(as_text=True)
     assert [int(i) for i in TILE_ID.findall(html)] == [shown]
     assert "Hello all" in html and "All photos (1)" in html
-    # The tile: grid image for phones, both derivatives for wide screens, ratio attributes, lazy, alt text.
-    assert f'<source media="(max-width: 899px)" srcset="/g/{gallery["slug"]}/photos/{shown}/grid 400w"' in html
-    assert f'/g/{gallery["slug"]}/photos/{shown}/view 1600w' in html
+    # The tile: both derivatives with their real widths (a 64 px photo is never enlarged), the browser picks by
+    # the tile's width ("auto") at the screen's pixel ratio; ratio attributes, lazy, alt text.
+    base = f'/g/{gallery["slug"]}/photos/{shown}'
+    assert f'srcset="{base}/grid 64w, {base}/view 64w"' in html and 'sizes="auto, ' in html
     assert 'width="64" height="48"' in html and 'loading="lazy"' in html
     assert 'alt="Photo taken 20 June 2024, 14:03"' in html
     assert "style=" not in html and "<script>" not in html

@@ -295,8 +295,10 @@ async def test_view_images_follow_a_watermark_turned_on_later(services: Services
     untouched, _ = stage_photo(services, other_gallery, photo_jpeg(13))
     await run_pool_until_views_fresh(services)
     view = services.storage.derived_path(status_of(conn, photo)["storage_key"], "view")
+    grid = services.storage.derived_path(status_of(conn, photo)["storage_key"], "grid")
     plain = view.read_bytes()
     assert imagefactory.largest_change_from_flat(plain) < 8
+    assert imagefactory.largest_change_from_flat(grid.read_bytes()) < 8
     other_view = services.storage.derived_path(status_of(conn, untouched)["storage_key"], "view")
     other_made = other_view.stat().st_mtime_ns
     seq = conn.execute("SELECT max(seq) AS seq FROM photo_changes").fetchall()[0]["seq"]
@@ -309,6 +311,7 @@ async def test_view_images_follow_a_watermark_turned_on_later(services: Services
 
     marked = view.read_bytes()
     assert imagefactory.largest_change_from_flat(marked) > 40  # the watermark is in the view now
+    assert imagefactory.largest_change_from_flat(grid.read_bytes()) > 40  # and in the grid (issue 35, point 14)
     row = status_of(conn, photo)
     assert row["status"] == "complete" and row["views_stale"] == 0
     # It stayed complete (visible) all along: the change log has nothing new, and the other gallery was left alone.
@@ -505,8 +508,9 @@ async def test_status_retry_and_image_routes(services: Services, client: Any, ad
 
     grid = await client.get(status["photos"][0]["thumb_url"])
     assert grid.status_code == 200 and grid.headers["Content-Type"] == "image/jpeg"
-    assert grid.headers["ETag"] and grid.headers["Cache-Control"] == "private, max-age=604800"
-    view = await client.get(status["photos"][0]["view_url"])  # made again if the watermark changes: an hour
+    # Both are made again if the watermark changes: an hour, then a 304 while unchanged.
+    assert grid.headers["ETag"] and grid.headers["Cache-Control"] == "private, max-age=3600"
+    view = await client.get(status["photos"][0]["view_url"])
     assert view.status_code == 200 and view.headers["Cache-Control"] == "private, max-age=3600"
     again = await client.get(status["photos"][0]["thumb_url"], headers={"If-None-Match": grid.headers["ETag"]})
     assert again.status_code == 304

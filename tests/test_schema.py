@@ -113,3 +113,22 @@ def test_disk_full_surfaces_the_real_cause(tmp_path: Path) -> None:
     with pytest.raises(InsufficientStorage), db.transaction(conn):
         conn.execute("INSERT INTO big VALUES (zeroblob(1000000))")
     assert not conn.in_transaction
+
+
+def test_photos_of_watermarked_galleries_are_made_again_once_their_grids_get_the_mark(tmp_path: Path) -> None:
+    """Issue 35: grids made before were never watermarked; the step marks exactly those galleries' photos."""
+    upload = "0" * 32
+    conn = db.connect(tmp_path / "x.sqlite3")
+    schema.migrate(conn, target=schema.SCHEMA_VERSION - 1)
+    for gallery_id, watermark in ((1, 0), (2, 1)):
+        conn.execute("INSERT INTO galleries (slug, share_token, name, created_at, updated_at, watermark) "
+                     "VALUES (?, ?, 'A', 0, 0, ?)", (f"g{gallery_id}", f"t{gallery_id}", watermark))
+    conn.execute("INSERT INTO uploads (id, gallery_id, uploaded_by, created_at) VALUES (?, 1, 'admin', 0)", (upload,))
+    for n, (gallery_id, status) in enumerate(((1, "complete"), (2, "complete"), (2, "failed")), start=1):
+        conn.execute(
+            "INSERT INTO photos (gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
+            "uploaded_by, width, height, created_at, status) VALUES (?, ?, ?, ?, 'p.jpg', 1, 'jpeg', 'admin', 1, 1, "
+            "0, ?)", (gallery_id, upload, f"{n:032x}", f"{n:064x}", status))
+    schema.migrate(conn)
+    stale = [row["views_stale"] for row in conn.execute("SELECT views_stale FROM photos ORDER BY id").fetchall()]
+    assert stale == [0, 1, 0]

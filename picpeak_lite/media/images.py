@@ -145,7 +145,7 @@ class RenderSpec:
     view_px: int = 1600  # long edge of the view image
     quality: int = 85
     max_pixels: int = 150_000_000
-    watermark: Watermark | None = None  # applied to the view image only, never to the grid
+    watermark: Watermark | None = None  # on the view, and so on the grid made from it: every size a guest sees
 
 
 @dataclass(frozen=True)
@@ -236,9 +236,12 @@ def derivatives(decode: Callable[[], Decoded], spec: RenderSpec) -> tuple[Decode
     decoded = decode()
     view = make_view(decoded, spec)
     del decoded
-    grid = make_grid(view, spec)
     if spec.watermark is not None:
+        # Before the grid: a guest's browser may show either size in a tile (srcset), and a watermarked gallery
+        # must never show an unmarked one. The grid shrinks the mark with the photo, so it keeps its place and
+        # its share of the width at every size.
         view = add_watermark(view, spec.watermark)
+    grid = make_grid(view, spec)
     view_jpeg = encode(view, spec)
     return view, view_jpeg, encode(grid, spec)
 

@@ -15,9 +15,9 @@ bucket I/O, run in trio's own threads; the extra task claims the next photo and 
 decode, so a child that finishes a photo finds the next one ready instead of waiting for a claim, a read and a
 write in turn.
 
-When no photo waits, a worker makes the view image of a photo again whose gallery's watermark changed since it
-was made (``views_stale``, schema 6). That needs no claim: the photo stays ``complete`` and visible, and the new
-file replaces the old one only in the transaction that clears the mark, if no newer change marked it since the
+When no photo waits, a worker makes the view and grid images of a photo again whose gallery's watermark changed
+since it was made (``views_stale``, schema 6). That needs no claim: the photo stays ``complete`` and visible, and
+the new files replace the old ones only in the transaction that clears the mark, if no newer change marked it since the
 settings were read (see :meth:`WorkerPool.refresh_stale_views`).
 """
 
@@ -166,8 +166,9 @@ class WorkerPool:
         return True
 
     async def refresh_stale_views(self, index: int) -> bool:
-        """Make the images of one photo again after its gallery's watermark changed (schema 6), while it stays
-        complete and visible. Only when no photo waits to be processed. False when there was nothing to do.
+        """Make the images (view and grid) of one photo again after its gallery's watermark changed (schema 6;
+        the step that marks grids made before issue 35), while it stays complete and visible. Only when no photo
+        waits to be processed. False when there was nothing to do.
 
         No claim: two processes may both make the same photo's images. The files are replaced only in the
         transaction that clears the mark, and only if the mark is still what it was when this render read the
@@ -191,7 +192,8 @@ class WorkerPool:
         def replace_if_still_stale(conn: Any) -> bool:
             if not photo_q.views_still_stale(conn, row["id"], row["views_stale"]):
                 return False  # changed again (or gone) since we read the settings: made again from the newer ones
-            storage.write_derivative(row["storage_key"], "view", rendered.view_jpeg)  # the grid has no watermark
+            storage.write_derivative(row["storage_key"], "view", rendered.view_jpeg)
+            storage.write_derivative(row["storage_key"], "grid", rendered.grid_jpeg)  # made from the marked view
             return photo_q.views_refreshed(conn, row["id"], row["views_stale"])
 
         try:

@@ -381,6 +381,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE photos ADD COLUMN interruptions INTEGER NOT NULL DEFAULT 0 CHECK (interruptions >= 0);
     """,
+    # grids follow the watermark too (issue 35): a tile may show the grid or the view image (srcset), so the
+    # grid is now made from the watermarked view. Photos of watermarked galleries made before have unmarked
+    # grids: they are marked stale, and idle workers make both images again (WorkerPool.refresh_stale_views).
+    """
+    UPDATE photos SET views_stale = views_stale + 1
+        WHERE status IN ('processing', 'complete') AND gallery_id IN (SELECT id FROM galleries WHERE watermark = 1);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

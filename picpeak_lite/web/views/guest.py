@@ -15,7 +15,7 @@ from quart import Blueprint, current_app, g, redirect, render_template, request,
 from quart.blueprints import BlueprintSetupState
 from quart.json.provider import DefaultJSONProvider
 
-from picpeak_lite.domain import access
+from picpeak_lite.domain import access, admin_settings
 from picpeak_lite.errors import BadRequest, Forbidden
 from picpeak_lite.media import images
 from picpeak_lite.store.queries import favourites as favourite_q
@@ -108,8 +108,11 @@ class PhotoUrls:
         self._download = self._split("downloads.photo")
         self._web_download = self._split("downloads.photo", size="web")
         self._play = self._split("video.guest_play")
+        settings = services().settings
+        self.grid_px, self.view_px = settings.grid_px, settings.view_px
         # What the URLs are made of, for FragmentCache's key (None: that endpoint is built per photo).
-        self.key = (slug, self._grid, self._view, self._download, self._web_download, self._play)
+        self.key = (slug, self._grid, self._view, self._download, self._web_download, self._play, self.grid_px,
+                    self.view_px)
 
     def _split(self, endpoint: str, **values: Any) -> tuple[str, str] | None:
         built = url_for(endpoint, slug=self.slug, photo_id=self.SENTINEL, **values)
@@ -126,6 +129,13 @@ class PhotoUrls:
 
     def view(self, photo_id: int) -> str:
         return self._url(self._view, "photos.guest_image", photo_id, kind="view")
+
+    def srcset(self, photo_id: int, width: int, height: int) -> str:
+        """The grid and the view image with their real widths, so that a browser picks the one that fills a tile
+        (or the lightbox) at the screen's pixel ratio: a portrait grid image is 267 px wide, not 400."""
+        def across(long_edge: int) -> int:
+            return max(1, round(width * min(1.0, long_edge / max(width, height))))
+        return f"{self.grid(photo_id)} {across(self.grid_px)}w, {self.view(photo_id)} {across(self.view_px)}w"
 
     def download(self, photo_id: int) -> str:
         return self._url(self._download, "downloads.photo", photo_id)
@@ -152,6 +162,7 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
         "ratio_class": ratio_class(photo["width"], photo["height"]),
         "grid_url": urls.grid(pid),
         "view_url": urls.view(pid),
+        "srcset": urls.srcset(pid, photo["width"] or 1, photo["height"] or 1),
         "download_url": urls.download(pid) if gallery["allow_downloads"] else None,
         "web_download_url": (urls.web_download(pid)
                              if gallery["allow_downloads"] and photo.get("media_type") != "video" else None),
@@ -285,12 +296,15 @@ async def gallery(slug: str) -> Any:
     if not g.get("admin_preview") and await admin_from_cookie() is None:
         svc.activity.count(row["id"], "views")
     cover_url = (url_for("photos.guest_image", slug=slug, photo_id=cover["id"], kind="view") if cover else None)
+    # The cover is cropped to the hero's shape: it keeps the watermark's corner in the frame (guest.css).
+    mark = (await svc.db.read(admin_settings.gallery_watermark, svc.settings, row)
+            if cover and row["watermark"] else None)
     return await render_template(
         "guest/gallery.html", gallery=row, page=page, total=total, sort=sort, favourites_only=favourites_only,
         favourite_count=favourite_count, cover=cover, cover_url=cover_url, guest=guest,
         download_sizes={"original": size_label(totals["bytes"]), "web": size_label(totals["web_bytes"])},
         og_image=f"{base_url()}{cover_url}" if cover_url and row["password_hash"] is None else None,
-        og_url=f"{base_url()}/g/{slug}", own_waiting=own_waiting,
+        og_url=f"{base_url()}/g/{slug}", own_waiting=own_waiting, cover_mark=mark.position if mark else "",
     )
 
 

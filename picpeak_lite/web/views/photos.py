@@ -24,10 +24,10 @@ from picpeak_lite.web.views.common import admin_image_url, guest_image_url, load
 
 blueprint = Blueprint("photos", __name__)
 
-# How long a browser keeps an image without asking again (then a 304 when unchanged). Grid images never change.
-# View images are made again when their gallery's watermark changes (worker.refresh_stale_views): an hour
-# bounds how long a guest's browser shows the old one.
-CACHE_SECONDS = {"grid": 7 * 86400, "view": 3600}
+# How long a browser keeps an image without asking again (then a 304 when unchanged). Both sizes are made again
+# when their gallery's watermark changes (worker.refresh_stale_views; the grid carries the mark since issue 35):
+# an hour bounds how long a guest's browser shows the old one.
+CACHE_SECONDS = {"grid": 3600, "view": 3600}
 
 
 

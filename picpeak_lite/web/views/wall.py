@@ -15,8 +15,9 @@ from typing import Any
 
 from quart import Blueprint, Response, redirect, render_template, request, url_for
 
-from picpeak_lite.domain import galleries, wall
+from picpeak_lite.domain import admin_settings, galleries, wall
 from picpeak_lite.errors import NotFound
+from picpeak_lite.media import images
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import wall as wall_q
 from picpeak_lite.store.storage import derived_name
@@ -46,14 +47,22 @@ def image_url(slug: str, photo_id: int, key: str | None) -> str:
 async def page(slug: str) -> Any:
     gallery, key = await _wall_gallery(slug)
     target = share_url(gallery["slug"]) + ("/upload" if gallery["allow_guest_uploads"] else "")
+    svc = services()
+    mark = await svc.db.read(admin_settings.gallery_watermark, svc.settings, gallery)
     response = Response(await render_template(
-        "wall.html", gallery=gallery, key=key, upload_link=target,
+        "wall.html", gallery=gallery, key=key, upload_link=target, qr_side=qr_side(mark),
         photos_url=url_for("wall.photos", slug=slug, key=key), qr_url=url_for("wall.qr_code", slug=slug, key=key),
         ws_path=f"/ws/g/{slug}/wall" + (f"?key={key}" if key else ""),
     ))
     response.headers["Cache-Control"] = "private, no-store"
     response.headers["Referrer-Policy"] = "no-referrer"  # the key is in the address
     return response
+
+
+def qr_side(mark: images.Watermark | None) -> str:
+    """The bottom corner for the QR code: the right, unless the gallery's watermark is there (a landscape photo
+    fills the screen's width, and the box would cover the mark the photographer asked for)."""
+    return "left" if mark is not None and mark.position == "bottom-right" else "right"
 
 
 @blueprint.get("/api/g/<slug>/wall/photos")
