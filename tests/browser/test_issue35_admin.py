@@ -39,11 +39,16 @@ RECORDER = """() => {
   const take = () => {
     const rows = [...document.querySelectorAll('#upload-list .up-item')];
     const count = (states) => rows.filter((r) => states.includes(r.dataset.state)).length;
+    // A "Queued" label off the window's width or cut inside its box (at whatever size the page is).
+    const cut = (e) => { const b = e.getBoundingClientRect();
+      return b.left < 0 || b.right > window.innerWidth || e.scrollWidth > e.clientWidth; };
     window.__samples.push({
       rows: rows.length,
       sendingLabels: rows.filter((r) => r.querySelector('.up-state').textContent.startsWith('Sending')).length,
       sendingRows: count(['sending']),
       queuedLabels: rows.filter((r) => r.querySelector('.up-state').textContent.startsWith('Queued')).length,
+      queuedCut: rows.filter((r) => r.querySelector('.up-state').textContent.startsWith('Queued')
+                                    && cut(r.querySelector('.up-state'))).length,
       processed: count(['complete', 'failed', 'duplicate', 'lost']),
       refused: count(['refused']),
       value: document.getElementById('up-progress').value,
@@ -52,11 +57,6 @@ RECORDER = """() => {
   new MutationObserver(take).observe(document.getElementById('upload'),
                                      {subtree: true, childList: true, characterData: true, attributes: true});
 }"""
-
-
-@pytest.fixture
-def desktop(browser: Any, request: Any) -> Iterator[Page]:
-    yield from new_page(browser, request, viewport={"width": 1440, "height": 900})
 
 
 def small_photos(folder: Path, count: int, *, prefix: str = "IMG_") -> list[Path]:
@@ -90,11 +90,37 @@ def wait_settled(page: Page) -> None:
         ".includes(r.dataset.state)); }", timeout=PATIENCE_MS)
 
 
+VIEWPORTS = pytest.mark.parametrize("viewport", [(1440, 900), (390, 844)], ids=["desktop", "phone"])
+
+BOX = """(e) => { const r = e.getBoundingClientRect();
+  return {text: e.textContent.trim().slice(0, 60), left: r.left, right: r.right, width: r.width,
+          scrollWidth: e.scrollWidth, clientWidth: e.clientWidth}; }"""
+
+
+def assert_in_width(page: Page, selector: str, width: int, *, whole_text: bool = True) -> None:
+    """The first element that matches is on screen across (inside 0..width) and, where whole_text, its text is
+    not cut (nothing scrolls or ellipsises inside it)."""
+    box = page.locator(selector).first.evaluate(BOX)
+    assert box["width"] > 0 and box["left"] >= 0 and box["right"] <= width, (selector, box)
+    if whole_text:
+        assert box["scrollWidth"] <= box["clientWidth"], (selector, box)
+
+
 # --- point 4 -------------------------------------------------------------------------------------------------
 
+@VIEWPORTS
 def test_queued_files_say_queued_and_refused_files_are_not_processed_photos(
-        server: LiveServer, api: httpx.Client, desktop: Page, tmp_path: Path) -> None:
-    page = desktop
+        server: LiveServer, api: httpx.Client, browser: Any, request: Any, tmp_path: Path,
+        viewport: tuple[int, int]) -> None:
+    width, height = viewport
+    pages = new_page(browser, request, viewport={"width": width, "height": height})
+    try:
+        queued_and_refused(next(pages), server, api, tmp_path, width)
+    finally:
+        next(pages, None)
+
+
+def queued_and_refused(page: Page, server: LiveServer, api: httpx.Client, tmp_path: Path, width: int) -> None:
     open_gallery(page, server, api, "Queue")
     page.evaluate(RECORDER)
     files = [*small_photos(tmp_path, 30), not_a_photo(tmp_path, "notes.jpg")]
@@ -111,6 +137,8 @@ def test_queued_files_say_queued_and_refused_files_are_not_processed_photos(
     assert max(s["sendingLabels"] for s in samples) <= PARALLEL
     # The rest of the 31 said "Queued" while they waited.
     assert max(s["queuedLabels"] for s in samples) >= len(files) - PARALLEL
+    # ... each of them whole and inside the window's width, every time the list changed (a phone too).
+    assert max(s["queuedCut"] for s in samples) == 0, max(s["queuedCut"] for s in samples)
     # The bar counts processed photos over photos: the refused file is neither.
     for s in samples:
         photos = s["rows"] - s["refused"]
@@ -119,6 +147,11 @@ def test_queued_files_say_queued_and_refused_files_are_not_processed_photos(
     assert page.inner_text("#up-percent") == "100 %"
     assert page.inner_text("#up-refused") == "1"
     assert page.inner_text("#up-failed") == "0"
+    if width <= 390:
+        # On a phone the refused row's status, the summary line and the bar's label are whole and on screen.
+        for selector in (".up-item[data-state=refused] .up-state", "#upload-summary p", "#up-bar-label"):
+            assert_in_width(page, selector, width)
+        assert page.locator(".up-item[data-state=refused] .up-state").is_visible()
 
 
 # --- point 7 -------------------------------------------------------------------------------------------------
@@ -188,9 +221,19 @@ def wait_done(api: httpx.Client, upload_id: str) -> None:
     raise AssertionError("the photos were not processed")
 
 
+@VIEWPORTS
 def test_admin_grid_is_in_capture_order_and_the_cover_is_the_guests(server: LiveServer, api: httpx.Client,
-                                                                     desktop: Page, tmp_path: Path) -> None:
-    page = desktop
+                                                                     browser: Any, request: Any, tmp_path: Path,
+                                                                     viewport: tuple[int, int]) -> None:
+    width, height = viewport
+    pages = new_page(browser, request, viewport={"width": width, "height": height})
+    try:
+        capture_order_and_cover(next(pages), server, api, tmp_path, width)
+    finally:
+        next(pages, None)
+
+
+def capture_order_and_cover(page: Page, server: LiveServer, api: httpx.Client, tmp_path: Path, width: int) -> None:
     gallery = api.post("/api/admin/galleries", json={"name": "Order"}).json()
     gid = gallery["id"]
     # Two batches as two parallel uploads leave them: the later shots arrive first.
@@ -205,13 +248,27 @@ def test_admin_grid_is_in_capture_order_and_the_cover_is_the_guests(server: Live
     page.goto(f"{server.url}/admin/galleries/{gid}")
     names = page.locator("#grid li .name").all_inner_texts()
     assert names == [f"IMG_{n:04d}.jpg" for n in (1, 2, 3, 21, 22, 23)], names
+    if width <= 390:
+        # On a phone the grid's first tiles (the first row) are on screen across, their names whole.
+        for n in (1, 2):
+            assert_in_width(page, f"#grid li:nth-child({n})", width)
+            assert_in_width(page, f"#grid li:nth-child({n}) .name", width)
+    # The thumbnails load lazily: bring the grid into view and let them arrive, so the screenshot shows them.
+    page.locator("#grid").scroll_into_view_if_needed()
+    page.wait_for_function("() => [...document.querySelectorAll('#grid img.thumb')]"
+                           ".every((i) => i.complete && i.naturalWidth > 0)", timeout=PATIENCE_MS)
     page.screenshot("grid")
 
     # One cover everywhere: the dashboard's card shows the guest page's hero photo.
     page.goto(f"{server.url}/admin/")
     card = page.locator(".cover-thumb").first.get_attribute("src") or ""
+    if width <= 390:
+        assert_in_width(page, ".cover-thumb", width, whole_text=False)
+    page.screenshot("dashboard")
     page.goto(f"{server.url}/g/{gallery['slug']}")
     hero = page.locator("img.hero-img").get_attribute("src") or ""
+    if width <= 390:
+        assert_in_width(page, "img.hero-img", width, whole_text=False)
     card_id, hero_id = re.search(r"/photos/(\d+)/", card), re.search(r"/photos/(\d+)/", hero)
     assert card_id and hero_id, (card, hero)
     assert card_id.group(1) == hero_id.group(1), (card, hero)
@@ -247,8 +304,18 @@ def chunked(tmp_path: Path) -> Iterator[LiveServer]:
     stop_server(live)
 
 
-def test_an_unfinished_upload_is_named_after_a_reload(chunked: LiveServer, desktop: Page, tmp_path: Path) -> None:
-    page = desktop
+@VIEWPORTS
+def test_an_unfinished_upload_is_named_after_a_reload(chunked: LiveServer, browser: Any, request: Any,
+                                                       tmp_path: Path, viewport: tuple[int, int]) -> None:
+    width, height = viewport
+    pages = new_page(browser, request, viewport={"width": width, "height": height})
+    try:
+        unfinished_after_reload(next(pages), chunked, tmp_path, width)
+    finally:
+        next(pages, None)
+
+
+def unfinished_after_reload(page: Page, chunked: LiveServer, tmp_path: Path, width: int) -> None:
     clients = api_client(chunked)
     api = next(clients)
     path = tmp_path / "DSC_0042.jpg"
@@ -284,6 +351,10 @@ def test_an_unfinished_upload_is_named_after_a_reload(chunked: LiveServer, deskt
     note.wait_for(state="visible", timeout=PATIENCE_MS)
     assert note.inner_text().startswith("1 unfinished upload: choose the file again to resume.")
     assert "DSC_0042.jpg (33 % sent)" in note.inner_text()
+    if width <= 390:
+        # On a phone the note is on screen across and its text wraps inside it (nothing cut off).
+        assert_in_width(page, "#up-unfinished", width)
+        assert note.is_visible()
     page.screenshot("note")
 
     # Choosing it again resumes it (from the second piece), and the note goes.
