@@ -4,19 +4,18 @@ Why processes and not threads: image threads shared the event loop's GIL, and th
 while photos were processed a guest's listing waited for decodes (p95 260-300 ms on two cores). A child has a
 GIL of its own and an OS priority (``image_nice``) the kernel does honour, so the web server gets a core the
 moment it wants one. And a child is a wall: a decoder that crashes, or a file that lies about its size, ends
-or fails that child's job (the photo fails, the attempt counts), never the server; a photo past its deadline is
-stopped by killing its child, at once, not at its next checkpoint.
+or fails that child's job (the attempt counts, and the photo is tried again until ``max_attempts``), never the
+server; a photo past its deadline is stopped by killing its child, at once, not at its next checkpoint.
 
 That wall is what lets the janitor treat the server's own death (``kill -9``, a power cut, a loaded machine
 restarted) as nobody's fault (``transitions.requeue_expired``): nothing a photo contains runs in the server.
 
 The children are trio-parallel's default context: started with the worker pool (:meth:`ImageProcesses.warm`, in
 the background) and when work comes, kept for ten idle minutes and reused (a start costs 0.3-0.7 s of a core:
-Python and Pillow), and ended with this process (their pipe closes). How
-many run at once is the caller's limiter (the worker pool's ``workers``); each job carries the child's limits
-(``imagejobs.Limits``). SIGINT and SIGTERM are ignored in the children: a stop is the server's to carry out (it
-drains, then cancels, which kills a child still working), so a signal to the whole process group never fails a
-photo as a crash.
+Python and Pillow), and ended with this process (their pipe closes). How many run at once is the caller's
+limiter (the worker pool's ``workers``); each job carries the child's limits (``imagejobs.Limits``). SIGINT and
+SIGTERM are ignored in the children: a stop is the server's to carry out (it drains, then cancels, which kills a
+child still working), so a signal to the whole process group never fails a photo as a crash.
 """
 
 from __future__ import annotations
