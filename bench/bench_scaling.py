@@ -52,18 +52,6 @@ def decode_floor(paths: list[Path], cores: int, repeat: int = 3) -> float:
         return len(paths) * repeat / (time.perf_counter() - began)
 
 
-def _tree_cpu(pids: list[int]) -> float:
-    ticks = 0
-    for top in pids:
-        for pid in bench._tree(top):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            ticks += sum(int(f) for f in fields[11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def one_run(root: Path, paths: list[Path], processes: int, workers: int, uploaders: int) -> dict[str, float]:
     env = {"PICPEAK_WORKERS": str(workers)}
     server = bench.Server(root / "data", env=env)
@@ -98,7 +86,7 @@ def one_run(root: Path, paths: list[Path], processes: int, workers: int, uploade
             finally:
                 client.close()
 
-        cpu_before = _tree_cpu(pids)
+        cpu_before = bench.tree_cpu_seconds(*pids)
         began = time.perf_counter()
         threads = [threading.Thread(target=upload, args=(share,)) for share in shares]
         for thread in threads:
@@ -116,7 +104,7 @@ def one_run(root: Path, paths: list[Path], processes: int, workers: int, uploade
                 break
             time.sleep(0.05)
         wall = time.perf_counter() - began
-        cpu = _tree_cpu(pids) - cpu_before
+        cpu = bench.tree_cpu_seconds(*pids) - cpu_before
         admin.close()
         return {"photos_per_s": len(paths) / wall, "cores_busy": cpu / wall, "cpu_per_photo": cpu / len(paths)}
     finally:

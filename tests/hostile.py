@@ -27,6 +27,8 @@ from pathlib import Path
 
 import trio
 
+from picpeak_lite.ops.bench import process_tree as tree_pids
+
 from .harness import ServerProcess, figures, percentile
 
 RSS_MARGIN_MB = 150  # the issue's bound: decode budget + 150 MB for the server and its children together
@@ -60,22 +62,6 @@ def _length(answer: bytearray) -> int:
         if name.strip().lower() == b"content-length":
             return len(head) + 4 + int(value)
     return len(answer)
-
-
-def tree_pids(pid: int) -> list[int]:
-    """``pid`` and every process below it (children of every thread, recursively), as /proc shows them now."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        try:
-            tasks = list(Path(f"/proc/{current}/task").iterdir())
-        except FileNotFoundError:
-            continue  # it ended meanwhile
-        for task in tasks:
-            with contextlib.suppress(FileNotFoundError):  # the thread ended meanwhile
-                todo.extend(int(child) for child in (task / "children").read_text().split())
-    return found
 
 
 def rss_kb(pid: int) -> int:

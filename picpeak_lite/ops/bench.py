@@ -157,21 +157,13 @@ class Server:
         return self.proc.pid
 
     def cpu_seconds(self) -> float:
-        """User + system time of the server and every process below it, all threads: the live ones' own, and
-        what the ones that ended left in their parent's (cutime, cstime). Image work runs in children."""
-        ticks = 0
-        for pid in _tree(self.pid):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue  # it ended meanwhile: its time is in its parent's cutime from now on
-            ticks += sum(int(f) for f in fields[11:15])
-        return ticks / os.sysconf("SC_CLK_TCK")
+        """User + system time of the server and every process below it (see :func:`tree_cpu_seconds`)."""
+        return tree_cpu_seconds(self.pid)
 
     def rss_mb(self) -> float:
         """The resident memory of the server and every process below it, now."""
         total = 0
-        for pid in _tree(self.pid):
+        for pid in process_tree(self.pid):
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
             except (FileNotFoundError, ProcessLookupError):
@@ -277,8 +269,22 @@ def _upload_and_wait(server: Server, groups: list[list[Path]]) -> dict[str, Any]
             "sent_at": sent_at, "cpu": cpu}
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every process below it, as /proc shows them now."""
+def tree_cpu_seconds(*pids: int) -> float:
+    """User + system time of each of ``pids`` and every process below them, all threads: the live ones' own,
+    and what the ones that ended left in their parent's (cutime, cstime). Image work runs in children."""
+    ticks = 0
+    for top in pids:
+        for pid in process_tree(top):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # it ended meanwhile: its time is in its parent's cutime from now on
+            ticks += sum(int(f) for f in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (children of every thread, recursively), as /proc shows them now."""
     found, todo = [], [pid]
     while todo:
         current = todo.pop()
