@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,24 @@ class Page:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.page, name)
+
+
+def wait_processed(api: Any, upload_id: str) -> None:
+    """Until every photo of the upload is complete or failed (a hung-test stop at PATIENCE_S, not a speed bound)."""
+    deadline = time.monotonic() + PATIENCE_S
+    while not api.get(f"/api/admin/uploads/{upload_id}").json()["done"]:
+        assert time.monotonic() < deadline, "the photos were not processed in time"
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def page_at(browser: Any, request: Any, viewport: tuple[int, int]) -> Iterator[Page]:
+    """:func:`new_page` at ``viewport`` (width, height), its end (closing, the console check) run on every way out."""
+    pages = new_page(browser, request, viewport={"width": viewport[0], "height": viewport[1]})
+    try:
+        yield next(pages)
+    finally:
+        next(pages, None)
 
 
 def new_page(browser: Any, request: Any, **context_args: Any) -> Iterator[Page]:

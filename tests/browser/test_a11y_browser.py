@@ -4,7 +4,6 @@ axe-core comes packaged for Playwright by ``axe-playwright-python`` (the test ex
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +11,16 @@ import httpx
 import pytest
 
 from .. import imagefactory
-from .conftest import PATIENCE_S, LiveServer, Page, admin_login, api_client, new_page, start_server, stop_server
+from .conftest import (
+    LiveServer,
+    Page,
+    admin_login,
+    api_client,
+    new_page,
+    start_server,
+    stop_server,
+    wait_processed,
+)
 
 AXE_OPTIONS = {
     "runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"]},
@@ -48,10 +56,7 @@ def _build(server: LiveServer, api: httpx.Client, db: Any) -> dict[str, str]:
     files = [("photos", (f"p{i}.jpg", imagefactory.save(imagefactory.photo(600, 400 + 100 * i, seed=i), "jpeg")))
              for i in range(3)]
     upload = api.post(f"/api/admin/galleries/{open_gallery['id']}/upload", files=files).json()
-    deadline = time.monotonic() + PATIENCE_S
-    while not api.get(f"/api/admin/uploads/{upload['upload_id']}").json()["done"]:
-        assert time.monotonic() < deadline, "the photos were not processed in time"
-        time.sleep(0.2)
+    wait_processed(api, upload["upload_id"])
     locked = gallery(name="Locked", password="a long password")
     old = gallery(name="Old")
     conn = db.connect(server.data_dir / "picpeak.sqlite3")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from .. import imagefactory
-from .conftest import PATIENCE_MS, PATIENCE_S, LiveServer, Page, api_client, start_server, stop_server
+from .conftest import PATIENCE_MS, LiveServer, Page, api_client, start_server, stop_server, wait_processed
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +43,7 @@ def make_gallery(api: httpx.Client, photos: list[tuple[str, bytes]], **fields: A
         upload = api.post(f"/api/admin/galleries/{gallery['id']}/upload",
                           files=[("photos", (name, data, "image/jpeg")) for name, data in photos])
         assert upload.status_code == 202, upload.text
-        deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
-        while not api.get(f"/api/admin/uploads/{upload.json()['upload_id']}").json()["done"]:
-            assert time.monotonic() < deadline, "the photos were not processed in time"
-            time.sleep(0.2)
+        wait_processed(api, upload.json()["upload_id"])
     published = api.post(f"/api/admin/galleries/{gallery['id']}/publish")
     assert published.status_code == 200, published.text
     return published.json()

@@ -8,7 +8,6 @@ made with ``watermark: True`` show what a photographer's watermarked gallery sho
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from PIL import Image, ImageChops
 from picpeak_lite.media import images
 
 from .. import imagefactory
-from .conftest import ARTIFACTS, PATIENCE_S, LiveServer, Page, new_page, start_server, stop_server
+from .conftest import ARTIFACTS, LiveServer, Page, new_page, start_server, stop_server, wait_processed
 
 WATERMARK_ENV = {"PICPEAK_WATERMARK_TEXT": "PROOF COPY", "PICPEAK_WATERMARK_OPACITY": "1",
                  "PICPEAK_WATERMARK_SIZE": "0.4", "PICPEAK_WATERMARK_POSITION": "bottom-right"}
@@ -60,10 +59,7 @@ def gallery_with(api: httpx.Client, name: str, files: list[tuple[str, bytes]], *
     gallery = api.post("/api/admin/galleries", json={"name": name, **fields}).json()
     upload = api.post(f"/api/admin/galleries/{gallery['id']}/upload",
                       files=[("photos", (n, data)) for n, data in files]).json()
-    deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
-    while not api.get(f"/api/admin/uploads/{upload['upload_id']}").json()["done"]:
-        assert time.monotonic() < deadline, "the photos were not processed in time"
-        time.sleep(0.2)
+    wait_processed(api, upload["upload_id"])
     return {**gallery, **api.post(f"/api/admin/galleries/{gallery['id']}/publish").json()}
 
 

@@ -19,20 +19,13 @@ import httpx
 from PIL import Image
 
 from .. import imagefactory
-from .conftest import PATIENCE_MS, PATIENCE_S, LiveServer, Page, admin_login, new_page
+from .conftest import PATIENCE_MS, PATIENCE_S, LiveServer, Page, admin_login, new_page, wait_processed
 from .test_a11y_browser import AXE_OPTIONS
 from .test_notice_browser import CONTRAST_JS
 
 
 def shot(page: Page, number: int, label: str) -> None:
     page.screenshot(f"{number:02d}-{label}")
-
-
-def wait_processed(api: httpx.Client, upload_id: str) -> None:
-    deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
-    while not api.get(f"/api/admin/uploads/{upload_id}").json()["done"]:
-        assert time.monotonic() < deadline, "the photos were not processed in time"
-        time.sleep(0.2)
 
 
 def no_axe_violations(page: Page) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.server
 import re
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,10 @@ from .conftest import (
     Page,
     admin_login,
     api_client,
-    new_page,
+    page_at,
     start_server,
     stop_server,
+    wait_processed,
 )
 
 PARALLEL = 3  # static/admin-upload.js: requests in flight at once, so files really being sent at once
@@ -112,12 +112,8 @@ def assert_in_width(page: Page, selector: str, width: int, *, whole_text: bool =
 def test_queued_files_say_queued_and_refused_files_are_not_processed_photos(
         server: LiveServer, api: httpx.Client, browser: Any, request: Any, tmp_path: Path,
         viewport: tuple[int, int]) -> None:
-    width, height = viewport
-    pages = new_page(browser, request, viewport={"width": width, "height": height})
-    try:
-        queued_and_refused(next(pages), server, api, tmp_path, width)
-    finally:
-        next(pages, None)
+    with page_at(browser, request, viewport) as page:
+        queued_and_refused(page, server, api, tmp_path, viewport[0])
 
 
 def queued_and_refused(page: Page, server: LiveServer, api: httpx.Client, tmp_path: Path, width: int) -> None:
@@ -175,10 +171,7 @@ def in_window(page: Page, name: str) -> bool:
 @pytest.mark.parametrize("viewport", [(1440, 900), (390, 844)], ids=["desktop", "phone"])
 def test_failed_and_refused_uploads_stay_in_view(server: LiveServer, api: httpx.Client, browser: Any, request: Any,
                                                   tmp_path: Path, viewport: tuple[int, int]) -> None:
-    width, height = viewport
-    pages = new_page(browser, request, viewport={"width": width, "height": height})
-    page = next(pages)
-    try:
+    with page_at(browser, request, viewport) as page:
         open_gallery(page, server, api, "Problems")
         photos = small_photos(tmp_path, 24)
         cut = tmp_path / "cut_off.jpg"
@@ -201,8 +194,6 @@ def test_failed_and_refused_uploads_stay_in_view(server: LiveServer, api: httpx.
         page.wait_for_function("() => document.getElementById('upload-list').scrollTop === 0")
         assert inside_list(page, "notes.jpg") and in_window(page, "notes.jpg") and in_window(page, "cut_off.jpg")
         page.screenshot("after-link")
-    finally:
-        next(pages, None)
 
 
 # --- point 5 -------------------------------------------------------------------------------------------------
@@ -213,24 +204,12 @@ def shot_at(number: int) -> bytes:
     return imagefactory.save(imagefactory.photo(320, 240, seed=number), "jpeg", exif=exif)
 
 
-def wait_done(api: httpx.Client, upload_id: str) -> None:
-    for _ in range(PATIENCE_MS // 200):
-        if api.get(f"/api/admin/uploads/{upload_id}").json()["done"]:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the photos were not processed")
-
-
 @VIEWPORTS
 def test_admin_grid_is_in_capture_order_and_the_cover_is_the_guests(server: LiveServer, api: httpx.Client,
                                                                      browser: Any, request: Any, tmp_path: Path,
                                                                      viewport: tuple[int, int]) -> None:
-    width, height = viewport
-    pages = new_page(browser, request, viewport={"width": width, "height": height})
-    try:
-        capture_order_and_cover(next(pages), server, api, tmp_path, width)
-    finally:
-        next(pages, None)
+    with page_at(browser, request, viewport) as page:
+        capture_order_and_cover(page, server, api, tmp_path, viewport[0])
 
 
 def capture_order_and_cover(page: Page, server: LiveServer, api: httpx.Client, tmp_path: Path, width: int) -> None:
@@ -241,7 +220,7 @@ def capture_order_and_cover(page: Page, server: LiveServer, api: httpx.Client, t
         files = [("photos", (f"IMG_{n:04d}.jpg", shot_at(n), "image/jpeg")) for n in numbers]
         answer = api.post(f"/api/admin/galleries/{gid}/upload", files=files)
         assert answer.status_code == 202, answer.text
-        wait_done(api, answer.json()["upload_id"])
+        wait_processed(api, answer.json()["upload_id"])
     assert api.post(f"/api/admin/galleries/{gid}/publish").status_code == 200
 
     admin_login(page, server)
@@ -307,12 +286,8 @@ def chunked(tmp_path: Path) -> Iterator[LiveServer]:
 @VIEWPORTS
 def test_an_unfinished_upload_is_named_after_a_reload(chunked: LiveServer, browser: Any, request: Any,
                                                        tmp_path: Path, viewport: tuple[int, int]) -> None:
-    width, height = viewport
-    pages = new_page(browser, request, viewport={"width": width, "height": height})
-    try:
-        unfinished_after_reload(next(pages), chunked, tmp_path, width)
-    finally:
-        next(pages, None)
+    with page_at(browser, request, viewport) as page:
+        unfinished_after_reload(page, chunked, tmp_path, viewport[0])
 
 
 def unfinished_after_reload(page: Page, chunked: LiveServer, tmp_path: Path, width: int) -> None:
@@ -378,13 +353,11 @@ def test_the_photographers_preview_is_no_view_and_the_chart_has_a_scale(server: 
     gid, slug = gallery["id"], gallery["slug"]
     answer = api.post(f"/api/admin/galleries/{gid}/upload",
                       files=[("photos", ("IMG_0001.jpg", shot_at(1), "image/jpeg"))])
-    wait_done(api, answer.json()["upload_id"])
+    wait_processed(api, answer.json()["upload_id"])
     photo_id = answer.json()["photo_ids"][0]
 
     # The photographer opens the draft's preview, publishes, and opens the guest page: none of it is a view.
-    pages = new_page(browser, request, viewport={"width": 1440, "height": 900})
-    page = next(pages)
-    try:
+    with page_at(browser, request, (1440, 900)) as page:
         admin_login(page, server)
         page.goto(f"{server.url}/g/{slug}")
         assert api.post(f"/api/admin/galleries/{gid}/publish").status_code == 200
@@ -414,8 +387,6 @@ def test_the_photographers_preview_is_no_view_and_the_chart_has_a_scale(server: 
             assert max(height for _, height in shown) >= 40, shown
             card.screenshot(path=str(ARTIFACTS / f"activity-chart-{viewport[0]}.png"))
             page.screenshot(f"dashboard-{viewport[0]}")
-    finally:
-        next(pages, None)
 
 
 # --- point 9 -------------------------------------------------------------------------------------------------
@@ -505,22 +476,16 @@ def test_delete_label_and_review_buttons_sit_right(server: LiveServer, api: http
     created = api.post("/api/admin/galleries", json={"name": "Anna & Ben", "allow_guest_uploads": True,
                                                      "guest_photos_need_approval": True}).json()
     gallery = api.post(f"/api/admin/galleries/{created['id']}/publish").json()
-    guest_pages = new_page(browser, request, viewport={"width": 390, "height": 844})
-    guest = next(guest_pages)
-    try:
+    with page_at(browser, request, (390, 844)) as guest:
         path = tmp_path / "cake.jpg"
         path.write_bytes(shot_at(9))
         guest.goto(gallery["share_url"] + "/upload")
         guest.fill("input[name=guest_name]", "Aunt Sue")
         guest.set_input_files("#file-input", [str(path)])
         guest.wait_for_selector('#files .file[data-state="complete"]', timeout=PATIENCE_MS)
-    finally:
-        next(guest_pages, None)
 
-    width, height = viewport
-    pages = new_page(browser, request, viewport={"width": width, "height": height})
-    page = next(pages)
-    try:
+    width = viewport[0]
+    with page_at(browser, request, viewport) as page:
         admin_login(page, server)
         page.goto(f"{server.url}/admin/galleries/{gallery['id']}")
         page.locator("#review-list li.review-item img.thumb").wait_for(timeout=PATIENCE_MS)
@@ -539,5 +504,3 @@ def test_delete_label_and_review_buttons_sit_right(server: LiveServer, api: http
                                " / parseFloat(getComputedStyle(e).lineHeight))")
         assert label.inner_text() == "Type Anna & Ben to confirm" and lines == 1, lines
         page.locator("section.danger").screenshot(path=str(ARTIFACTS / f"delete-gallery-{width}.png"))
-    finally:
-        next(pages, None)
