@@ -14,6 +14,7 @@ from quart import Response, current_app, g, send_from_directory
 from quart_trio import QuartTrio
 from werkzeug.routing import IntegerConverter
 
+from picpeak_lite import i18n
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import INTEGER_MAX
 from picpeak_lite.web import errors
@@ -139,6 +140,12 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.after_request(functools.partial(_after_request, csp=csp))
     app.jinja_env.globals["csrf_field"] = _csrf_field
     app.jinja_env.filters["datetime"] = _format_timestamp
+    # Templates translate with {{ _("...") }} and {{ ngettext(...) }} (picpeak_lite/i18n.py). New-style gettext
+    # escapes the message and fills %(name)s placeholders itself, so a translated string cannot break the markup.
+    app.jinja_env.add_extension("jinja2.ext.i18n")
+    app.jinja_env.install_gettext_callables(  # type: ignore[attr-defined]
+        i18n.gettext, i18n.ngettext, newstyle=True
+    )
     return app
 
 
