@@ -11,11 +11,11 @@ def get_user_by_name(conn: Connection, username: str) -> Row | None:
 
 
 def create_user(conn: Connection, username: str, password_hash: str, now: float) -> int:
-    conn.execute(
-        "INSERT INTO admin_users (username, password_hash, created_at, password_changed_at) VALUES (?, ?, ?, ?)",
+    return int(conn.execute(
+        "INSERT INTO admin_users (username, password_hash, created_at, password_changed_at) VALUES (?, ?, ?, ?) "
+        "RETURNING id",
         (username, password_hash, now, now),
-    )
-    return conn.last_insert_rowid()
+    ).fetchall()[0]["id"])
 
 
 def set_password(conn: Connection, user_id: int, password_hash: str, now: float) -> None:
@@ -57,10 +57,9 @@ def revoke_session(conn: Connection, token_hash: str, now: float) -> None:
 
 
 def create_token(conn: Connection, name: str, token_hash: str, now: float) -> int:
-    conn.execute(
-        "INSERT INTO api_tokens (name, token_hash, created_at) VALUES (?, ?, ?)", (name, token_hash, now)
-    )
-    return conn.last_insert_rowid()
+    return int(conn.execute(
+        "INSERT INTO api_tokens (name, token_hash, created_at) VALUES (?, ?, ?) RETURNING id", (name, token_hash, now)
+    ).fetchall()[0]["id"])
 
 
 def revoke_token(conn: Connection, name: str, now: float) -> bool:

@@ -69,7 +69,8 @@ def release(conn: Connection, photo_id: int, token: str) -> bool:
     """Hand a claimed photo back (shutdown): it is pending again and this attempt does not count."""
     conn.execute(
         "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
-        "attempts = max(attempts - 1, 0) WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END "
+        "WHERE id = ? AND claim_token = ? AND status = 'processing'",
         (photo_id, token),
     )
     return conn.changes() == 1
@@ -83,7 +84,7 @@ def release_all_claims(conn: Connection) -> int:
     """
     conn.execute(
         "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
-        "attempts = max(attempts - 1, 0) WHERE status = 'processing'"
+        "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END WHERE status = 'processing'"
     )
     return conn.changes()
 
@@ -112,7 +113,7 @@ def requeue_interrupted(conn: Connection, photo_id: int, token: str) -> bool:
     """Back to ``pending`` after its process died: the attempt does not count, the interruption does."""
     conn.execute(
         "UPDATE photos SET status = 'pending', claim_token = NULL, lease_until = NULL, "
-        "attempts = max(attempts - 1, 0), interruptions = interruptions + 1 "
+        "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, interruptions = interruptions + 1 "
         "WHERE id = ? AND claim_token = ? AND status = 'processing'",
         (photo_id, token),
     )

@@ -24,12 +24,11 @@ _COUNTS = """
 def create(conn: Connection, values: dict[str, Any], *, slug: str, share_token: str,
            password_hash: str | None, now: float) -> int:
     columns = [c for c in EDITABLE if c in values]
-    conn.execute(
+    return int(conn.execute(
         f"INSERT INTO galleries (slug, share_token, password_hash, created_at, updated_at, {', '.join(columns)}) "
-        f"VALUES (?, ?, ?, ?, ?, {', '.join('?' for _ in columns)})",
+        f"VALUES (?, ?, ?, ?, ?, {', '.join('?' for _ in columns)}) RETURNING id",
         (slug, share_token, password_hash, now, now, *(values[c] for c in columns)),
-    )
-    return conn.last_insert_rowid()
+    ).fetchall()[0]["id"])
 
 
 def update(conn: Connection, gallery_id: int, values: dict[str, Any], now: float) -> bool:

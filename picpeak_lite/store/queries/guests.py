@@ -6,11 +6,11 @@ from picpeak_lite.store.db import Connection, Row
 
 
 def create_session(conn: Connection, token_hash: str, csrf_token: str, now: float) -> int:
-    conn.execute(
-        "INSERT INTO guest_sessions (token_hash, csrf_token, created_at, last_seen_at) VALUES (?, ?, ?, ?)",
+    return int(conn.execute(
+        "INSERT INTO guest_sessions (token_hash, csrf_token, created_at, last_seen_at) VALUES (?, ?, ?, ?) "
+        "RETURNING id",
         (token_hash, csrf_token, now, now),
-    )
-    return conn.last_insert_rowid()
+    ).fetchall()[0]["id"])
 
 
 def get_session(conn: Connection, token_hash: str) -> Row | None:

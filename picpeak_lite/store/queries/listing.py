@@ -118,8 +118,10 @@ def download_totals(conn: Connection, gallery_id: int, web_px: int, scaled: tupl
         "  WHEN media_type = 'video' THEN size "
         "  WHEN s >= 1.0 THEN size * ? "
         "  ELSE size * s * s * (? + ? * s) END), 0) AS web_bytes "
-        "FROM (SELECT size, media_type, ? * 1.0 / max(coalesce(width, 1), coalesce(height, 1), 1) AS s "
-        f"      FROM photos WHERE gallery_id = ? AND {GUEST_VISIBLE_PHOTO})",
+        "FROM (SELECT size, media_type, CAST(? AS DOUBLE PRECISION) / "
+        "  CASE WHEN coalesce(width, 1) > coalesce(height, 1) THEN coalesce(width, 1) ELSE coalesce(height, 1) END "
+        "  AS s "
+        f"      FROM photos WHERE gallery_id = ? AND {GUEST_VISIBLE_PHOTO}) AS sized",
         (unscaled, scaled[0], scaled[1], web_px, gallery_id),
     ).fetchall()[0]
 

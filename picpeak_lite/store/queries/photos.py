@@ -301,8 +301,9 @@ def mark_missing_original(conn: Connection, photo_id: int, now: float) -> bool:
 def upload_counts(conn: Connection, upload_id: str) -> Row:
     return conn.execute(
         "SELECT count(*) AS total, "
-        "coalesce(sum(status = 'pending'), 0) AS pending, coalesce(sum(status = 'processing'), 0) AS processing, "
-        "coalesce(sum(status = 'complete'), 0) AS complete, coalesce(sum(status = 'failed'), 0) AS failed "
+        "count(*) FILTER (WHERE status = 'pending') AS pending, "
+        "count(*) FILTER (WHERE status = 'processing') AS processing, "
+        "count(*) FILTER (WHERE status = 'complete') AS complete, count(*) FILTER (WHERE status = 'failed') AS failed "
         "FROM photos WHERE upload_id = ?",
         (upload_id,),
     ).fetchall()[0]
@@ -365,8 +366,8 @@ def count_pending(conn: Connection) -> int:
 
 def queue_counts(conn: Connection) -> Row:
     return conn.execute(
-        "SELECT coalesce(sum(status = 'pending'), 0) AS pending, "
-        "coalesce(sum(status = 'processing'), 0) AS processing FROM photos"
+        "SELECT count(*) FILTER (WHERE status = 'pending') AS pending, "
+        "count(*) FILTER (WHERE status = 'processing') AS processing FROM photos"
     ).fetchall()[0]
 
 

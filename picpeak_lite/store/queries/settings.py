@@ -42,11 +42,10 @@ def endpoint_url_taken(conn: Connection, url: str) -> bool:
 
 
 def create_endpoint(conn: Connection, url: str, secret: str, events: list[str], now: float) -> int:
-    conn.execute(
-        "INSERT INTO webhook_endpoints (url, secret, events, created_at) VALUES (?, ?, ?, ?)",
+    return int(conn.execute(
+        "INSERT INTO webhook_endpoints (url, secret, events, created_at) VALUES (?, ?, ?, ?) RETURNING id",
         (url, secret, json.dumps(events), now),
-    )
-    return conn.last_insert_rowid()
+    ).fetchall()[0]["id"])
 
 
 def delete_endpoint(conn: Connection, endpoint_id: int) -> bool:

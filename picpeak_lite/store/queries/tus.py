@@ -6,8 +6,6 @@ writes, each a sync ``fn(conn, ...)`` run inside ``Database.read`` / ``Database.
 
 from __future__ import annotations
 
-import json
-
 from picpeak_lite.store.db import Connection, Row
 
 RECEIVING = "receiving"
@@ -37,7 +35,8 @@ def open_group(conn: Connection, gallery_id: int, uploaded_by: str, guest_sessio
     """The upload group a file of this uploader's batch ``group_key`` joins: one still receiving files."""
     rows = conn.execute(
         "SELECT t.upload_id FROM tus_uploads t JOIN uploads u ON u.id = t.upload_id "
-        "WHERE t.gallery_id = ? AND t.uploaded_by = ? AND t.guest_session_id IS ? AND t.group_key = ? "
+        "WHERE t.gallery_id = ? AND t.uploaded_by = ? AND t.guest_session_id IS NOT DISTINCT FROM ? "
+        "AND t.group_key = ? "
         "AND u.receiving_until IS NOT NULL ORDER BY t.created_at DESC LIMIT 1",
         (gallery_id, uploaded_by, guest_session_id, group_key),
     ).fetchall()
@@ -51,7 +50,8 @@ def count_in_group(conn: Connection, upload_id: str) -> int:
 def unfinished_of_owner(conn: Connection, gallery_id: int, uploaded_by: str,
                         guest_session_id: int | None, now: float) -> int:
     rows = conn.execute(
-        "SELECT count(*) AS n FROM tus_uploads WHERE gallery_id = ? AND uploaded_by = ? AND guest_session_id IS ? "
+        "SELECT count(*) AS n FROM tus_uploads WHERE gallery_id = ? AND uploaded_by = ? "
+        "AND guest_session_id IS NOT DISTINCT FROM ? "
         "AND state = 'receiving' AND expires_at >= ?",
         (gallery_id, uploaded_by, guest_session_id, now),
     ).fetchall()
@@ -66,7 +66,7 @@ def outstanding_bytes(conn: Connection, uploaded_by: str, client_ip: str | None,
     rows = conn.execute(
         "SELECT coalesce(sum(upload_length - upload_offset), 0) AS n FROM tus_uploads "
         "WHERE state = 'receiving' AND expires_at >= ? AND uploaded_by = ? "
-        "AND (uploaded_by = 'admin' OR client_ip IS ?)",
+        "AND (uploaded_by = 'admin' OR client_ip IS NOT DISTINCT FROM ?)",
         (now, uploaded_by, client_ip),
     ).fetchall()
     return rows[0]["n"]
@@ -102,8 +102,8 @@ def set_offset(conn: Connection, tus_id: str, offset: int, expires_at: float) ->
 
 def extend_group(conn: Connection, upload_id: str, until: float) -> None:
     """A batch's group stays receiving for as long as any of its files may still arrive."""
-    conn.execute("UPDATE uploads SET receiving_until = max(receiving_until, ?) "
-                 "WHERE id = ? AND receiving_until IS NOT NULL", (until, upload_id))
+    conn.execute("UPDATE uploads SET receiving_until = CASE WHEN receiving_until > ? THEN receiving_until ELSE ? END "
+                 "WHERE id = ? AND receiving_until IS NOT NULL", (until, until, upload_id))
 
 
 def mark_done(conn: Connection, tus_id: str, photo_id: int | None, duplicate: bool, keep_until: float) -> bool:
@@ -165,11 +165,11 @@ def expire_due(conn: Connection, now: float, tombstone_until: float, busy: list[
     A tombstone keeps only what a 410 needs: its metadata (up to a few KB) is dropped. ``busy``: uploads a
     request is writing now, left alone (that request records their progress). A complete upload (every byte
     durable, its photo not made yet) never expires: making its photo is the server's job."""
+    spared = f"AND id NOT IN ({', '.join('?' for _ in busy)}) " if busy else ""
     return conn.execute(
         "UPDATE tus_uploads SET state = 'expired', expires_at = ?, metadata = '', guest_name = NULL "
-        "WHERE state = 'receiving' AND upload_offset < upload_length AND expires_at < ? "
-        "AND id NOT IN (SELECT value FROM json_each(?)) RETURNING *",
-        (tombstone_until, now, json.dumps(busy)),
+        f"WHERE state = 'receiving' AND upload_offset < upload_length AND expires_at < ? {spared}RETURNING *",
+        (tombstone_until, now, *busy),
     ).fetchall()
 
 

@@ -111,12 +111,11 @@ def enqueue_test(conn: Connection, endpoint_url: str, now: float) -> int:
     """Queue a "send test" delivery to one endpoint, due now; returns its row id. Each test is its own event."""
     eid = event_id(TEST_EVENT, f"test:{endpoint_url}:{secrets.token_hex(8)}")
     body = event_body(eid, TEST_EVENT, {"message": "A test delivery from picpeak-lite."}, now)
-    conn.execute(
+    return int(conn.execute(
         "INSERT INTO webhook_deliveries (event_id, endpoint_url, event_type, body, created_at, next_attempt_at) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
         (eid, endpoint_url, TEST_EVENT, body, now, now),
-    )
-    return conn.last_insert_rowid()
+    ).fetchall()[0]["id"])
 
 
 def claim_due(conn: Connection, now: float, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
