@@ -56,7 +56,7 @@ def stage(data_dir: Path) -> tuple[str, str]:
         path = data_dir / f"shared.{kind}"
         path.write_bytes(data)
         shared[kind] = path
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     slugs = []
     with db.transaction(conn):
         for name, count in (("Big wedding", PHOTOS), ("Zip me", ZIP_PHOTOS)):

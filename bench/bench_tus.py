@@ -98,7 +98,7 @@ async def main(count: int, chunk_mb: int) -> None:
         settings = load_settings(environ={}, overrides={"data_dir": str(Path(tmp) / "data"), "port": 0,
                                                         "processing_enabled": False, "shutdown_grace_seconds": 1})
         bootstrap.prepare(settings)
-        conn = db.connect(settings.database_path)
+        conn = db.connect(settings.database)
         with db.transaction(conn):
             token = bootstrap.create_api_token(conn, "bench", time.time())
             first, second = gallery_row(conn, "multipart"), gallery_row(conn, "tus")

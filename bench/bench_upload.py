@@ -68,7 +68,7 @@ async def main(mb: int, files: int) -> None:
                                                         "admin_max_file_mb": mb + 1})
         bootstrap.prepare(settings)
         bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": "bench password 123"})
-        conn = db.connect(settings.database_path)
+        conn = db.connect(settings.database)
         with db.transaction(conn):
             token = bootstrap.create_api_token(conn, "bench", time.time())
             conn.execute("INSERT INTO galleries (slug, share_token, name, created_at, updated_at) "

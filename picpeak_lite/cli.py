@@ -69,7 +69,7 @@ def _database(config: str | None, data_dir: str | None) -> Iterator[tuple[Settin
     """Settings and one prepared connection, for the commands that work on the database directly."""
     settings = _settings(config, data_dir=data_dir)
     bootstrap.prepare(settings)
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     try:
         yield settings, conn
     finally:

@@ -127,6 +127,10 @@ class Settings:
     webhooks: tuple[WebhookEndpoint, ...] = _setting((), "Receivers, as [[webhooks]] tables with url, secret, events.")
     # Disk
     low_disk_mb: int = _setting(1024, "Warn on the dashboard when free disk space falls below this, in MB.")
+    # Database
+    database_url: str = _setting(
+        "", 'The database: empty for the SQLite file in data_dir, or "postgresql://user:password@host:port/name" '
+        "(PostgreSQL 15 or newer, a database of its own) when more than one process or host shares the library.")
     # Storage
     storage: str = _setting("local", 'Where photo files live: "local" (under data_dir) or "s3" (a bucket).')
     s3_endpoint_url: str = _setting("", "The S3-compatible service's URL (MinIO, B2, Wasabi, R2); empty: AWS S3.")
@@ -152,7 +156,13 @@ class Settings:
 
     @property
     def database_path(self) -> Path:
+        """The SQLite file (used when ``database_url`` is empty)."""
         return self.data_path / "picpeak.sqlite3"
+
+    @property
+    def database(self) -> str:
+        """What ``store.db.connect`` and ``Database`` open: the PostgreSQL URL, or the SQLite file's path."""
+        return self.database_url or str(self.database_path)
 
     @property
     def worker_count(self) -> int:
@@ -340,6 +350,8 @@ def _validate(s: Settings) -> None:
     require(0 <= s.port <= 65535, "port", "must be between 0 and 65535")
     require(s.log_level in ("debug", "info", "warning", "error"), "log_level", "must be debug, info, warning or error")
     require(1 <= s.default_expiry_days <= 365, "default_expiry_days", "must be between 1 and 365")
+    require(not s.database_url or s.database_url.startswith(("postgresql://", "postgres://")), "database_url",
+            "must be empty (SQLite in data_dir) or a postgresql:// URL")
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
                 "guest_max_video_seconds",
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",

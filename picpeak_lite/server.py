@@ -116,7 +116,7 @@ def first_start(settings: Settings) -> tuple[Services, str | None]:
     account on the very first start (its generated password is returned), and the database connections."""
     bootstrap.prepare(settings)
     password = bootstrap.ensure_admin(settings)
-    svc = Services(settings=settings, db=Database(settings.database_path))
+    svc = Services(settings=settings, db=Database(settings.database))
     svc.storage.check_access()  # a wrong bucket or refused credentials: one sentence now, not a traceback later
     return svc, password
 

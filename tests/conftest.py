@@ -21,16 +21,38 @@ from picpeak_lite.store import db
 from picpeak_lite.store.db import Database
 from picpeak_lite.web.app import create_app
 
+from . import pgserver
+
 ADMIN_PASSWORD = "correct horse battery"
 
 
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption("--engine", choices=pgserver.ENGINES, default="sqlite",
+                     help="The database the suite runs on: SQLite files, or a PostgreSQL server it starts "
+                          "(tests/pgserver.py).")
+
+
+def pytest_configure(config: Any) -> None:
+    pgserver.engine = config.getoption("--engine")
+
+
 def pytest_report_header(config: Any) -> list[str]:
-    return [f"SQLite {apsw.sqlite_lib_version()}, apsw {apsw.apsw_version()}, Pillow {PIL.__version__}"]
+    return [f"engine={pgserver.engine}; SQLite {apsw.sqlite_lib_version()}, apsw {apsw.apsw_version()}, "
+            f"Pillow {PIL.__version__}"]
+
+
+@pytest.fixture(autouse=True)
+def _drop_test_databases() -> Iterator[None]:
+    yield
+    pgserver.drop_made()
 
 
 def make_settings(tmp_path: Any, **overrides: Any) -> Settings:
     values = {"data_dir": str(tmp_path / "data"), "port": 0, "workers": 2}
     values.update(overrides)
+    url = pgserver.database_for(values["data_dir"])
+    if url is not None and "database_url" not in overrides:
+        values["database_url"] = url
     return load_settings(environ={}, overrides=values)
 
 
@@ -39,7 +61,7 @@ def own_services(tmp_path: Any, **overrides: Any) -> Iterator[Services]:
     """Services over a fresh data directory with particular settings, for tests that need them."""
     settings = make_settings(tmp_path, **overrides)
     bootstrap.prepare(settings)
-    svc = Services(settings=settings, db=Database(settings.database_path))
+    svc = Services(settings=settings, db=Database(settings.database))
     try:
         yield svc
     finally:
@@ -55,7 +77,7 @@ def settings(tmp_path: Any) -> Settings:
 async def services(settings: Settings) -> AsyncIterator[Services]:
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    db = Database(settings.database_path)
+    db = Database(settings.database)
     # trio.current_time drives the throttles, so that autojump_clock tests can skip the windows.
     svc = Services(settings=settings, db=db, monotonic=trio.current_time)
     yield svc
@@ -89,7 +111,7 @@ def guest(app: Any) -> Any:
 
 def sql(services: Services, statement: str, *args: Any) -> list[dict[str, Any]]:
     """Run one statement on its own connection (to set up or inspect what a test needs)."""
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     try:
         with db.transaction(conn):
             return conn.execute(statement, args).fetchall()

@@ -130,7 +130,7 @@ def stage_photo(svc: Services, gallery_id: int, data: bytes, *, name: str = "p.j
     key = new_key()
     storage.commit_original(temp, key)
     upload_id = upload_id or secrets.token_hex(16)
-    conn = db.connect(svc.settings.database_path)
+    conn = db.connect(svc.settings.database)
     try:
         with db.transaction(conn):
             if photo_q.get_upload(conn, upload_id) is None:
@@ -162,23 +162,22 @@ def add_photo(svc: Services, gallery_id: int, *, name: str = "p.jpg", status: st
     if status == "complete":
         for kind in ("grid", "view"):
             storage.write_derivative(key, kind, data)
-    conn = db.connect(svc.settings.database_path)
+    conn = db.connect(svc.settings.database)
     try:
         with db.transaction(conn):
             upload_id = secrets.token_hex(16)
             now = created_at if created_at is not None else time.time()
             conn.execute("INSERT INTO uploads (id, gallery_id, uploaded_by, created_at) VALUES (?, ?, 'admin', ?)",
                          (upload_id, gallery_id, now))
-            conn.execute(
+            return int(conn.execute(
                 "INSERT INTO photos (gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
                 "uploaded_by, status, claim_token, lease_until, hidden, width, height, taken_at, camera_make, "
                 "camera_model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'admin', ?, ?, ?, ?, 64, 48, ?, 'Canon', "
-                "'Canon EOS R5', ?)",
+                "'Canon EOS R5', ?) RETURNING id",
                 (gallery_id, upload_id, key, hashlib.sha256(data + secrets.token_bytes(8)).hexdigest(), name,
                  len(data), fmt, status, "t" if status == "processing" else None,
                  now + 60 if status == "processing" else None, hidden, taken_at, now),
-            )
-            return conn.last_insert_rowid()
+            ).fetchall()[0]["id"])
     finally:
         conn.close()
 

@@ -42,7 +42,7 @@ import pytest
 
 from picpeak_lite.store import db
 
-from . import imagefactory
+from . import imagefactory, pgserver
 
 ADMIN_PASSWORD = "correct horse battery"
 WEBHOOK_SECRET = "crash-suite-secret-0123456789"
@@ -103,8 +103,9 @@ class ServerProcess:
         self.data_dir = data_dir
         self.config = config
         self.nofile = nofile  # RLIMIT_NOFILE, soft and hard, for the server (as a unit's LimitNOFILE sets it)
+        database = pgserver.database_for(data_dir)
         self.env = {**os.environ, "PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD, "PICPEAK_WEBHOOK_ALLOW_PRIVATE": "true",
-                    **(env or {})}
+                    **({"PICPEAK_DATABASE_URL": database} if database else {}), **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.output: collections.deque[str] = collections.deque(maxlen=4000)

@@ -61,7 +61,7 @@ class Served:
 def prepare(settings: Any) -> str:
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     with db.transaction(conn):
         token = bootstrap.create_api_token(conn, "test", time.time())
         gallery_id = gallery_row(conn, "G", slug="g", share_token="share")

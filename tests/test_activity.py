@@ -28,7 +28,7 @@ TODAY = dt.datetime.fromtimestamp(NOW, dt.UTC).date().isoformat()
 
 def stored(services: Services) -> dict[tuple[int, str, str], int]:
     """Read on a connection of its own, in this thread: with autojump_clock, time must not jump while it reads."""
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     try:
         found = conn.execute("SELECT gallery_id, day, kind, count FROM gallery_activity").fetchall()
     finally:
@@ -88,7 +88,7 @@ async def test_many_keys_flush_early_and_a_deleted_gallery_is_skipped(services: 
     async with trio.open_nursery() as nursery:
         await nursery.start(counter.run)
         counter.count(gone, "views")
-        conn = db.connect(services.settings.database_path)  # in this thread: the clock must not jump meanwhile
+        conn = db.connect(services.settings.database)  # in this thread: the clock must not jump meanwhile
         try:
             with db.transaction(conn):
                 conn.execute("DELETE FROM galleries WHERE id = ?", (gone,))
@@ -141,7 +141,7 @@ async def test_requests_count_and_the_dashboard_shows_it(admin: AuthActions, ser
 
 
 async def test_the_summary_adds_stored_pending_and_guest_uploads(services: Services) -> None:
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     try:
         with db.transaction(conn):
             gid = create_gallery(conn)
@@ -167,7 +167,7 @@ async def test_the_server_stores_its_counts_when_it_stops(tmp_path: Any) -> None
     settings = make_settings(tmp_path, shutdown_grace_seconds=2)
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     try:
         with db.transaction(conn):
             gid = create_gallery(conn)
@@ -179,7 +179,7 @@ async def test_the_server_stores_its_counts_when_it_stops(tmp_path: Any) -> None
         async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
             assert (await http.get(f"/g/{slug}")).status_code == 200
         running.stop()
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     try:
         found = conn.execute("SELECT kind, count FROM gallery_activity").fetchall()
     finally:

@@ -140,7 +140,7 @@ async def test_password_change_revokes_sessions(client: Any, admin: AuthActions)
 
 
 async def test_api_token_works_without_csrf_and_dies_when_revoked(services: Any, client: Any) -> None:
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     with db.transaction(conn):
         token = bootstrap.create_api_token(conn, "script", time.time())
     headers = {"Authorization": f"Bearer {token}"}

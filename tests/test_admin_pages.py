@@ -163,7 +163,7 @@ async def test_delete_by_form_asks_first_then_deletes_rows_files_and_announces(
     assert sql(services, "SELECT id FROM photos WHERE id = ?", filled["foreign"])
     assert not services.storage.original_path(key).exists()
     assert not services.storage.derived_path(key, "grid").exists()
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     try:
         rows = webhook_q.list_deliveries(conn)
     finally:

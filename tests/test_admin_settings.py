@@ -36,7 +36,7 @@ async def dns() -> FakeResolver:
 
 
 def load(services: Any) -> admin_settings.AdminSettings:
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     try:
         return admin_settings.load(conn, services.settings)
     finally:
@@ -221,7 +221,7 @@ async def test_webhook_test_toggle_and_delete(admin: AuthActions, services: Any)
 async def test_stored_endpoints_get_events_and_signed_deliveries(services: Any, nursery: trio.Nursery) -> None:
     receiver = Receiver(secret="stored-secret-0123456789")
     await nursery.start(receiver.run)
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     try:
         with db.transaction(conn):
             conn.execute("INSERT INTO webhook_endpoints (url, secret, events, created_at) VALUES (?, ?, ?, 0)",
@@ -244,7 +244,7 @@ async def test_stored_endpoints_get_events_and_signed_deliveries(services: Any, 
 
 
 async def test_worker_watermarks_with_the_saved_settings(services: Any) -> None:
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     try:
         with db.transaction(conn):
             ids = []

@@ -27,7 +27,7 @@ from .harness import cli, file_sha256, query
 async def filled_data_dir(tmp_path: Path, photos: int = 3) -> tuple[Services, list[int]]:
     settings = make_settings(tmp_path)
     bootstrap.prepare(settings)
-    svc = Services(settings=settings, db=db.Database(settings.database_path))
+    svc = Services(settings=settings, db=db.Database(settings.database))
     gid = await svc.db.write(create_gallery)
     ids = [stage_photo(svc, gid, photo_jpeg(i), name=f"p{i}.jpg")[0] for i in range(photos)]
     await run_pool_until_idle(svc, count=1)

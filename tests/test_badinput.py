@@ -517,7 +517,7 @@ async def test_a_bomb_past_the_upload_check_fails_with_its_size_and_the_rest_wai
     from .test_pipeline import status_of
 
     with own_services(tmp_path) as svc:
-        conn = db.connect(svc.settings.database_path)
+        conn = db.connect(svc.settings.database)
         try:
             with db.transaction(conn):
                 gallery_id = create_gallery(conn)

@@ -134,7 +134,7 @@ async def settle(server: ServerProcess, data_dir: Path) -> None:
 async def reconcile_now(config: Path, data_dir: Path) -> dict[str, int]:
     """The real reconciler, once, with no grace: the server is stopped, so nothing is mid-commit."""
     settings = load_settings(config, environ={}, overrides={"data_dir": str(data_dir), "temp_max_age_seconds": 0})
-    database = Database(settings.database_path)
+    database = Database(settings.database)
     try:
         svc = Services(settings=settings, db=database)
         return await Janitor(svc, orphan_grace=0).reconcile()

@@ -134,7 +134,7 @@ async def test_zip_streams_from_the_real_server(tmp_path: Any) -> None:
     settings = make_settings(tmp_path, shutdown_grace_seconds=2)
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    svc = Services(settings=settings, db=Database(settings.database_path))
+    svc = Services(settings=settings, db=Database(settings.database))
     try:
         gallery_id = await svc.db.write(lambda conn: gallery_row(conn, "Big", slug="big-zip", share_token="b" * 32))
         blobs = [imagefactory.save(imagefactory.photo(900, 700, seed=i), "jpeg", quality=98) for i in range(8)]

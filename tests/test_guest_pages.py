@@ -234,12 +234,12 @@ OG_IMAGE = re.compile(r'og:image" content="([^"]+)"')
 def open_gallery_row(svc: Services) -> tuple[str, int]:
     """A published gallery without a password and with one complete photo, straight into the database."""
     slug = f"links-{secrets.token_hex(4)}"
-    conn = db.connect(svc.settings.database_path)
+    conn = db.connect(svc.settings.database)
     try:
         with db.transaction(conn):
-            conn.execute("INSERT INTO galleries (slug, share_token, name, is_draft, created_at, updated_at) "
-                         "VALUES (?, ?, 'Links', 0, 0, 0)", (slug, secrets.token_hex(16)))
-            gallery_id = conn.last_insert_rowid()
+            gallery_id = conn.execute(
+                "INSERT INTO galleries (slug, share_token, name, is_draft, created_at, updated_at) "
+                "VALUES (?, ?, 'Links', 0, 0, 0) RETURNING id", (slug, secrets.token_hex(16))).fetchall()[0]["id"]
     finally:
         conn.close()
     return slug, add_photo(svc, gallery_id)
@@ -285,7 +285,7 @@ async def test_allowed_hosts_and_public_url_decide_the_origin(tmp_path: Any) -> 
             html = await (await guest.get(f"/g/{slug}", headers={"Host": host})).get_data(as_text=True)
             assert OG_URL.search(html).group(1).lower() == f"{origin}/g/{slug}".lower(), host
         # The admin's share links follow the same rule (an API token: no cookie bound to the test client's host).
-        conn = db.connect(svc.settings.database_path)
+        conn = db.connect(svc.settings.database)
         with db.transaction(conn):
             token = bootstrap.create_api_token(conn, "links", time.time())
         conn.close()
@@ -340,7 +340,7 @@ async def test_the_admin_previews_drafts_and_password_galleries_as_a_guest(app: 
     heart = await admin.client.put(f"/api/g/{locked['slug']}/favourites/1", headers=admin.headers())
     assert heart.status_code == 401
     # An API token is not a browser preview, and a stray Authorization header on a guest page is not judged.
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     with db.transaction(conn):
         token = bootstrap.create_api_token(conn, "script", time.time())
     conn.close()

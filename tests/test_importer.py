@@ -22,7 +22,7 @@ from .factories import gallery_row, tiny_png
 def settings(tmp_path: Path) -> Any:
     settings = make_settings(tmp_path)
     bootstrap.prepare(settings)
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     with db.transaction(conn):
         gallery_row(conn, "Wedding", slug="wedding", share_token="share1", draft=True)
         gallery_row(conn, "Small", slug="small", share_token="share2", photo_cap=2, draft=True)
@@ -31,7 +31,7 @@ def settings(tmp_path: Path) -> Any:
 
 
 def query(settings: Any, sql: str) -> list[dict[str, Any]]:
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     try:
         return conn.execute(sql).fetchall()
     finally:

@@ -163,7 +163,7 @@ async def real_server(tmp_path: Path) -> AsyncIterator[tuple[server.RunningServe
     settings = make_settings(tmp_path, shutdown_grace_seconds=1, workers=1)
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     with db.transaction(conn):
         token = bootstrap.create_api_token(conn, "test", time.time())
     conn.close()
@@ -274,7 +274,7 @@ async def cross_process_change(real_server: Any, capsys: Any) -> float:
     async with open_websocket_url(ws_url(running, f"/ws/admin/galleries/{gid}"), extra_headers=headers) as ws:
         assert json.loads(await ws.get_message())["type"] == "snapshot"
         result = await trio.run_process(
-            [sys.executable, "-c", SECOND_PROCESS, str(svc.settings.database_path), str(photo_id)],
+            [sys.executable, "-c", SECOND_PROCESS, svc.settings.database, str(photo_id)],
             capture_stdout=True,
         )
         committed_at = float(result.stdout)

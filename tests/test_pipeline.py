@@ -36,7 +36,7 @@ from .hostile import tree_pids
 
 @pytest.fixture
 def conn(services: Services) -> Any:
-    connection = db.connect(services.settings.database_path)
+    connection = db.connect(services.settings.database)
     yield connection
     connection.close()
 
@@ -64,7 +64,7 @@ async def test_concurrent_claims_from_many_threads_never_claim_twice(services: S
     lock = threading.Lock()
 
     def claimer() -> None:
-        mine = db.connect(services.settings.database_path)
+        mine = db.connect(services.settings.database)
         try:
             while True:
                 row = claims.claim_next(mine, secrets.token_hex(8), time.time(), 60)
@@ -102,7 +102,7 @@ CLAIM_SCRIPT = textwrap.dedent("""
 async def test_two_processes_claim_disjoint_sets(services: Services, gallery_id: int) -> None:
     upload = secrets.token_hex(16)
     ids = {stage_photo(services, gallery_id, b"y%d" % i, upload_id=upload)[0] for i in range(200)}
-    procs = [subprocess.Popen([sys.executable, "-c", CLAIM_SCRIPT, str(services.settings.database_path)],
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIM_SCRIPT, services.settings.database],
                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
     results = []
     for proc in procs:

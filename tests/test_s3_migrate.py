@@ -84,7 +84,7 @@ async def test_migrate_to_s3_resumes_verifies_switches_and_back(admin: AuthActio
     # Served from the bucket: the local files can go.
     shutil.rmtree(data_dir / "originals")
     shutil.rmtree(data_dir / "derived")
-    svc = Services(settings=on_s3, db=Database(on_s3.database_path))
+    svc = Services(settings=on_s3, db=Database(on_s3.database))
     try:
         app = create_app(svc)
         image = await app.test_client().get(f"/g/{gallery['slug']}/photos/{rows[0]['id']}/download")

@@ -55,7 +55,7 @@ async def test_the_app_sends_the_csp_with_the_bucket_only_when_redirecting(tmp_p
         settings = make_settings(tmp_path / str(redirects), storage="s3", s3_bucket="photos",
                                  s3_endpoint_url="http://127.0.0.1:9000", s3_presigned_redirects=redirects, **KEYS)
         settings.data_path.mkdir(parents=True)
-        svc = Services(settings=settings, db=Database(settings.database_path))
+        svc = Services(settings=settings, db=Database(settings.database))
         try:
             response = await create_app(svc).test_client().get("/healthz")
         finally:

@@ -607,7 +607,7 @@ async def test_unfinished_uploads_expire_when_idle_and_the_janitor_removes_their
     settings = make_settings(tmp_path, lease_seconds=3600, tus_expiry_hours=24, tus_idle_minutes=15)
     token = prepare(settings)
     base = time.time()
-    svc = Services(settings=settings, db=Database(settings.database_path), monotonic=trio.current_time,
+    svc = Services(settings=settings, db=Database(settings.database), monotonic=trio.current_time,
                    clock=lambda: base + trio.current_time())
     try:
         app = create_app(svc)

@@ -269,7 +269,7 @@ async def test_tries_are_bounded_and_the_last_failure_is_told(tmp_path: Path, au
     settings = make_settings(tmp_path, tus_finish_attempts=3, **moto.settings_for("never"))
     token = prepare(settings)
     base = time.time()
-    svc = Services(settings=settings, db=Database(settings.database_path), monotonic=trio.current_time,
+    svc = Services(settings=settings, db=Database(settings.database), monotonic=trio.current_time,
                    clock=lambda: base + trio.current_time())
     try:
         http = create_app(svc).test_client()
@@ -321,7 +321,7 @@ async def test_a_client_gone_after_its_last_byte_still_gets_its_photo(tmp_path: 
     restart needed."""
     settings = make_settings(tmp_path)
     token = prepare(settings)
-    svc = Services(settings=settings, db=Database(settings.database_path))
+    svc = Services(settings=settings, db=Database(settings.database))
     try:
         http = create_app(svc).test_client()
         auth = {"Authorization": f"Bearer {token}", **TUS}

@@ -321,7 +321,7 @@ async def admin_on(tmp_path: Path, data_dir: Path) -> AsyncIterator[tuple[AuthAc
     settings = make_settings(tmp_path, data_dir=str(data_dir))
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    database = Database(settings.database_path)
+    database = Database(settings.database)
     svc = Services(settings=settings, db=database)
     try:
         admin = AuthActions(create_app(svc).test_client())
@@ -396,7 +396,7 @@ async def read_response(stream: trio.SocketStream) -> tuple[bytes, bytes]:
 async def _serve(settings: Any, nursery: trio.Nursery) -> tuple[Any, str]:
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     with db.transaction(conn):
         value = bootstrap.create_api_token(conn, "test", time.time())
         gallery_row(conn, "G", slug="g", share_token="share")

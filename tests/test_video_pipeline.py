@@ -177,7 +177,7 @@ async def test_guest_limits_for_videos(admin: AuthActions, guest: Any, services:
 def test_the_importer_takes_videos(tmp_path: Path, clips: dict[str, bytes]) -> None:
     settings = make_settings(tmp_path / "imp")
     bootstrap.prepare(settings)
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     with db.transaction(conn):
         gallery_row(conn, "Wedding", slug="wedding", share_token="share1", draft=True)
     folder = tmp_path / "card"

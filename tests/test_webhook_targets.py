@@ -115,7 +115,7 @@ async def test_pipeline_webhook_at_a_refused_target_leaves_a_refused_row(tmp_pat
     url = f"http://loopback.test:{receiver.port}/hook"
     settings = make_settings(tmp_path, webhooks=[{"url": url, "secret": SECRET}])
     bootstrap.prepare(settings)
-    database = Database(settings.database_path)
+    database = Database(settings.database)
     svc = Services(settings=settings, db=database)
     try:
         gallery_id = await database.write(create_gallery)
@@ -194,7 +194,7 @@ async def test_webhook_allow_private_lets_the_settings_page_save_them(tmp_path: 
     settings = make_settings(tmp_path, webhook_allow_private=True)
     bootstrap.prepare(settings)
     bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    database = Database(settings.database_path)
+    database = Database(settings.database)
     try:
         admin = AuthActions(create_app(Services(settings=settings, db=database)).test_client())
         assert (await admin.login()).status_code == 302

@@ -75,6 +75,9 @@ class BackupSummary:
 
 
 def backup(settings: Settings, target: str | os.PathLike[str], progress: Progress | None = None) -> BackupSummary:
+    if settings.database_url:
+        raise ConfigError("backup copies the SQLite database file; with database_url set, back up the database "
+                          "with PostgreSQL's pg_dump and the photos with a copy of the storage")
     source = settings.database_path
     if not source.exists():
         raise ConfigError(f"no database in {str(settings.data_path)!r}; is --data-dir right?")

@@ -27,7 +27,7 @@ def prepare(settings: Settings) -> None:
         probe.unlink()
     except OSError as error:
         raise ConfigError(f"cannot use data directory {str(data)!r}: {error.strerror or error}") from None
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     try:
         schema.migrate(conn)
     finally:
@@ -41,7 +41,7 @@ def ensure_admin(settings: Settings, environ: Mapping[str, str] | None = None) -
     password came from ``PICPEAK_ADMIN_PASSWORD``.
     """
     environ = os.environ if environ is None else environ
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     try:
         with db.transaction(conn):
             if admin_q.get_user_by_name(conn, settings.admin_username) is not None:

@@ -77,15 +77,15 @@ class Report:
 
 def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, repair: bool = False,
           progress: Progress | None = None, now: float | None = None) -> Report:
-    if not settings.database_path.exists():
+    if not settings.database_url and not settings.database_path.exists():
         raise ConfigError(f"no database in {str(settings.data_path)!r}; is --data-dir right?")
     now = time.time() if now is None else now
     storage = open_storage(settings)
     storage.check_access()
     report = Report()
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     try:
-        report.integrity = "; ".join(r["integrity_check"] for r in conn.execute("PRAGMA integrity_check"))
+        report.integrity = db.integrity_check(conn)
         with db.transaction(conn, immediate=False):
             rows = photo_q.rows_for_check(conn)
         report.photos = len(rows)

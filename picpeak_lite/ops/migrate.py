@@ -61,7 +61,7 @@ def migrate(settings: Settings, to: str, config_file: Path | None, progress: Pro
         raise ConfigError(f"--to must be local or s3 (got {to!r})")
     if settings.storage == to:
         raise ConfigError(f"the storage setting is already {to!r}; nothing to migrate")
-    if not settings.database_path.exists():
+    if not settings.database_url and not settings.database_path.exists():
         raise ConfigError(f"no database in {str(settings.data_path)!r}; is --data-dir right?")
     if to == "s3" and not settings.s3_bucket:
         raise ConfigError("set s3_bucket (and s3_endpoint_url, s3_region, credentials) in the config file first; "
@@ -75,7 +75,7 @@ def migrate(settings: Settings, to: str, config_file: Path | None, progress: Pro
     source.create_dirs()
     target.create_dirs()
     summary = MigrateSummary(source=source.describe(), target=target.describe())
-    conn = db.connect(settings.database_path)
+    conn = db.connect(settings.database)
     try:
         with db.transaction(conn, immediate=False):
             rows = photo_q.rows_for_check(conn)

@@ -46,9 +46,12 @@ class Cursor(Protocol):
 
 
 class Connection(Protocol):
-    """The part of ``apsw.Connection`` our SQL uses. apsw's own stubs type rows as tuples, which ours are not;
-    this type lets mypy check every query's use of its rows."""
+    """The part of ``apsw.Connection`` our SQL uses, which ``store/pg.py``'s PostgreSQL connection offers too.
+    apsw's own stubs type rows as tuples, which ours are not; this type lets mypy check every query's use of its
+    rows. ``dialect``: "sqlite" or "postgresql", for the few statements written once per engine."""
 
+    @property
+    def dialect(self) -> str: ...
     @property
     def in_transaction(self) -> bool: ...
     @property
@@ -74,9 +77,30 @@ def fits_integer(value: int) -> bool:
 ConstraintError = apsw.ConstraintError
 
 
-def connect(path: str | os.PathLike[str]) -> Connection:
-    """Open one connection with the project's pragmas. Used by the bridge, the CLI and the tests."""
-    conn = apsw.Connection(str(path))
+SQLITE_URL = "sqlite:///"
+
+
+class SqliteConnection(apsw.Connection):
+    dialect = "sqlite"
+
+
+def sqlite_path(target: str | os.PathLike[str]) -> Path | None:
+    """The file behind ``target`` (a path or a ``sqlite:///`` URL), or None for a PostgreSQL URL."""
+    text = os.fspath(target)
+    if text.startswith(("postgresql://", "postgres://")):
+        return None
+    return Path(text[len(SQLITE_URL):] if text.startswith(SQLITE_URL) else text)
+
+
+def connect(target: str | os.PathLike[str]) -> Connection:
+    """Open one connection: to the SQLite file at ``target`` (a path or ``sqlite:///path``) with the project's
+    pragmas, or to the PostgreSQL database of a ``postgresql://`` URL. Used by the bridge, the CLI and the tests."""
+    path = sqlite_path(target)
+    if path is None:
+        from picpeak_lite.store import pg  # psycopg is imported only where PostgreSQL is used
+
+        return pg.connect(os.fspath(target))
+    conn = SqliteConnection(str(path))
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     # Double-quoted identifiers that silently became strings have hidden typos for years elsewhere.
     conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
@@ -109,15 +133,15 @@ def transaction(conn: Connection, *, immediate: bool = True) -> Iterator[Connect
     except BaseException as error:
         if not conn.in_transaction:
             raise _translate(error) from error
-        with contextlib.suppress(apsw.Error):
+        with contextlib.suppress(Exception):  # the engine's own error; the first one is the one to raise
             conn.execute("ROLLBACK")
         raise _translate(error) from error
     else:
         try:
             conn.execute("COMMIT")
-        except apsw.Error as error:
+        except Exception as error:
             if conn.in_transaction:
-                with contextlib.suppress(apsw.Error):
+                with contextlib.suppress(Exception):
                     conn.execute("ROLLBACK")
             raise _translate(error) from error
 
@@ -135,12 +159,13 @@ class Database:
     """The async bridge: a single writer connection and a small pool of readers, each used by one thread
     at a time, with explicit capacity limiters."""
 
-    def __init__(self, path: str | os.PathLike[str], *, readers: int = 4) -> None:
-        self.path = Path(path)
-        self._writer = connect(self.path)
+    def __init__(self, target: str | os.PathLike[str], *, readers: int = 4) -> None:
+        self.target = os.fspath(target)
+        self._writer = connect(self.target)
+        self.dialect = self._writer.dialect
         self._write_lock = trio.Lock()
         self._write_limiter = trio.CapacityLimiter(1)
-        self._readers = [connect(self.path) for _ in range(readers)]
+        self._readers = [connect(self.target) for _ in range(readers)]
         self._read_limiter = trio.CapacityLimiter(readers)
         self._closed = False
         # Called (sync, non-blocking) after every successful write transaction, e.g. to poke the change feed.
@@ -179,8 +204,9 @@ class Database:
         self._closed = True
         for conn in self._readers:
             conn.close()
-        with contextlib.suppress(apsw.Error):
-            self._writer.execute("PRAGMA optimize")
+        if self.dialect == "sqlite":
+            with contextlib.suppress(apsw.Error):
+                self._writer.execute("PRAGMA optimize")
         self._writer.close()
 
 
@@ -196,6 +222,16 @@ def backup_to(conn: Connection, path: str | os.PathLike[str]) -> None:
             backup.step(-1)
     finally:
         dest.close()
+
+
+def integrity_check(conn: Connection) -> str:
+    """"ok", or what is wrong with the database's own structures. SQLite checks every page and index;
+    PostgreSQL keeps its pages checksummed and its indexes consistent itself, so there the answer is whether the
+    schema is complete and readable."""
+    if conn.dialect == "postgresql":
+        check(conn)
+        return "ok"
+    return "; ".join(r["integrity_check"] for r in conn.execute("PRAGMA integrity_check"))
 
 
 def check(conn: Connection) -> None:

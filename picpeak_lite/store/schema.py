@@ -396,6 +396,10 @@ SCHEMA_VERSION = len(MIGRATIONS)
 def migrate(conn: Connection, *, target: int | None = None) -> int:
     """Bring the database up to ``target`` (default: the newest). Returns the version it started at."""
     newest = len(MIGRATIONS)
+    if conn.dialect == "postgresql":
+        from picpeak_lite.store import schema_pg
+
+        return schema_pg.migrate(conn, newest, target=target)
     target = newest if target is None else target
     with transaction(conn):
         current = conn.execute("PRAGMA user_version").fetchall()[0]["user_version"]

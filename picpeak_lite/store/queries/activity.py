@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 
 from picpeak_lite.store.db import Connection, Row
@@ -17,7 +18,7 @@ def add(conn: Connection, counts: Iterable[tuple[int, str, str, int]]) -> int:
         conn.execute(
             "INSERT INTO gallery_activity (gallery_id, day, kind, count) "
             "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM galleries WHERE id = ?) "
-            "ON CONFLICT (gallery_id, day, kind) DO UPDATE SET count = count + excluded.count",
+            "ON CONFLICT (gallery_id, day, kind) DO UPDATE SET count = gallery_activity.count + excluded.count",
             (gallery_id, day, kind, n, gallery_id),
         )
         written += conn.changes()
@@ -41,8 +42,9 @@ def totals(conn: Connection) -> list[Row]:
 def guest_uploads_since(conn: Connection, first_day: str) -> list[Row]:
     """Guests' photos per gallery and UTC day of their upload, from the photos themselves (no counter needed:
     each upload already writes its row)."""
+    since = dt.datetime.fromisoformat(first_day).replace(tzinfo=dt.UTC).timestamp()
     return conn.execute(
         "SELECT gallery_id, date(created_at, 'unixepoch') AS day, count(*) AS count FROM photos "
-        "WHERE uploaded_by = 'guest' AND created_at >= unixepoch(?) GROUP BY gallery_id, day",
-        (first_day,),
+        "WHERE uploaded_by = 'guest' AND created_at >= ? GROUP BY gallery_id, day",
+        (since,),
     ).fetchall()

@@ -122,8 +122,8 @@ def insert_photo(conn: Connection, *, gallery_id: int, upload_id: str, storage_k
     ``provisional``: its request is still arriving (schema 7). ``video``: the probe's facts (VideoInfo.to_json)
     of a video, which makes it ``media_type = 'video'``."""
     photo_id = conn.execute(
-        "UPDATE photo_id_counter SET next_id = max(next_id, (SELECT coalesce(max(id), 0) FROM photos) + 1) + 1 "
-        "RETURNING next_id - 1 AS id"
+        "UPDATE photo_id_counter SET next_id = 1 + CASE WHEN next_id > top.id THEN next_id ELSE top.id END "
+        "FROM (SELECT coalesce(max(id), 0) + 1 AS id FROM photos) AS top RETURNING next_id - 1 AS id"
     ).fetchall()[0]["id"]
     conn.execute(
         "INSERT INTO photos (id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
@@ -231,14 +231,18 @@ def mark_views_stale(conn: Connection, gallery_ids: list[int]) -> int:
     return conn.changes()
 
 
-# Named index: left to itself, the planner walks every complete photo through photos_queue instead.
-NEXT_STALE_VIEWS = ("SELECT * FROM photos INDEXED BY photos_views_stale "
-                    "WHERE views_stale > 0 AND status = 'complete' AND id % ? = ? ORDER BY id LIMIT 1")
+# One form per engine: SQLite's planner, left to itself, walks every complete photo through photos_queue, so the
+# index is named; PostgreSQL's picks the partial index by itself and has no such hint.
+_STALE_VIEWS_WHERE = "WHERE views_stale > 0 AND status = 'complete' AND id % ? = ? ORDER BY id LIMIT 1"
+NEXT_STALE_VIEWS = {
+    "sqlite": f"SELECT * FROM photos INDEXED BY photos_views_stale {_STALE_VIEWS_WHERE}",
+    "postgresql": f"SELECT * FROM photos {_STALE_VIEWS_WHERE}",
+}
 
 
 def next_stale_views(conn: Connection, worker: int, workers: int) -> Row | None:
     """A complete photo whose images are to be made again; workers of one pool take disjoint photos."""
-    rows = conn.execute(NEXT_STALE_VIEWS, (workers, worker)).fetchall()
+    rows = conn.execute(NEXT_STALE_VIEWS[conn.dialect], (workers, worker)).fetchall()
     return rows[0] if rows else None
 
 

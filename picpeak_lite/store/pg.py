@@ -1,0 +1,177 @@
+"""PostgreSQL connections: the one home of psycopg.
+
+picpeak-lite's SQL is written once, for both engines, with SQLite's ``?`` placeholders (``store/queries/``). A
+:class:`PgConnection` gives psycopg the same face that ``store/db.py`` gives apsw (:class:`db.Connection`), so
+every ``fn(conn, ...)`` runs unchanged on either engine:
+
+* ``?`` becomes ``%s`` and a literal ``%`` becomes ``%%``, outside quoted strings and identifiers, once per
+  distinct statement (cached). Values are bound client-side (psycopg's ``ClientCursor``): a ``NULL`` or a number
+  in any position has a type PostgreSQL can infer, as it does in SQLite, and a script of several statements (the
+  schema) runs in one call.
+* Rows are dicts keyed by column name. The two result types SQLite does not have are loaded as SQLite gives them:
+  ``numeric`` (what ``sum`` and ``avg`` of integers return) as an int when it is whole, else a float, and
+  ``boolean`` (a comparison selected as a value) as 0 or 1; a Python bool is bound as 0 or 1. No column of ours is
+  of either type.
+* ``changes()`` is the number of rows the last statement touched. ``last_insert_rowid()`` has no equivalent:
+  queries use ``RETURNING id``.
+* Unique, foreign-key and check violations raise :class:`ConstraintError` (a subclass of ``db.ConstraintError``,
+  which callers catch), and a full disk raises ``InsufficientStorage``, as with SQLite.
+
+The connection runs in autocommit mode: ``db.transaction`` opens and ends each transaction with explicit
+statements, as it does on SQLite (``BEGIN IMMEDIATE`` is read as ``BEGIN``: PostgreSQL has no database-wide
+write lock; where correctness needs one writer at a time a named lock says so, see ``store/locks.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.adapt import Loader
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+from psycopg.types.numeric import Int8Dumper
+
+from picpeak_lite.errors import DatabaseError, InsufficientStorage
+from picpeak_lite.store import db
+
+URL_SCHEMES = ("postgresql://", "postgres://")
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+def is_url(target: object) -> bool:
+    return isinstance(target, str) and target.startswith(URL_SCHEMES)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    return urlunsplit(parts._replace(netloc=netloc[0].split(":", 1)[0] + ":***@" + netloc[1]))
+
+
+class ConstraintError(db.ConstraintError):
+    """A constraint PostgreSQL refused, raised as the SQLite error callers already catch."""
+
+
+class _NumericLoader(Loader):
+    def load(self, data: Any) -> int | float:
+        text = bytes(data).decode()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        return float(text)
+
+
+class _BooleanLoader(Loader):
+    def load(self, data: Any) -> int:
+        return 1 if bytes(data) == b"t" else 0
+
+
+# A token of SQL that may hold a ? or % that is not a placeholder (strings, quoted names, comments), or one that is.
+_TOKENS = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/|\?|%""", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=2048)
+def translate(sql: str) -> str:
+    """SQLite-style SQL as psycopg wants it: ``?`` -> ``%s`` and ``%`` -> ``%%`` outside quotes and comments;
+    ``BEGIN IMMEDIATE`` -> ``BEGIN``."""
+    if sql == "BEGIN IMMEDIATE":
+        return "BEGIN"
+
+    def replace(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if token == "?":
+            return "%s"
+        if token == "%":
+            return "%%"
+        return token.replace("%", "%%") if token.startswith("'") else token
+
+    return _TOKENS.sub(replace, sql)
+
+
+class PgCursor:
+    """A psycopg cursor read the way apsw's is: a statement without a result reads as no rows."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+        self._cursor = cursor
+
+    def fetchall(self) -> list[db.Row]:
+        return self._cursor.fetchall() if self._cursor.description is not None else []
+
+    def fetchone(self) -> db.Row | None:
+        return self._cursor.fetchone() if self._cursor.description is not None else None
+
+    def __iter__(self) -> Iterator[db.Row]:
+        return iter(self.fetchall())
+
+    def __next__(self) -> db.Row:
+        row = self.fetchone()
+        if row is None:
+            raise StopIteration
+        return row
+
+
+class PgConnection:
+    """One psycopg connection behind ``db.Connection``'s methods."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn = psycopg.connect(url, autocommit=True, row_factory=dict_row,
+                                     cursor_factory=psycopg.ClientCursor, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+        self._conn.adapters.register_loader("numeric", _NumericLoader)
+        self._conn.adapters.register_loader("bool", _BooleanLoader)
+        self._conn.adapters.register_dumper(bool, Int8Dumper)  # True is 1, as SQLite stores it
+        self._changes = 0
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.info.transaction_status != TransactionStatus.IDLE
+
+    @property
+    def filename(self) -> str:
+        return redact(self.url)
+
+    @property
+    def raw(self) -> psycopg.Connection[dict[str, Any]]:
+        """The psycopg connection itself, for what only PostgreSQL has (LISTEN, COPY)."""
+        return self._conn
+
+    def execute(self, statements: str, bindings: Any = None) -> PgCursor:
+        cursor = self._conn.cursor()
+        # Without values psycopg reads no placeholders, so a % must then stay as it is.
+        query = translate(statements) if bindings else ("BEGIN" if statements == "BEGIN IMMEDIATE" else statements)
+        try:
+            cursor.execute(query, bindings or None)
+        except pg_errors.IntegrityError as error:
+            raise ConstraintError(str(error).strip()) from error
+        except pg_errors.DiskFull as error:
+            raise InsufficientStorage("The database server's disk is full; the photo was not saved.") from error
+        except psycopg.OperationalError as error:
+            raise DatabaseError(f"The database server did not answer: {str(error).strip()}") from error
+        self._changes = max(cursor.rowcount, 0)
+        return PgCursor(cursor)
+
+    def changes(self) -> int:
+        return self._changes
+
+    def last_insert_rowid(self) -> int:
+        raise NotImplementedError("PostgreSQL has no last_insert_rowid: use INSERT ... RETURNING id")
+
+    def close(self, force: bool = False) -> None:
+        self._conn.close()
+
+
+def connect(url: str) -> PgConnection:
+    try:
+        return PgConnection(url)
+    except psycopg.OperationalError as error:
+        raise DatabaseError(f"cannot connect to the database at {redact(url)}: {str(error).strip()}") from None
