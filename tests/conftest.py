@@ -36,6 +36,16 @@ def pytest_configure(config: Any) -> None:
     pgserver.engine = config.getoption("--engine")
 
 
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Tests of one engine itself run only in that engine's pass: on PostgreSQL those marked ``sqlite`` are left
+    out (they ran in the SQLite pass), and on SQLite those marked ``postgresql``."""
+    other = "sqlite" if pgserver.engine == "postgresql" else "postgresql"
+    left_out = [item for item in items if item.get_closest_marker(other)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker(other)]
+
+
 def pytest_report_header(config: Any) -> list[str]:
     return [f"engine={pgserver.engine}; SQLite {apsw.sqlite_lib_version()}, apsw {apsw.apsw_version()}, "
             f"Pillow {PIL.__version__}"]

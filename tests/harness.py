@@ -54,7 +54,7 @@ URL_LINE = re.compile(r"running at (http://127\.0\.0\.1:\d+)/admin")
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``picpeak-lite ARGS`` in a subprocess, as an operator runs it."""
     return subprocess.run([sys.executable, "-m", "picpeak_lite", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+                          timeout=timeout, env={**os.environ, **pgserver.env_for(args), **(env or {})})
 
 
 CSRF_INPUT = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -335,8 +335,17 @@ def tmpfs(mount: Path, size_mb: int, *, inodes: int | None = None, why: str = ""
 
 # --- the data directory, read as the operator's tools would ------------------------------------------------
 
+def integrity_check(data_dir: Path) -> str:
+    """"ok", or what the database engine found wrong with its own structures."""
+    conn = db.connect(pgserver.database_for(data_dir) or data_dir / "picpeak.sqlite3")
+    try:
+        return db.integrity_check(conn)
+    finally:
+        conn.close()
+
+
 def query(data_dir: Path, sql: str, *args: Any) -> list[dict[str, Any]]:
-    conn = db.connect(data_dir / "picpeak.sqlite3")
+    conn = db.connect(pgserver.database_for(data_dir) or data_dir / "picpeak.sqlite3")
     try:
         return conn.execute(sql, args).fetchall()
     finally:

@@ -158,6 +158,14 @@ def database_for(data_dir: str | os.PathLike[str]) -> str | None:
     return _by_data_dir[key]
 
 
+def env_for(args: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``PICPEAK_DATABASE_URL`` for a command line that names ``--data-dir`` (when the run is on PostgreSQL)."""
+    if "--data-dir" not in args:
+        return {}
+    database = database_for(args[list(args).index("--data-dir") + 1])
+    return {"PICPEAK_DATABASE_URL": database} if database else {}
+
+
 def drop_made() -> None:
     """Drop the databases made since the last call (after each test)."""
     if _server is None:

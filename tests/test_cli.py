@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from . import pgserver
+
 
 def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "picpeak_lite", *args], capture_output=True, text=True, timeout=60,
-        env={**os.environ, **(env or {})}, input=stdin, cwd=cwd,
+        env={**os.environ, **pgserver.env_for(args), **(env or {})}, input=stdin, cwd=cwd,
     )
 
 
@@ -28,7 +30,8 @@ def start_serve(
 ) -> tuple[subprocess.Popen[str], str, list[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(data_dir), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}, cwd=cwd,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **pgserver.env_for(["--data-dir", str(data_dir)]), **(env or {})}, cwd=cwd,
     )
     assert proc.stdout is not None
     lines: list[str] = []

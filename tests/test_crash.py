@@ -39,6 +39,7 @@ from .harness import (
     create_token,
     figures,
     file_sha256,
+    integrity_check,
     multipart,
     query,
     sha256,
@@ -237,7 +238,7 @@ async def run_crash_suite(tmp_path: Path, cycles: int, capsys: Any, seed: int | 
         keys = {r["storage_key"] for r in rows.values()}
         orphans = sum(len(paths) for key, paths in files.items() if key not in keys)
         without_file = sum(1 for r in rows.values() if stored.original_sha256(r["storage_key"]) is None)
-        integrity = query(data_dir, "PRAGMA integrity_check")[0]["integrity_check"]
+        integrity = integrity_check(data_dir)
         check = cli("check", "--data-dir", str(data_dir), "--config", str(config), "--grace", "0")
         line = (f"crash: cycles={cycles} seed={seed} requests={tally.requests} acked={len(tally.acked)} "
                 f"lost={lost} corrupt={corrupt} stuck={stuck} failed={len(failed)} "

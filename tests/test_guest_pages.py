@@ -187,6 +187,7 @@ async def test_bad_cursor_and_sort_are_400(guest: Any, admin: AuthActions) -> No
         assert response.status_code == 400, query
 
 
+@pytest.mark.sqlite
 @pytest.mark.parametrize("sort", ["uploaded", "taken"])
 async def test_a_later_page_seeks_the_index_instead_of_sorting_or_scanning(services: Services, sort: str) -> None:
     """The plan of the query list_photos really runs, for a page after a cursor, in both orders."""

@@ -154,6 +154,8 @@ async def test_a_photo_whose_process_died_waits_behind_the_untried_ones(services
         while (row := claims.claim_next(conn, f"t{len(order)}", now + 62, 60)) is not None:
             order.append((row["id"], row["attempts"]))
     assert order == [(fresh[0], 1), (fresh[1], 1), (tried, 1)]
+    if conn.dialect != "sqlite":
+        return  # what follows is SQLite's planner
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT coalesce("
                         "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 AND interruptions = 0 "
                         "ORDER BY id LIMIT 1), "
@@ -346,8 +348,9 @@ async def test_an_older_render_never_replaces_a_newer_one(services: Services, cl
     assert view.read_bytes() == newest and status_of(conn, photo)["views_stale"] == 0
 
 
+@pytest.mark.sqlite
 async def test_the_stale_views_query_seeks_its_index(conn: Any) -> None:
-    plan = conn.execute("EXPLAIN QUERY PLAN " + photo_q.NEXT_STALE_VIEWS, (2, 0)).fetchall()
+    plan = conn.execute("EXPLAIN QUERY PLAN " + photo_q.NEXT_STALE_VIEWS["sqlite"], (2, 0)).fetchall()
     assert [row["detail"] for row in plan] == ["SCAN photos USING INDEX photos_views_stale"]  # stale rows only
 
 

@@ -9,6 +9,8 @@ from picpeak_lite.errors import ConfigError, InsufficientStorage
 from picpeak_lite.store import db, schema
 from picpeak_lite.store.queries import photos as photo_q
 
+pytestmark = pytest.mark.sqlite  # SQLite files and their migrations; PostgreSQL's are tests/test_schema_pg.py
+
 
 def _tables(conn: apsw.Connection) -> set[str]:
     rows = conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'").fetchall()

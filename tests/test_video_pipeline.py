@@ -52,6 +52,7 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     return made
 
 
+@pytest.mark.sqlite
 def test_the_migration_widens_format_and_adds_the_video_columns(tmp_path: Path) -> None:
     conn = db.connect(tmp_path / "x.sqlite3")
     schema.migrate(conn, target=len(schema.MIGRATIONS) - 1)

@@ -172,6 +172,7 @@ CREATE TABLE photos (
     CHECK (status != 'processing' OR (claim_token IS NOT NULL AND lease_until IS NOT NULL))
 );
 CREATE INDEX photos_queue ON photos(status, id);
+CREATE INDEX photos_claim_order ON photos((attempts + interruptions), id) WHERE status = 'pending';
 CREATE INDEX photos_by_upload ON photos(upload_id, id);
 CREATE INDEX photos_by_gallery ON photos(gallery_id, status, id);
 CREATE INDEX photos_views_stale ON photos(id) WHERE views_stale > 0;

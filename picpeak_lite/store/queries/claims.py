@@ -14,6 +14,25 @@ from typing import Any
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries.photos import MAX_ERROR_LENGTH
 
+_CLAIMED = (
+    "UPDATE photos SET status = 'processing', claim_token = ?, attempts = attempts + 1, lease_until = ?, "
+    "processing_started_at = ?, error = NULL WHERE id = {chosen} AND status = 'pending' RETURNING *"
+)
+# The one statement written per engine. SQLite: a write transaction excludes every other writer, so the first
+# pending row is the claimant's; two look-ups, so that each walks the photos_queue index. PostgreSQL: workers in
+# many processes (and hosts) claim at once, so the row is chosen FOR UPDATE SKIP LOCKED: a row another claim is
+# taking is passed over, not waited for, and never taken twice; one ordered look-up, served by the partial index
+# photos_claim_order (schema_pg.py).
+CLAIM = {
+    "sqlite": _CLAIMED.format(chosen=(
+        "coalesce("
+        "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 AND interruptions = 0 ORDER BY id LIMIT 1), "
+        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1))")),
+    "postgresql": _CLAIMED.format(chosen=(
+        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1 "
+        "FOR UPDATE SKIP LOCKED)")),
+}
+
 
 def claim_next(conn: Connection, token: str, now: float, lease_seconds: float) -> Row | None:
     """The oldest pending photo not yet tried, else the oldest pending one. A photo whose attempt ended with its
@@ -22,16 +41,7 @@ def claim_next(conn: Connection, token: str, now: float, lease_seconds: float) -
     every start, and one that kills its child does not hold up the good photos. Among those, the least tried goes
     first, so that kills spread over them instead of meeting the oldest each time. Both look-ups walk the
     ``photos_queue`` index (the second sorts only what the first found none of: photos tried before)."""
-    rows = conn.execute(
-        "UPDATE photos SET status = 'processing', claim_token = ?, attempts = attempts + 1, lease_until = ?, "
-        "processing_started_at = ?, error = NULL "
-        "WHERE id = coalesce("
-        "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 AND interruptions = 0 ORDER BY id LIMIT 1), "
-        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1)) "
-        "AND status = 'pending' "
-        "RETURNING *",
-        (token, now + lease_seconds, now),
-    ).fetchall()
+    rows = conn.execute(CLAIM[conn.dialect], (token, now + lease_seconds, now)).fetchall()
     return rows[0] if rows else None
 
 

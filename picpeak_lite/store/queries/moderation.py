@@ -44,7 +44,7 @@ def clear_mark(conn: Connection, photo_id: int, *, hide: bool) -> bool:
     """Approve (``hide=False``: guests see it once it is complete) or reject by hiding it. False when the photo
     was reviewed meanwhile."""
     conn.execute(
-        "UPDATE photos SET awaiting_approval = 0, hidden = CASE WHEN ? THEN 1 ELSE hidden END "
+        "UPDATE photos SET awaiting_approval = 0, hidden = CASE WHEN ? = 1 THEN 1 ELSE hidden END "
         "WHERE id = ? AND awaiting_approval = 1",
         (int(hide), photo_id),
     )

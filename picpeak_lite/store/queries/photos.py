@@ -144,7 +144,7 @@ def set_video_facts(conn: Connection, photo_id: int, facts: dict[str, Any]) -> N
     needs_preview = facts.get("video_codec") not in BROWSER_CODECS
     conn.execute(
         "UPDATE photos SET media_type = 'video', duration = ?, fps = ?, video_codec = ?, audio_codec = ?, "
-        "preview_status = CASE WHEN ? OR (SELECT allow_downloads = 0 FROM galleries g WHERE g.id = gallery_id) "
+        "preview_status = CASE WHEN ? = 1 OR (SELECT allow_downloads = 0 FROM galleries g WHERE g.id = gallery_id) "
         "THEN coalesce(preview_status, 'pending') ELSE NULL END WHERE id = ?",
         (facts.get("duration"), facts.get("fps"), facts.get("video_codec"), facts.get("audio_codec"),
          int(needs_preview), photo_id),
