@@ -77,7 +77,8 @@ async def test_gallery_zip_has_only_visible_photos_with_safe_unique_names(guest:
     c = imagefactory.save(imagefactory.photo(40, 30, seed=3), "png")
     add_photo(services, gallery["id"], name="a.jpg", data=a, taken_at="2024-06-20T10:00:00")
     add_photo(services, gallery["id"], name="A.JPG", data=b, taken_at="2024-06-20T11:00:00")
-    add_photo(services, gallery["id"], name="../../etc/pass\x00wd", data=c, fmt="png",
+    # A control character (not NUL: PostgreSQL's text cannot hold one, and the intake strips it on both engines).
+    add_photo(services, gallery["id"], name="../../etc/pass\x07wd", data=c, fmt="png",
               taken_at="2024-06-20T12:00:00")
     add_photo(services, gallery["id"], name="hidden.jpg", hidden=1)
     add_photo(services, gallery["id"], name="pending.jpg", status="pending")

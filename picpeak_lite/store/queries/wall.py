@@ -16,6 +16,6 @@ def visible_photos(conn: Connection, gallery_id: int, limit: int) -> list[Row]:
     """The newest photos guests may see (the wall's rotation), newest first."""
     return conn.execute(
         f"SELECT id, width, height, guest_name, completed_at FROM photos WHERE gallery_id = ? AND "
-        f"{GUEST_VISIBLE_PHOTO} ORDER BY completed_at DESC, id DESC LIMIT ?",
+        f"{GUEST_VISIBLE_PHOTO} ORDER BY completed_at DESC NULLS LAST, id DESC LIMIT ?",
         (gallery_id, limit),
     ).fetchall()
