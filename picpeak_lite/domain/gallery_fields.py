@@ -181,6 +181,8 @@ FIELDS: tuple[Field, ...] = (
           "Guests' photos wait for the admin's approval before other guests (and the wall) see them."),
     Field("photo_cap", _photo_cap, "Most photos in this gallery, guests' included; empty: the server's limit."),
     Field("wall_captions", _switch(False), "The live wall shows guests' names under their photos."),
+    Field("hold_comments", _switch(False),
+          "Guests' comments wait for the admin's approval before other guests see them."),
     Field("favourite_limit", _favourite_limit, "Most favourites each guest may choose; empty: no limit."),
     Field("password", _password, f"Guests must enter it (at least {MIN_GALLERY_PASSWORD_LENGTH} characters).",
           always=True),

@@ -133,6 +133,10 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.register_blueprint(review.blueprint)
     app.register_blueprint(proofing.blueprint)
     app.register_blueprint(wall.blueprint)
+    # Guests' feedback (issue 34): likes, ratings, comments and their moderation, the sidecar export.
+    from picpeak_lite.web.views import feedback
+
+    app.register_blueprint(feedback.blueprint)
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)
