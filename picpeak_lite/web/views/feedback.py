@@ -99,6 +99,7 @@ async def like(slug: str, photo_id: int) -> dict[str, Any]:
 async def rating(slug: str, photo_id: int) -> dict[str, Any]:
     svc = services()
     gallery, guest = await _guest_change(slug)
+    await svc.db.read(access.visible_photo, gallery, photo_id)  # a photo the guest may not see is 404 first
     stars = feedback.parse_stars((await _body()).get("stars")) if request.method == "PUT" else None
 
     def change(conn: Connection) -> dict[str, Any]:
@@ -116,6 +117,7 @@ async def rating(slug: str, photo_id: int) -> dict[str, Any]:
 async def comment(slug: str, photo_id: int) -> tuple[dict[str, Any], int]:
     svc = services()
     gallery, guest = await _guest_change(slug)
+    await svc.db.read(access.visible_photo, gallery, photo_id)  # a photo the guest may not see is 404 first
     data = await _body()
     body = feedback.clean_comment(data.get("text"))
     raw_name = data.get("name")
