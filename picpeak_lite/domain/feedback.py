@@ -98,13 +98,11 @@ def summary_json(row: Row) -> dict[str, object]:
             "liked": bool(row["liked"]), "my_rating": row["my_rating"]}
 
 
-def comment_json(row: Row, *, guest_session_id: int | None = None, admin: bool = False) -> dict[str, object]:
+def comment_json(row: Row, *, guest_session_id: int | None = None) -> dict[str, object]:
     """A comment as JSON: the text is data (pages put it in with ``textContent``), never markup."""
     data: dict[str, object] = {"id": row["id"], "photo_id": row["photo_id"], "name": row["guest_name"],
                                "text": row["body"], "status": row["status"], "created_at": row["created_at"],
                                "mine": guest_session_id is not None and row["guest_session_id"] == guest_session_id}
-    if not admin and row["status"] != "held":
-        data.pop("status")
     return data
 
 

@@ -156,7 +156,7 @@ async def comments_api(gallery_id: int) -> dict[str, Any]:
     gallery = await galleries.get_gallery(svc, gallery_id)
     rows = await svc.db.read(feedback_q.gallery_comments, gallery_id)
     return {"gallery_id": gallery_id, "hold_comments": bool(gallery["hold_comments"]),
-            "comments": [{**feedback.comment_json(r, admin=True), "filename": r["display_name"]} for r in rows]}
+            "comments": [{**feedback.comment_json(r), "filename": r["display_name"]} for r in rows]}
 
 
 @blueprint.post("/api/admin/galleries/<int:gallery_id>/comments")

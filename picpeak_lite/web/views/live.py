@@ -490,7 +490,7 @@ async def _feedback_message(change: Change, viewer: Viewer) -> dict[str, Any] | 
             newest = feedback_q.newest_comment(conn, change.photo_id)
             message["held"] = summary["held"]
             message["filename"] = change.filename
-            message["comment"] = feedback.comment_json(newest, admin=True) if newest else None
+            message["comment"] = feedback.comment_json(newest) if newest else None
         return message
 
     return await services().db.read(read)
