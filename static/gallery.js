@@ -174,6 +174,7 @@
     web.hidden = !link.dataset.downloadWeb;
     if (link.dataset.downloadWeb) web.href = link.dataset.downloadWeb;
     syncLightboxHeart();
+    box.dispatchEvent(new CustomEvent("picpeak:show", {detail: {id: Number(tile.dataset.id)}}));  // feedback.js
     const all = tiles();
     const index = all.indexOf(tile);
     box.querySelector(".lb-prev").disabled = index <= 0;
@@ -276,6 +277,9 @@
             newCount === 1 ? "1 new photo" : newCount + " new photos";
           notice.hidden = false;
         }
+      },
+      onFeedback: function (msg) {  // likes, ratings, comments: feedback.js shows them
+        box.dispatchEvent(new CustomEvent("picpeak:feedback", {detail: msg}));
       },
       onResync: function () {
         notice.querySelector(".notice-text").textContent = "The gallery has changed.";
