@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from picpeak_lite.services import Services
+from picpeak_lite.store.queries import changes as change_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.web.ratelimit import RateLimit
 
@@ -293,3 +294,18 @@ async def test_a_session_that_gave_feedback_is_kept(guest: Any, admin: AuthActio
     await send(guest, "PUT", photo_url(slug, photo, "rating"), csrf, {"stars": 3})
     await services.db.write(guest_q.prune_idle_sessions, services.clock() + 10)
     assert await rows(services, "SELECT stars FROM photo_ratings") == [{"stars": 3}]
+
+
+async def test_feedback_is_in_the_gallery_change_log_and_not_in_the_uploads(guest: Any, admin: AuthActions,
+                                                                            services: Services) -> None:
+    """An upload's feed (and its ``?since=`` replay) tells of photos only; a gallery's also of feedback."""
+    gallery = await published(admin, name="G")
+    slug, photo = gallery["slug"], add_photo(services, gallery["id"])
+    csrf = await guest_csrf(guest, slug)
+    [row] = await rows(services, "SELECT upload_id FROM photos WHERE id = ?", photo)
+    await send(guest, "PUT", photo_url(slug, photo, "like"), csrf)
+    await send(guest, "PUT", photo_url(slug, photo, "rating"), csrf, {"stars": 3})
+    by_gallery = await services.db.read(change_q.for_gallery_after, gallery["id"], 0)
+    by_upload = await services.db.read(change_q.for_upload_after, row["upload_id"], 0)
+    assert [r["feedback"] for r in by_gallery] == [0, 1, 1]
+    assert [r["feedback"] for r in by_upload] == [0]
