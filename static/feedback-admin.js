@@ -9,7 +9,7 @@
   if (!section || !notice || !window.PicpeakLive) return;
   const link = notice.querySelector("a");
   const said = document.createElement("span");
-  notice.insertBefore(said, notice.firstChild);
+  notice.insertBefore(said, link);
 
   window.PicpeakLive.watchGallery({
     wsPath: section.dataset.wsPath,
@@ -17,8 +17,9 @@
       // Text only (textContent): a guest wrote it.
       const c = msg.comment;
       said.textContent = c && c.status === "held"
-        ? c.name + " (" + (msg.filename || "") + "): " + c.text + " "
-        : (msg.filename || "") + ": " + msg.likes + " ♥, " + msg.ratings + " ★ ";
+        ? " " + c.name + " (" + (msg.filename || "") + "): " + c.text + " "
+        : " " + section.dataset.msgCounts.replace("{file}", msg.filename || "")
+          .replace("{likes}", String(msg.likes)).replace("{ratings}", String(msg.ratings)) + " ";
       if (link) link.hidden = false;
       notice.hidden = false;
     },
