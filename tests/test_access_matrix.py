@@ -231,6 +231,12 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     "wall.new_link": ("admin_page", {}),
     "wall.remove_link": ("admin_page", {}),
     "live.wall_feed": ("live_wall", {}),
+    # The studio's brand (issue 33): its stylesheets and logo are public (the login and password pages show
+    # them); no logo was uploaded in the matrix's world: 404 for everyone, past no guard.
+    "brand.stylesheet": ("public", {}),
+    "brand.custom_css": ("public", {}),
+    "brand.logo": ("public", {role: {404} for role in ROLES}),
+    "admin_settings.save_brand": ("admin_page", {}),
 }
 # Arguments a rule's converters cannot tell: a choice for each ``any(...)`` and the file for ``static``.
 CHOICES = {"kind": {"admin.qr_image": "png", "photos.admin_image": "original"}, "target": {}, "filename": {}}

@@ -388,6 +388,14 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE photos SET views_stale = views_stale + 1
         WHERE status IN ('processing', 'complete') AND gallery_id IN (SELECT id FROM galleries WHERE watermark = 1);
     """,
+    # a brand of its own (issue 33): each gallery may choose its theme and its cover's layout; '' follows the
+    # install's default (domain/brand.py, the admin settings' brand).
+    """
+    ALTER TABLE galleries ADD COLUMN theme TEXT NOT NULL DEFAULT ''
+        CHECK (theme IN ('', 'auto', 'light', 'dark'));
+    ALTER TABLE galleries ADD COLUMN cover_layout TEXT NOT NULL DEFAULT ''
+        CHECK (cover_layout IN ('', 'full', 'split', 'minimal'));
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
