@@ -167,6 +167,15 @@ async def test_white_label_gallery_shows_no_picpeak(admin: AuthActions, guest: A
     assert "<title>" in page and "Lumen Studio" in page and "picpeak" not in visible_text(page).lower()
 
 
+async def test_the_wall_wears_the_brand(admin: AuthActions) -> None:
+    gallery = await published(admin, name="Anna & Ben")
+    assert (await save(admin, white_label="on", custom_css="h1 { color: var(--accent) }")).status_code == 302
+    page = await (await admin.client.get(f"/g/{gallery['slug']}/wall")).get_data(as_text=True)
+    assert "/brand/brand.css?v=" in page and "/brand/custom.css?v=" in page
+    assert 'class="wall-studio"' in page and "Lumen Studio" in visible_text(page)
+    assert "picpeak" not in visible_text(page).lower()
+
+
 async def test_custom_css_is_a_stylesheet_and_the_csp_is_unchanged(admin: AuthActions, services: Any) -> None:
     gallery = await published(admin)
     css = ".hero h1 { letter-spacing: .2em }"
