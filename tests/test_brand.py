@@ -200,6 +200,24 @@ async def test_custom_css_is_a_stylesheet_and_the_csp_is_unchanged(admin: AuthAc
     assert (await admin.client.get("/static/fonts/inter-regular.woff2")).status_code == 200
 
 
+async def test_a_stored_css_that_fails_the_check_is_not_served(admin: AuthActions, services: Any) -> None:
+    """The check runs again when the stylesheet is served: a row written by anything but the form is not sent."""
+    conn = db.connect(services.settings.database_path)
+    try:
+        with db.transaction(conn):
+            brand_rules.save(conn, brand_rules.Brand(custom_css="@import url(https://evil.example/x.css);"))
+    finally:
+        conn.close()
+    served = await admin.client.get("/brand/custom.css")
+    assert served.status_code == 200 and await served.get_data(as_text=True) == ""
+
+
+async def test_a_logo_too_large_is_refused(admin: AuthActions, services: Any) -> None:
+    answer = await save(admin, files=logo_files(b"\x89PNG\r\n\x1a\n" + b"\0" * brand_rules.LOGO_MAX_BYTES))
+    assert answer.status_code == 400 and "at most 5 MB" in await answer.get_data(as_text=True)
+    assert not brand_rules.logo_path(services.settings).exists()
+
+
 def test_contrast_matches_wcag() -> None:
     assert brand_rules.contrast("#000000", "#ffffff") == pytest.approx(21.0)
     assert brand_rules.contrast("#777777", "#ffffff") == pytest.approx(4.48, abs=0.01)
