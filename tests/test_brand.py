@@ -172,8 +172,16 @@ async def test_the_wall_wears_the_brand(admin: AuthActions) -> None:
     assert (await save(admin, white_label="on", custom_css="h1 { color: var(--accent) }")).status_code == 302
     page = await (await admin.client.get(f"/g/{gallery['slug']}/wall")).get_data(as_text=True)
     assert "/brand/brand.css?v=" in page and "/brand/custom.css?v=" in page
-    assert 'class="wall-studio"' in page and "Lumen Studio" in visible_text(page)
+    assert 'class="wall-studio wall-studio-right"' in page and "Lumen Studio" in visible_text(page)
     assert "picpeak" not in visible_text(page).lower()
+    # A watermark in the top right corner: the studio's mark moves to the left, clear of it.
+    marked = await published(admin, name="Marked", watermark=True)
+    moved = await admin.client.post("/admin/settings/watermark", form={
+        "csrf_token": admin.csrf, "watermark_text": "© Lumen", "watermark_position": "top-right",
+        "watermark_opacity": "0.5", "watermark_size": "0.2"})
+    assert moved.status_code == 302
+    page = await (await admin.client.get(f"/g/{marked['slug']}/wall")).get_data(as_text=True)
+    assert 'class="wall-studio wall-studio-left"' in page
 
 
 async def test_custom_css_is_a_stylesheet_and_the_csp_is_unchanged(admin: AuthActions, services: Any) -> None:
