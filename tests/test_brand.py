@@ -264,3 +264,11 @@ def test_email_context_follows_white_label() -> None:
                                       "https://photos.example/")
     assert "picpeak" not in repr(white).lower()
     assert white["footer"] == "Lumen" and white["logo_url"] == "https://photos.example/brand/logo.png?v=ab"
+    assert brand_rules.email_context(brand_rules.Brand(logo_version="ab"), "")["logo_url"] is None
+
+
+async def test_email_context_of_the_brand_in_force(admin: AuthActions, services: Any) -> None:
+    assert (await save(admin, white_label="on")).status_code == 302
+    context = await services.db.read(brand_rules.email_context_of, services.settings)
+    assert context["studio_name"] == "Lumen Studio" and context["accent"] == "#8a3b12"
+    assert context["footer"] == "Lumen Studio" and "EB Garamond" not in context["font_family"]

@@ -346,6 +346,12 @@ def page_context(brand: Brand) -> dict[str, Any]:
     return {"brand": brand, "site_name": brand.site_name, "show_our_name": not brand.white_label}
 
 
+def email_context_of(conn: Connection, settings: Settings) -> dict[str, Any]:
+    """:func:`email_context` for the brand in force, with the server's public address: one call for a mailer,
+    ``await db.read(brand.email_context_of, settings)``; render the message inside ``i18n.use_locale``."""
+    return email_context(load(conn, settings), settings.public_url or "")
+
+
 def email_context(brand: Brand, base_url: str) -> dict[str, Any]:
     """What an email needs to look like the studio's: its name for the sender and greeting, the logo as an
     absolute URL (or None), the accent with a readable text colour for a button, the footer line. With white
@@ -355,7 +361,8 @@ def email_context(brand: Brand, base_url: str) -> dict[str, Any]:
     return {
         "studio_name": brand.studio_name,
         "site_name": brand.site_name,
-        "logo_url": f"{base_url.rstrip('/')}/brand/logo.png?v={version}" if version else None,
+        # An email needs an absolute address: without public_url there is none to give.
+        "logo_url": f"{base_url.rstrip('/')}/brand/logo.png?v={version}" if version and base_url else None,
         "accent": accent,
         "accent_fg": text_on(accent),
         "font_family": FONTS[brand.font_body].family,
