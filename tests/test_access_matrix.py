@@ -243,6 +243,12 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     # No feedback given yet is 404 (with its sentence) for the admin.
     "feedback.export": ("admin_page", {"admin": {200, 404}}),
     "feedback.sidecars_zip": ("admin_page", {"admin": {200, 404}}),
+    # The studio's brand (issue 33): its stylesheets and logo are public (the login and password pages show
+    # them); no logo was uploaded in the matrix's world: 404 for everyone, past no guard.
+    "brand.stylesheet": ("public", {}),
+    "brand.custom_css": ("public", {}),
+    "brand.logo": ("public", {role: {404} for role in ROLES}),
+    "admin_settings.save_brand": ("admin_page", {}),
 }
 # Arguments a rule's converters cannot tell: a choice for each ``any(...)`` and the file for ``static``.
 CHOICES = {"kind": {"admin.qr_image": "png", "photos.admin_image": "original"}, "target": {}, "filename": {}}

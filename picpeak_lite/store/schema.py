@@ -461,6 +461,14 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT id, gallery_id, upload_id, status, hidden, awaiting_approval, 1 FROM photos WHERE id = OLD.photo_id;
     END;
     """,
+    # a brand of its own (issue 33): each gallery may choose its theme and its cover's layout; '' follows the
+    # install's default (domain/brand.py, the admin settings' brand).
+    """
+    ALTER TABLE galleries ADD COLUMN theme TEXT NOT NULL DEFAULT ''
+        CHECK (theme IN ('', 'auto', 'light', 'dark'));
+    ALTER TABLE galleries ADD COLUMN cover_layout TEXT NOT NULL DEFAULT ''
+        CHECK (cover_layout IN ('', 'full', 'split', 'minimal'));
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -137,6 +137,10 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     from picpeak_lite.web.views import feedback
 
     app.register_blueprint(feedback.blueprint)
+    # The studio's brand (issue 33): its stylesheet, custom CSS and logo, and the pages' context that names it.
+    from picpeak_lite.web.views import brand
+
+    brand.install(app)
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)
