@@ -74,6 +74,8 @@ class Settings:
     login_window_seconds: int = _setting(900, "The throttling window for failed password attempts.")
     login_backoff_seconds: int = _setting(60, "Past login_attempts, what other devices of that IP wait after the "
                                               "last failure, doubled after each further one (at most the window).")
+    audit_retention_days: int = _setting(365, "How long the audit trail (logins, gallery and account changes) is "
+                                              "kept, in days.")
     # Galleries
     default_expiry_days: int = _setting(30, "Expiry for new galleries, in days (1-365).")
     # Uploads
@@ -343,7 +345,7 @@ def _validate(s: Settings) -> None:
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
                 "guest_max_video_seconds",
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",
-                "login_backoff_seconds",
+                "login_backoff_seconds", "audit_retention_days",
                 "tus_expiry_hours", "tus_idle_minutes", "tus_unfinished_mb_per_client",
                 "tus_unfinished_mb_per_gallery", "tus_finish_attempts", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
