@@ -503,8 +503,8 @@ async def test_the_wall_tells_a_stranger_no_more_than_the_gallery_page(app: Any,
 # to reach the query and fail with a 500). Also a negative id, a huge number, one past what int() converts from
 # text, and a digit of another script (which ``\\d`` would read as 1).
 OUT_OF_RANGE = (str(2**63), str(2**64), "-1", str(10**30), "9" * 5000, "%D9%A1")
-# Who asks: the owner, an editor of the gallery and the guest who may see the gallery (so that an answer other than 404 would be the route
-# itself at work, past its checks), and a stranger.
+# Who asks: the owner, an editor of the gallery and the guest who may see the gallery (so that an answer other
+# than 404 would be the route itself at work, past its checks), and a stranger.
 ID_ROLES = ("owner", "editor_own", "guest_access", "nobody")
 
 
