@@ -67,7 +67,7 @@ class Settings:
         30.0, "The window over which min_body_rate_kb is measured (the client's time; waits on the server are free).")
     log_level: str = _setting("info", "One of debug, info, warning, error.")
     # Admin
-    admin_username: str = _setting("admin", "The admin account's user name.")
+    admin_username: str = _setting("admin", "The user name of the owner account made at the first start.")
     session_days: int = _setting(14, "How long an admin login lasts.")
     login_attempts: int = _setting(5, "Failed password attempts allowed per target in one window: per device that "
                                       "gave the right password before, and per IP for all others.")

@@ -40,7 +40,14 @@ def test_an_editors_day(server: LiveServer, api: httpx.Client, browser: Any, req
     row.get_by_label("Anna & Ben").check()
     row.get_by_role("button", name="Save galleries").click()
     assert owner.locator("tr", has_text="sam").get_by_label("Anna & Ben").is_checked()
+    violations = [v["id"] for v in Axe().run(owner.page, options=AXE_OPTIONS).response["violations"]]
+    assert violations == [], violations
     owner.screenshot("owner-accounts")
+    owner.goto(server.url + "/admin/audit?account=admin")
+    assert "account.grants_changed" in owner.locator("tbody").inner_text()
+    violations = [v["id"] for v in Axe().run(owner.page, options=AXE_OPTIONS).response["violations"]]
+    assert violations == [], violations
+    owner.screenshot("owner-audit")
     next(owner_pages, None)
 
     pages = new_page(browser, request, viewport={"width": 1440, "height": 900})

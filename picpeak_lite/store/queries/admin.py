@@ -187,12 +187,6 @@ def touch_token(conn: Connection, token_id: int, now: float) -> None:
     conn.execute("UPDATE api_tokens SET last_used_at = ? WHERE id = ?", (now, token_id))
 
 
-def promote_session(conn: Connection, session_id: int, token_hash: str) -> None:
-    """The second factor was given: the pending session becomes a full one under a new token (the pending
-    cookie's value is worth nothing afterwards)."""
-    conn.execute("UPDATE admin_sessions SET pending_totp = 0, token_hash = ? WHERE id = ?", (token_hash, session_id))
-
-
 def gallery_of_photo(conn: Connection, photo_id: int) -> int | None:
     rows = conn.execute("SELECT gallery_id FROM photos WHERE id = ?", (photo_id,)).fetchall()
     return rows[0]["gallery_id"] if rows else None
