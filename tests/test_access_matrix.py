@@ -220,7 +220,7 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     "admin_settings.toggle_webhook": ("owner_page", {}),
     "admin_settings.delete_webhook": ("owner_page", {}),
     "admin_settings.test_webhook": ("owner_page", {}),
-    "admin_api.list_galleries": ("admin_api", {}),
+    "admin_api.list_galleries": ("account_api", {}),  # an editor is listed their galleries
     "admin_api.create_gallery": ("admin_api", {}),
     "admin_api.get_gallery": ("gallery_api", {}),
     "admin_api.update_gallery": ("admin_api", {}),

@@ -187,6 +187,8 @@ async def test_an_editor_works_on_their_galleries_and_deletes_nothing(app: Any, 
     assert (await editor.login(username="assistant")).status_code == 302
     dashboard = await (await editor.client.get("/admin/")).get_data(as_text=True)
     assert "Mine" in dashboard and "Theirs" not in dashboard and "New gallery" not in dashboard
+    listed = await (await editor.client.get("/api/admin/galleries")).get_json()
+    assert [g["name"] for g in listed["galleries"]] == ["Mine"]
     assert (await editor.client.get("/admin/settings/")).status_code == 403
     assert (await editor.client.get("/admin/accounts")).status_code == 403
     from . import imagefactory

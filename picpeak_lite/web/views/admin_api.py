@@ -13,7 +13,7 @@ from quart import Blueprint, request
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest
 from picpeak_lite.store.queries import galleries as gallery_q
-from picpeak_lite.web.auth import admin_api, gallery_api, services
+from picpeak_lite.web.auth import account_api, admin_api, current_admin, gallery_api, services
 from picpeak_lite.web.views.common import current_actor, share_url
 
 blueprint = Blueprint("admin_api", __name__, url_prefix="/api/admin")
@@ -27,10 +27,13 @@ async def _json_body() -> dict[str, Any]:
 
 
 @blueprint.get("/galleries")
-@admin_api
+@account_api
 async def list_galleries() -> dict[str, Any]:
+    """Every gallery, or an editor's granted ones."""
+    me = await current_admin()
+    assert me is not None
     rows = await services().db.read(gallery_q.list_all)
-    return {"galleries": [galleries.to_json(r, share_url(r["slug"])) for r in rows]}
+    return {"galleries": [galleries.to_json(r, share_url(r["slug"])) for r in rows if me.may_open(r["id"])]}
 
 
 @blueprint.post("/galleries")
