@@ -259,6 +259,9 @@ def test_account_commands(tmp_path: Path) -> None:
     bad_role = run_cli("admin", "account", "add", "ben", "--role", "boss", "--password-stdin", "--data-dir", data,
                        stdin="ben's password\n")
     assert bad_role.returncode != 0
+    spaced = run_cli("admin", "account", "add", "ben smith", "--role", "admin", "--password-stdin", "--data-dir",
+                     data, stdin="ben's password\n")
+    assert spaced.returncode == 2 and "no spaces" in spaced.stderr
     token = run_cli("admin", "token", "create", "--name", "anna-lr", "--account", "anna", "--data-dir", data)
     assert token.returncode == 0, token.stderr
     changed = run_cli("admin", "set-password", "--account", "anna", "--password-stdin", "--data-dir", data,

@@ -46,11 +46,11 @@ def may_delete(role: str) -> bool:
 
 
 def check_name(name: str) -> str | None:
-    """Why ``name`` cannot be an account name, or None. (Untranslated: the CLI says it too; the page wraps it.)"""
+    """Why ``name`` cannot be an account name (one sentence), or None."""
     if not name or len(name) > MAX_NAME:
-        return f"between 1 and {MAX_NAME} characters"
+        return _("An account name has between 1 and %(num)d characters.") % {"num": MAX_NAME}
     if name != name.strip() or any(c.isspace() or not c.isprintable() for c in name):
-        return "no spaces or control characters"
+        return _("An account name has no spaces or control characters.")
     return None
 
 
@@ -101,7 +101,7 @@ def add_account(conn: Connection, name: str, password_hash: str, role: str, now:
     _check_role(role)
     problem = check_name(name)
     if problem is not None:
-        raise BadRequest(_("An account name needs %(rule)s.") % {"rule": problem})
+        raise BadRequest(problem)
     if admin_q.get_user_by_name(conn, name) is not None:
         raise Conflict(_("An account named %(name)s exists already.") % {"name": name})
     account_id = admin_q.create_user(conn, name, password_hash, now, role)
