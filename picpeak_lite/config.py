@@ -67,13 +67,15 @@ class Settings:
         30.0, "The window over which min_body_rate_kb is measured (the client's time; waits on the server are free).")
     log_level: str = _setting("info", "One of debug, info, warning, error.")
     # Admin
-    admin_username: str = _setting("admin", "The admin account's user name.")
+    admin_username: str = _setting("admin", "The user name of the owner account made at the first start.")
     session_days: int = _setting(14, "How long an admin login lasts.")
     login_attempts: int = _setting(5, "Failed password attempts allowed per target in one window: per device that "
                                       "gave the right password before, and per IP for all others.")
     login_window_seconds: int = _setting(900, "The throttling window for failed password attempts.")
     login_backoff_seconds: int = _setting(60, "Past login_attempts, what other devices of that IP wait after the "
                                               "last failure, doubled after each further one (at most the window).")
+    audit_retention_days: int = _setting(365, "How long the audit trail (logins, gallery and account changes) is "
+                                              "kept, in days.")
     # Galleries
     default_expiry_days: int = _setting(30, "Expiry for new galleries, in days (1-365).")
     # Uploads
@@ -343,7 +345,7 @@ def _validate(s: Settings) -> None:
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
                 "guest_max_video_seconds",
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",
-                "login_backoff_seconds",
+                "login_backoff_seconds", "audit_retention_days",
                 "tus_expiry_hours", "tus_idle_minutes", "tus_unfinished_mb_per_client",
                 "tus_unfinished_mb_per_gallery", "tus_finish_attempts", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")

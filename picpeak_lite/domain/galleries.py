@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 from picpeak_lite.domain import admin_settings
+from picpeak_lite.domain.accounts import CLI, Actor
 from picpeak_lite.domain.gallery_fields import parse_gallery_input
 from picpeak_lite.errors import NotFound
 from picpeak_lite.services import Services
@@ -38,7 +39,7 @@ def default_expiry(svc: Services) -> dt.date:
     return _today(svc) + dt.timedelta(days=svc.settings.default_expiry_days)
 
 
-async def create_gallery(svc: Services, data: dict[str, Any]) -> Row:
+async def create_gallery(svc: Services, data: dict[str, Any], actor: Actor = CLI) -> Row:
     """A new draft gallery. Fields a JSON request leaves out take the settings page's defaults for new galleries
     (the admin form is prefilled with them and sends every field; an unchecked box there is simply absent)."""
     chosen = await svc.db.read(admin_settings.load, svc.settings)
@@ -59,6 +60,7 @@ async def create_gallery(svc: Services, data: dict[str, Any]) -> Row:
         )
         row = gallery_q.get(conn, gallery_id)
         assert row is not None
+        actor.record(conn, svc.clock(), "gallery.created", gallery_id=gallery_id)
         return row
 
     return await svc.db.write(insert)
@@ -73,7 +75,8 @@ def _with_defaults(data: dict[str, Any], chosen: admin_settings.AdminSettings) -
     return {**{k: v for k, v in defaults.items() if k not in data}, **data}
 
 
-async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *, partial: bool) -> Row:
+async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *, partial: bool,
+                         actor: Actor = CLI) -> Row:
     current = expires_on(await get_gallery(svc, gallery_id))
     values = parse_gallery_input(
         data, partial=partial, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days,
@@ -92,6 +95,10 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
         # Downloads off: guests play a made copy of each video, never the original (web/views/video.py).
         if not row["allow_downloads"]:
             photo_q.want_previews(conn, gallery_id)
+        changed = sorted(k for k in values if k not in ("password", "password_hash", "clear_password"))
+        if "password_hash" in values:
+            changed.append("password" if values["password_hash"] else "password removed")
+        actor.record(conn, svc.clock(), "gallery.updated", gallery_id=gallery_id, detail=", ".join(changed))
         return row
 
     row = await svc.db.write(change)
@@ -115,14 +122,17 @@ async def get_gallery(svc: Services, gallery_id: int) -> Row:
     return row
 
 
-async def set_published(svc: Services, gallery_id: int, published: bool) -> Row:
+async def set_published(svc: Services, gallery_id: int, published: bool, actor: Actor = CLI) -> Row:
     def change(conn: Any) -> Row:
-        return _row_if(gallery_q.set_draft(conn, gallery_id, not published, svc.clock()), conn, gallery_id)
+        row = _row_if(gallery_q.set_draft(conn, gallery_id, not published, svc.clock()), conn, gallery_id)
+        actor.record(conn, svc.clock(), "gallery.published" if published else "gallery.unpublished",
+                     gallery_id=gallery_id)
+        return row
 
     return await svc.db.write(change)
 
 
-async def delete_gallery(svc: Services, gallery_id: int) -> None:
+async def delete_gallery(svc: Services, gallery_id: int, actor: Actor = CLI) -> None:
     """Delete the gallery and, through the foreign keys, its photos, uploads and grants; then the files.
 
     Rows go first: a crash before the files are gone leaves orphans for the reconciler, never rows without files.
@@ -130,6 +140,9 @@ async def delete_gallery(svc: Services, gallery_id: int) -> None:
 
     def delete(conn: Any) -> list[str] | None:
         keys = photo_q.keys_of_gallery(conn, gallery_id)
+        if gallery_q.get(conn, gallery_id) is None:
+            return None
+        actor.record(conn, svc.clock(), "gallery.deleted", gallery_id=gallery_id, detail=f"{len(keys)} files")
         return keys if gallery_q.delete(conn, gallery_id) else None
 
     keys = await svc.db.write(delete)

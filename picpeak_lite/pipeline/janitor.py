@@ -10,6 +10,7 @@
   taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
 * Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash); unfinished tus
   uploads past their expiry lose their bytes (``resumable.expire``, in the process that serves HTTP only).
+* Audit trail rows older than ``audit_retention_days`` are removed (with the reconciler's round).
 * The reconciler removes stored files that have no row (a crash between the rename and the commit), after a
   grace period so that an upload in the middle of committing is never touched, and fails rows whose original
   is missing.
@@ -28,6 +29,7 @@ from picpeak_lite.errors import StorageUnavailable
 from picpeak_lite.pipeline import attempts, intake, resumable, transitions
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection
+from picpeak_lite.store.queries import audit as audit_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
@@ -110,6 +112,7 @@ class Janitor:
         swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds, now)
         if self.expire_tus:
             await resumable.expire(svc)
+        await svc.db.write(audit_q.prune, now - svc.settings.audit_retention_days * 86400)
         rows = await svc.db.read(photo_q.rows_with_keys)
         known = {r["storage_key"] for r in rows}
         candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, now)

@@ -469,6 +469,56 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE galleries ADD COLUMN cover_layout TEXT NOT NULL DEFAULT ''
         CHECK (cover_layout IN ('', 'full', 'split', 'minimal'));
     """,
+    # accounts with roles (issue 33): every account is an owner, an admin or an editor (the one made at first
+    # start, and any made before this step, is an owner); disabled_at ends its sessions and tokens at their next
+    # request (domain/accounts.py). An optional TOTP second factor (totp_secret, base32; totp_enabled_at set
+    # once a code from it was given; totp_last_step: the newest step used, so no code works twice) with
+    # single-use recovery codes (only their SHA-256). An editor reaches
+    # only the galleries in gallery_grants. API tokens belong to an account (those made before: the first
+    # owner's). A session whose password was right but whose second factor is still due is pending_totp.
+    # The audit trail: who did what and when, kept audit_retention_days; gallery and account names are copied,
+    # so that a row still reads after the gallery or the account is gone.
+    """
+    ALTER TABLE admin_users ADD COLUMN role TEXT NOT NULL DEFAULT 'owner' CHECK (role IN ('owner', 'admin', 'editor'));
+    ALTER TABLE admin_users ADD COLUMN disabled_at REAL;
+    ALTER TABLE admin_users ADD COLUMN totp_secret TEXT;
+    ALTER TABLE admin_users ADD COLUMN totp_enabled_at REAL;
+    ALTER TABLE admin_users ADD COLUMN totp_last_step INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE admin_sessions ADD COLUMN pending_totp INTEGER NOT NULL DEFAULT 0 CHECK (pending_totp IN (0, 1));
+    ALTER TABLE api_tokens ADD COLUMN user_id INTEGER REFERENCES admin_users(id) ON DELETE CASCADE;
+    UPDATE api_tokens SET user_id = (SELECT min(id) FROM admin_users);
+
+    CREATE TABLE recovery_codes (
+        id INTEGER PRIMARY KEY,
+        user_id INTEGER NOT NULL REFERENCES admin_users(id) ON DELETE CASCADE,
+        code_hash TEXT NOT NULL,
+        used_at REAL
+    ) STRICT;
+    CREATE INDEX recovery_codes_user ON recovery_codes(user_id);
+
+    CREATE TABLE gallery_grants (
+        user_id INTEGER NOT NULL REFERENCES admin_users(id) ON DELETE CASCADE,
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (user_id, gallery_id)
+    ) STRICT, WITHOUT ROWID;
+    CREATE INDEX gallery_grants_gallery ON gallery_grants(gallery_id);
+
+    CREATE TABLE audit_log (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        account_id INTEGER REFERENCES admin_users(id) ON DELETE SET NULL,
+        account_name TEXT NOT NULL,
+        action TEXT NOT NULL,
+        gallery_id INTEGER,
+        gallery_name TEXT,
+        ip TEXT NOT NULL DEFAULT '',
+        detail TEXT NOT NULL DEFAULT ''
+    ) STRICT;
+    CREATE INDEX audit_log_at ON audit_log(at);
+    CREATE INDEX audit_log_account ON audit_log(account_id, at);
+    CREATE INDEX audit_log_gallery ON audit_log(gallery_id, at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -141,6 +141,10 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     from picpeak_lite.web.views import brand
 
     brand.install(app)
+    # A studio (issue 33): accounts with roles, second factors, the audit trail.
+    from picpeak_lite.web.views import accounts
+
+    app.register_blueprint(accounts.blueprint)
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)
