@@ -133,6 +133,10 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.register_blueprint(review.blueprint)
     app.register_blueprint(proofing.blueprint)
     app.register_blueprint(wall.blueprint)
+    # Email (issue 32): the share button, the test message, the template editor, the guest's selection.
+    from picpeak_lite.web.views import email
+
+    app.register_blueprint(email.blueprint)
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)

@@ -13,7 +13,7 @@ import trio
 from quart import Blueprint, Response, redirect, render_template, request, url_for
 
 from picpeak_lite.config import WEBHOOK_EVENTS
-from picpeak_lite.domain import admin_settings
+from picpeak_lite.domain import admin_settings, email
 from picpeak_lite.errors import BadRequest, NotFound
 from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, resolve_target
 from picpeak_lite.media import images
@@ -48,6 +48,7 @@ async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str
         return settings_q.list_endpoints(conn), webhook_q.list_deliveries(conn, limit=DELIVERY_LOG_ROWS)
 
     endpoints, deliveries = await svc.db.read(read)
+    email_section = await svc.db.read(email.page_data, svc.settings)
     form = current.as_form()
     form.update(values or {})
     html = await render_template(
@@ -56,7 +57,7 @@ async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str
         uploaded_logo=admin_settings.logo_path(svc.settings).exists(), endpoints=endpoints,
         config_endpoints=svc.settings.webhooks, deliveries=deliveries, events=WEBHOOK_EVENTS,
         new_secret=new_secret, webhook_form=webhook_form or {"events": list(WEBHOOK_EVENTS)},
-        saved=request.args.get("saved"), keys=admin_settings.KEYS,
+        saved=request.args.get("saved"), keys=admin_settings.KEYS, email=email_section,
     )
     return html, status
 
