@@ -9,6 +9,7 @@ import email
 import email.policy
 import json
 import math
+import re
 import socket
 import ssl
 import subprocess
@@ -31,7 +32,7 @@ from picpeak_lite.store.queries import outbox
 from picpeak_lite.store.queries import settings as settings_q
 from picpeak_lite.web.app import create_app
 
-from .conftest import ADMIN_PASSWORD, AuthActions, own_services, sql
+from .conftest import ADMIN_PASSWORD, AuthActions, make_settings, own_services, sql
 from .factories import add_photo, gallery_row, published
 from .harness import figures
 from .smtpserver import SmtpServer, self_signed_certificate
@@ -240,6 +241,8 @@ async def test_a_guest_cannot_make_the_server_mail_anyone_else(tmp_path: Path, g
     # Email is not set up in this app: refused with a sentence, nothing queued.
     refused = await guest.post(send, json=body, headers={"X-CSRF-Token": csrf})
     assert refused.status_code == 409 and sql(services, "SELECT * FROM email_outbox") == []
+    page = await (await guest.get(f"/g/{slug}?favourites=1")).get_data(as_text=True)
+    assert 'id="send-selection"' not in page  # no button where email is not set up
     assert (await guest.post(send, json=body)).status_code == 403  # no CSRF token
 
 
@@ -260,6 +263,8 @@ async def test_send_selection_reaches_only_the_photographer(tmp_path: Path) -> N
         no_photographer = await guest.post(send, json=body, headers={"X-CSRF-Token": csrf})
         assert no_photographer.status_code == 409
         set_contact(svc)
+        page = await (await guest.get(f"/g/{g['slug']}?favourites=1")).get_data(as_text=True)
+        assert 'id="send-selection"' in page and "Send my selection to the photographer" in page
         for _ in range(3):  # the same selection sent again is the same message
             assert (await guest.post(send, json=body, headers={"X-CSRF-Token": csrf})).status_code == 200
         rows = sql(svc, "SELECT recipient, kind, message FROM email_outbox")
@@ -447,3 +452,33 @@ def test_the_clients_language_is_the_gallerys() -> None:
     templates = {"subject": "{{ lang() }}", "text": "t", "html": "h"}
     rendered = email_domain.render(templates, {"lang": lambda: seen.append(i18n.current_locale()) or "x"}, "de")
     assert seen == ["de"] and rendered.subject == "x" and i18n.current_locale() == "en"
+
+
+async def test_the_server_sends_what_the_share_button_queues(tmp_path: Path) -> None:
+    """server.run starts the sender and the scheduler when email is set up; the gallery page's button queues the
+    share message and rings the sender, which delivers it to the real SMTP server."""
+    import httpx
+
+    from picpeak_lite import server
+
+    with SmtpServer(tmp_path / "mailbox") as smtp:
+        settings = make_settings(tmp_path, **email_settings(smtp.port))
+        bootstrap.prepare(settings)
+        bootstrap.ensure_admin(settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(server.run, settings)
+            gallery_id = client_gallery(running.services, allow_guest_uploads=1)
+            async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
+                await http.post("/admin/login", data={"username": "admin", "password": ADMIN_PASSWORD})
+                page = (await http.get(f"/admin/galleries/{gallery_id}")).text
+                assert 'id="email-client"' in page
+                csrf = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+                answer = await http.post(f"/admin/galleries/{gallery_id}/email-client", data={"csrf_token": csrf})
+                assert answer.status_code == 302
+            with trio.fail_after(60):  # a hang guard, not a speed bound: the bell wakes the sender at once
+                while not smtp.messages():
+                    await trio.sleep(0.05)
+            running.stop()
+    [message] = smtp.messages()
+    assert [a.addr_spec for a in message["To"].addresses] == [CLIENT]
+    assert any(p.get_content_type() == "image/png" for p in message.walk())
