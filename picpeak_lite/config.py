@@ -131,7 +131,9 @@ class Settings:
     smtp_port: int = _setting(587, "Its port: 587 for starttls, 465 for tls, 25 for none.")
     smtp_security: str = _setting("starttls", 'How the connection is protected: "starttls", "tls" or "none".')
     smtp_user: str = _setting("", "The SMTP login; empty: no login.")
-    smtp_password: str = _setting("", "The SMTP password; better set as PICPEAK_SMTP_PASSWORD than in this file.")
+    smtp_password: str = field(  # never in a printed Settings (logs, error reports)
+        default="", repr=False,
+        metadata={"help": "The SMTP password; better set as PICPEAK_SMTP_PASSWORD than in this file."})
     email_from: str = _setting("", "The sender address of every message (e.g. photos@example.com).")
     email_reminder_days: int = _setting(3, "Days before a gallery expires that the client and you are reminded.")
     email_digest_minutes: int = _setting(

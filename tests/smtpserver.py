@@ -66,10 +66,14 @@ async def serve(args: argparse.Namespace) -> None:
         tls.load_cert_chain(args.tls_cert, args.tls_key)
     handler = Mailbox(Path(args.mailbox), args.crash_at)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: SMTP(handler, hostname="mail.test", tls_context=tls, require_starttls=tls is not None),
-        host="127.0.0.1", port=args.port,
-    )
+    if args.implicit_tls:  # TLS from the first byte (port 465 style): no STARTTLS inside
+        server = await loop.create_server(lambda: SMTP(handler, hostname="mail.test"), host="127.0.0.1",
+                                          port=args.port, ssl=tls)
+    else:
+        server = await loop.create_server(
+            lambda: SMTP(handler, hostname="mail.test", tls_context=tls, require_starttls=tls is not None),
+            host="127.0.0.1", port=args.port,
+        )
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -78,8 +82,9 @@ async def serve(args: argparse.Namespace) -> None:
 class SmtpServer:
     """One server process; ``restart`` brings it back on the same port."""
 
-    def __init__(self, mailbox: Path, *, tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(self, mailbox: Path, *, tls: tuple[Path, Path] | None = None, implicit_tls: bool = False) -> None:
         self.mailbox = mailbox
+        self.implicit_tls = implicit_tls
         mailbox.mkdir(parents=True, exist_ok=True)
         self.tls = tls
         self.port = 0
@@ -89,6 +94,8 @@ class SmtpServer:
         command = [sys.executable, "-m", "tests.smtpserver", "--mailbox", str(self.mailbox), "--port", str(self.port)]
         if self.tls:
             command += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
+            if self.implicit_tls:
+                command.append("--implicit-tls")
         if crash_at is not None:
             command += ["--crash-at", str(crash_at)]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -165,4 +172,5 @@ if __name__ == "__main__":
     parser.add_argument("--tls-cert")
     parser.add_argument("--tls-key")
     parser.add_argument("--crash-at", type=int)
+    parser.add_argument("--implicit-tls", action="store_true")
     asyncio.run(serve(parser.parse_args()))

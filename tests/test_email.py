@@ -183,6 +183,38 @@ async def test_starttls_with_a_certificate_made_here(tmp_path: Path) -> None:
     assert len(related) == 1 and related[0]["Content-ID"].strip("<>") in html_part.get_content()
 
 
+async def test_implicit_tls(tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    trust = ssl.create_default_context(cafile=str(cert))
+    with SmtpServer(tmp_path / "mailbox", tls=(cert, key), implicit_tls=True) as server, \
+            own_services(tmp_path, **email_settings(server.port, "tls")) as svc:
+        _write_now(svc, lambda conn: email_domain.queue_test(conn, svc.settings, PHOTOGRAPHER, now=10.0))
+        await drain(EmailSender(svc.db, svc.settings, clock=lambda: 10.0, tls=trust))
+        [row] = sql(svc, "SELECT status, last_error FROM email_outbox")
+        assert row["status"] == "sent", row
+    assert [e["rcpt"] for e in server.journal()] == [[PHOTOGRAPHER]]
+
+
+async def test_rate_limit_holds_messages_back_without_counting_attempts(tmp_path: Path) -> None:
+    with SmtpServer(tmp_path / "mailbox") as server, \
+            own_services(tmp_path, **email_settings(server.port, email_per_minute=2)) as svc:
+        now = [5000.0]
+        for n in range(5):
+            _write_now(svc, lambda conn, n=n: email_domain.queue_test(conn, svc.settings, f"p{n}@client.test",
+                                                                      now=now[0]))
+        sender = EmailSender(svc.db, svc.settings, clock=lambda: now[0])
+        sent_per_minute = []
+        for _ in range(3):
+            await drain(sender)
+            sent_per_minute.append(len(server.journal()))
+            due = await sender.next_due_at()
+            assert due is None or due > now[0], "the sender sleeps until the window has room"
+            now[0] += 61
+        rows = sql(svc, "SELECT status, attempts FROM email_outbox")
+    assert sent_per_minute == [2, 4, 5]
+    assert all(r["status"] == "sent" and r["attempts"] == 1 for r in rows), "waiting is no failed attempt"
+
+
 async def test_plain_smtp_share_never_carries_the_password(tmp_path: Path) -> None:
     with SmtpServer(tmp_path / "mailbox") as server, own_services(tmp_path, **email_settings(server.port)) as svc:
         gallery_id = client_gallery(svc)

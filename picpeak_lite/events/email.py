@@ -169,7 +169,7 @@ class EmailSender:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Send forever. Rows claimed by a process that died come back when their claim runs out."""
         task_status.started()
-        await outbox.serve(self.bell, self.deliver_due, self._next_due_at, self._clock,
+        await outbox.serve(self.bell, self.deliver_due, self.next_due_at, self._clock,
                            poll_seconds=self._poll_seconds, batch=BATCH)
 
     async def _room(self) -> tuple[int, float]:
@@ -181,7 +181,9 @@ class EmailSender:
             return room, now
         return 0, window[-self._per_minute] + RATE_WINDOW
 
-    async def _next_due_at(self) -> float | None:
+    async def next_due_at(self) -> float | None:
+        """When the next message may go: its row's due time, or later while the rate limit's window is full (so
+        the loop sleeps instead of spinning on a due row it may not send)."""
         due = await self._db.read(queries.next_due_at)
         if due is None:
             return None
