@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import email
 import email.policy
+import itertools
 import json
 import math
 import re
@@ -378,32 +379,29 @@ async def test_template_editor_previews_saves_and_refuses_bad_templates(tmp_path
 # --- timing on the autojump clock -------------------------------------------------------------------------------
 
 async def test_backoff_then_given_up(tmp_path: Path, autojump_clock: Any) -> None:
+    """The sender's own schedule on the virtual clock: it sleeps until its next row is due, then tries it. The
+    steps are driven one at a time (no timer runs while an SMTP thread does, so the clock cannot jump past a due
+    time): every retry comes exactly its delay after the attempt before it, and the fifth failure gives up."""
     with own_services(tmp_path, **email_settings(closed_port())) as svc:
         _write_now(svc, lambda conn: email_domain.queue_test(conn, svc.settings, PHOTOGRAPHER, now=trio.current_time()))
         sender = EmailSender(svc.db, svc.settings, clock=trio.current_time, attempt_deadline=math.inf)
-        started = trio.current_time()
-        seen: list[tuple[int, float]] = []
-        async with trio.open_nursery() as nursery:
-            await nursery.start(sender.run)
-            while True:
-                [row] = sql(svc, "SELECT status, attempts FROM email_outbox")
-                if not seen or seen[-1][0] != row["attempts"]:
-                    seen.append((row["attempts"], trio.current_time() - started))
-                if row["status"] == "failed":
-                    break
-                await trio.sleep(1)
-            nursery.cancel_scope.cancel()
-    times = dict(seen)
-    assert sorted(times)[-5:] == [1, 2, 3, 4, 5]
-    # Each retry comes its delay after the attempt before it (the clock jumps while threads run, so a few
-    # virtual seconds more; never sooner).
-    gaps = [times[n + 1] - times[n] for n in range(1, 5)]
-    print(f"email: attempts at {[times[n] for n in range(1, 6)]} s (virtual), gaps {gaps}")
-    for gap, delay in zip(gaps, outbox.RETRY_DELAYS, strict=True):
-        assert delay <= gap <= delay + 30, (gaps, outbox.RETRY_DELAYS)
+        attempts_at = []
+        while (due := await sender.next_due_at()) is not None:
+            await trio.sleep_until(due)
+            assert await sender.deliver_due() == 1
+            attempts_at.append(trio.current_time())
+        [row] = sql(svc, "SELECT status, attempts, last_error FROM email_outbox")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(attempts_at)]
+    print(f"email: retries after {gaps} s (virtual)")
+    assert row["status"] == "failed" and row["attempts"] == outbox.MAX_ATTEMPTS
+    assert "ConnectionRefusedError" in row["last_error"]
+    assert gaps == list(outbox.RETRY_DELAYS)
 
 
 async def test_reminders_expired_and_digests_on_schedule(tmp_path: Path, autojump_clock: Any) -> None:
+    """The scheduler's passes at chosen virtual times (each pass is one write; no timer runs meanwhile): the
+    reminder not before N days ahead and then at once, once; one digest per gallery per interval with only the
+    new photos; "expired" once the expiry has passed. The task itself passes every 300 s."""
     base = 1_000_000.0
 
     def clock() -> float:
@@ -422,50 +420,36 @@ async def test_reminders_expired_and_digests_on_schedule(tmp_path: Path, autojum
             rows = sql(svc, "SELECT kind, recipient FROM email_outbox ORDER BY id")
             return [(r["kind"], r["recipient"]) for r in rows]
 
-        async def wait_for(condition: Any, within: float) -> float:
-            """Poll in small virtual steps (the clock jumps at most one step while a thread runs) until
-            ``condition()``, at most ``within`` s from now; returns the virtual time since ``start`` when it held."""
-            limit = clock() - start + within
-            while not condition():
-                assert clock() - start < limit, f"not by {limit} s"
-                await trio.sleep(10)
-            return clock() - start
+        def digests() -> list[dict[str, Any]]:
+            return sql(svc, "SELECT message, created_at FROM email_outbox WHERE kind = 'guest_digest' ORDER BY id")
 
+        async def pass_at(offset: float) -> int:
+            await trio.sleep_until(offset)
+            return await scheduler.tick()
+
+        assert await pass_at(2 * 86400 - 1) == 0, "no reminder before N days ahead"
+        assert await pass_at(2 * 86400) == 2
+        assert sorted(kinds()) == [("expiry_reminder", CLIENT), ("expiry_reminder", PHOTOGRAPHER)]
+        assert await pass_at(2 * 86400 + 300) == 0 and await pass_at(3 * 86400) == 0, "one reminder each"
+        for n in range(3):
+            _guest_photo(svc, g, f"g{n}.jpg", clock())
+        assert await pass_at(3 * 86400 + 300) == 1
+        assert b"3 new guest photos" in digests()[0]["message"]
+        _guest_photo(svc, g, "late.jpg", clock())
+        assert await pass_at(3 * 86400 + 300 + 3599) == 0, "at most one digest per gallery per interval"
+        assert await pass_at(3 * 86400 + 300 + 3600) == 1
+        assert b"1 new guest photo " in digests()[1]["message"]
+        assert await pass_at(3 * 86400 + 300 + 7200) == 0, "no new uploads, no digest"
+        assert await pass_at(expires - base - 1) == 0
+        assert await pass_at(expires - base) == 2
+        assert sorted(k for k in kinds() if k[0] == "gallery_expired") == [
+            ("gallery_expired", CLIENT), ("gallery_expired", PHOTOGRAPHER)]
+        # The task: its first pass at once, then one every 300 s; passes that find nothing new queue nothing.
         async with trio.open_nursery() as nursery:
             await nursery.start(scheduler.run)
-            await trio.sleep(2 * 86400 - 700)  # long sleeps let the clock jump far; poll finely near the moment
-            assert kinds() == [], "no reminder before N days ahead"
-            reminded = await wait_for(lambda: len(kinds()) >= 2, 1200)
-            # Not before N (3) days ahead of the expiry, and within a pass (300 s) of it.
-            assert 2 * 86400 <= reminded <= 2 * 86400 + 300 + 30, reminded
-            assert sorted(kinds()) == [("expiry_reminder", CLIENT), ("expiry_reminder", PHOTOGRAPHER)]
-            await trio.sleep(86400)
-            assert len(kinds()) == 2, "one reminder each, however many passes"
-            # Guest uploads: one digest, then none within the interval (60 min), then one with only the new photos.
-            for n in range(3):
-                _guest_photo(svc, g, f"g{n}.jpg", clock())
-
-            def digests() -> list[dict[str, Any]]:
-                return sql(svc, "SELECT message, created_at FROM email_outbox WHERE kind = 'guest_digest' ORDER BY id")
-
-            await wait_for(lambda: len(digests()) == 1, 400)
-            first = digests()[0]
-            assert b"3 new guest photos" in first["message"]
-            _guest_photo(svc, g, "late.jpg", clock())
-            await trio.sleep(3600 - 700)
-            assert len(digests()) == 1
-            await wait_for(lambda: len(digests()) == 2, 1200)
-            second = digests()[1]
-            assert second["created_at"] - first["created_at"] >= 3600, "at most one digest per gallery per hour"
-            assert b"1 new guest photo " in second["message"]
-            await trio.sleep(expires - clock() - 700)
-            assert not [k for k in kinds() if k[0] == "gallery_expired"]
-            await wait_for(lambda: any(k[0] == "gallery_expired" for k in kinds()), 1200)
-            await trio.sleep(600)
-            expired = [k for k in kinds() if k[0] == "gallery_expired"]
-            assert sorted(expired) == [("gallery_expired", CLIENT), ("gallery_expired", PHOTOGRAPHER)]
-            assert len(digests()) == 2
+            await trio.sleep(3 * 300 + 1)
             nursery.cancel_scope.cancel()
+        assert len(kinds()) == 6
 
 
 def _guest_photo(svc: Services, gallery_id: int, name: str, now: float) -> None:

@@ -112,16 +112,16 @@ def require_enabled(settings: Settings) -> None:
         raise NotConfigured(i18n._("Email is not set up: set smtp_host and email_from in picpeak.toml."))
 
 
-def check_header(value: str, what: str) -> str:
+def check_header(value: str) -> str:
     """``value`` as it may go into a header: a line break (CR, LF, or any other control character) is refused,
     never stripped, so that nothing can smuggle in a header of its own."""
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise HeaderRefused(i18n._("The %(what)s of an email may not contain line breaks.") % {"what": what})
+        raise HeaderRefused(i18n._("An email's name, subject or address may not contain line breaks."))
     return value
 
 
 def check_address(value: str) -> str:
-    check_header(value, "address")
+    check_header(value)
     if not _ADDRESS.fullmatch(value) or len(value) > 254:
         raise HeaderRefused(i18n._("%(address)s is not an email address.") % {"address": value})
     return value
@@ -237,8 +237,8 @@ def make_message(settings: Settings, recipient: Recipient, rendered: Rendered, *
     its Message-ID, made here once: every retry sends these bytes."""
     sender = check_address(settings.email_from)
     address = check_address(recipient.address)
-    name = check_header(recipient.name, "name")
-    subject = check_header(rendered.subject, "subject")
+    name = check_header(recipient.name)
+    subject = check_header(rendered.subject)
     domain = sender.rpartition("@")[2]
     message_id = make_msgid(idstring=secrets.token_hex(4), domain=domain)
     message = EmailMessage(policy=SMTP)

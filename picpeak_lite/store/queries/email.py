@@ -169,10 +169,11 @@ def guest_activity(conn: Connection, since: float) -> list[dict[str, Any]]:
 
 
 def new_guest_photos(conn: Connection, gallery_id: int, since: float) -> tuple[int, int]:
-    """(guest photos created after ``since``, photos waiting for approval) in one gallery."""
+    """(guest photos created since ``since``, photos waiting for approval) in one gallery. A photo made in the
+    very instant of the last digest counts again rather than never."""
     row = conn.execute(
         """
-        SELECT (SELECT count(*) FROM photos WHERE gallery_id = ? AND uploaded_by = 'guest' AND created_at > ?) AS n,
+        SELECT (SELECT count(*) FROM photos WHERE gallery_id = ? AND uploaded_by = 'guest' AND created_at >= ?) AS n,
                (SELECT count(*) FROM photos WHERE gallery_id = ? AND awaiting_approval = 1) AS waiting
         """,
         (gallery_id, since, gallery_id),
