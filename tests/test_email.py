@@ -124,7 +124,8 @@ async def test_server_dies_mid_message_every_message_arrives_once(tmp_path: Path
             rows = sql(svc, "SELECT status, attempts, last_error FROM email_outbox ORDER BY id")
             assert [r["status"] for r in rows[:3]] == ["sent"] * 3
             assert all(r["status"] == "pending" and r["attempts"] == 1 for r in rows[3:])
-            assert "SMTPServerDisconnected" in rows[3]["last_error"], rows[3]
+            # The server hung up while we waited for its answer to DATA.
+            assert any(word in rows[3]["last_error"] for word in ("SMTPServerDisconnected", "ConnectionReset")), rows[3]
             server.start()  # the same port again
             now[0] += 61
             # Our own process takes two due rows and dies before it records anything: their claims run out.
