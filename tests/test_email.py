@@ -499,3 +499,13 @@ async def test_the_server_sends_what_the_share_button_queues(tmp_path: Path) -> 
     [message] = smtp.messages()
     assert [a.addr_spec for a in message["To"].addresses] == [CLIENT]
     assert any(p.get_content_type() == "image/png" for p in message.walk())
+
+
+async def test_one_bad_address_does_not_hold_up_the_other_reminders(tmp_path: Path) -> None:
+    with own_services(tmp_path, **email_settings(closed_port())) as svc:
+        client_gallery(svc, "Bad", email_address="x@client.test\nBcc: victim@evil.test", expires_at=2 * 86400)
+        client_gallery(svc, "Good", expires_at=2 * 86400)
+        queued = _write_now(svc, lambda conn: email_domain.queue_due(conn, svc.settings, base_url="http://h.test",
+                                                                     now=86400.0))
+        rows = sql(svc, "SELECT kind, recipient FROM email_outbox")
+    assert queued == 1 and rows == [{"kind": "expiry_reminder", "recipient": CLIENT}]

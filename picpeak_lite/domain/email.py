@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import logging
 import re
 import secrets
 from collections.abc import Mapping
@@ -42,7 +43,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from picpeak_lite import i18n
 from picpeak_lite.config import Settings
 from picpeak_lite.domain import admin_settings
-from picpeak_lite.errors import BadRequest, Conflict
+from picpeak_lite.errors import AppError, BadRequest, Conflict
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import email as email_q
 from picpeak_lite.store.queries import settings as settings_q
@@ -50,6 +51,8 @@ from picpeak_lite.store.queries import settings as settings_q
 # The default templates ship with the pages (the catalogs extract their strings like any template's). The web
 # layer's resources module is the one place that knows where the templates folder is.
 from picpeak_lite.web.resources import TEMPLATES_DIR
+
+logger = logging.getLogger(__name__)
 
 # The messages, in the settings page's order.
 KINDS = ("gallery_shared", "expiry_reminder", "gallery_expired", "favourites_selection", "guest_digest", "test")
@@ -412,9 +415,9 @@ def queue_due(conn: Connection, settings: Settings, *, base_url: str, now: float
                 if recipient is None:
                     continue
                 dedup = f"{kind}:{gallery['id']}:{gallery['expires_at']!r}:{recipient.role}"
-                row = _queue(conn, settings, kind, recipient, {**context, "to_photographer":
-                             recipient.role == "photographer"}, dedup_key=dedup, gallery_id=gallery["id"], now=now)
-                queued += row is not None
+                queued += _queue_timed(conn, settings, kind, recipient, {**context, "to_photographer":
+                                       recipient.role == "photographer"}, dedup_key=dedup,
+                                       gallery_id=gallery["id"], now=now)
     if owner is not None:
         interval = settings.email_digest_minutes * 60.0
         for gallery in email_q.guest_activity(conn, now - DIGEST_LOOKBACK):
@@ -428,7 +431,19 @@ def queue_due(conn: Connection, settings: Settings, *, base_url: str, now: float
             context = {**_gallery_context(conn, gallery, base_url, now), "new_guest_photos": new,
                        "awaiting_approval": waiting, "to_photographer": True}
             dedup = f"guest_digest:{gallery['id']}:{now!r}"
-            row = _queue(conn, settings, "guest_digest", owner, context, dedup_key=dedup, gallery_id=gallery["id"],
-                         now=now)
-            queued += row is not None
+            queued += _queue_timed(conn, settings, "guest_digest", owner, context, dedup_key=dedup,
+                                   gallery_id=gallery["id"], now=now)
     return queued
+
+
+def _queue_timed(conn: Connection, settings: Settings, kind: str, recipient: Recipient, context: Mapping[str, Any],
+                 *, dedup_key: str, gallery_id: int, now: float) -> int:
+    """One timed message; one that cannot be made (an address with a line break, a template that no longer
+    renders) is logged and skipped, so it never holds up the others. Returns 1 when a message was queued."""
+    try:
+        return int(_queue(conn, settings, kind, recipient, context, dedup_key=dedup_key, gallery_id=gallery_id,
+                          now=now) is not None)
+    except AppError as error:
+        logger.warning("email: %s for gallery %d to %s not queued: %s", kind, gallery_id, recipient.address,
+                       error.message)
+        return 0
