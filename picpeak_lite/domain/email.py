@@ -202,6 +202,11 @@ class Rendered:
     text: str
     html: str
 
+    @property
+    def body(self) -> str:
+        """The HTML part without its document wrapper, for the settings page's preview."""
+        return self.html.partition("<body>\n")[2].rpartition("\n</body>")[0] or self.html
+
 
 def render(templates: Mapping[str, str], context: Mapping[str, Any], language: str) -> Rendered:
     """The three parts in ``language``. A template that fails while rendering (a sandbox refusal, a bad
