@@ -484,6 +484,35 @@ def token_list(config: str | None, data_dir: str | None) -> None:
         click.echo(f"{row['name']}\t{state}\t{row['username'] or '-'}")
 
 
+@cli.group("email", short_help="Check the email (SMTP) settings.")
+def email_group() -> None:
+    """Email to clients and to you, sent through the smtp_* settings."""
+
+
+@email_group.command("test")
+@click.argument("address")
+@click.option("--config", "config", help=CONFIG_HELP)
+def email_test(address: str, config: str | None) -> None:
+    """Send one test message to ADDRESS now, through the smtp_* settings (not through the outbox), and print what
+    the server answered. Exits 1 when it did not take the message."""
+    from picpeak_lite.domain import email as email_domain
+    from picpeak_lite.errors import AppError
+    from picpeak_lite.events.email import SendFailed, Smtp, send
+
+    settings = _settings(config)
+    try:
+        message_id, message = email_domain.test_message(settings, address, now=time.time())
+    except AppError as error:
+        raise CommandFailed(error.message) from None
+    smtp = Smtp.from_settings(settings)
+    click.echo(f"Sending {message_id} to {address} through {smtp.host}:{smtp.port} ({smtp.security}) ...")
+    try:
+        answer = send(smtp, settings.email_from, address, message)
+    except SendFailed as error:
+        raise CommandFailed(f"the server did not take the message: {error.reason}") from None
+    click.echo(f"The server answered: {answer}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: no tracebacks for the user's mistakes, one line naming the problem instead."""
     try:

@@ -519,6 +519,32 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX audit_log_account ON audit_log(account_id, at);
     CREATE INDEX audit_log_gallery ON audit_log(gallery_id, at);
     """,
+    # email (issue 32): the outbox of messages, each stored whole (headers, parts, its Message-ID made once when it
+    # was queued), so every attempt sends the same bytes and a retry is never a second message. dedup_key names
+    # what a message is about ("reminder:<gallery>:<expiry>:client"): queuing it again is no second row.
+    # recipient is kept for the log and the SMTP envelope; gallery_id for the digest's "one per interval".
+    """
+    CREATE TABLE email_outbox (
+        id INTEGER PRIMARY KEY,
+        message_id TEXT NOT NULL UNIQUE,
+        dedup_key TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL,
+        gallery_id INTEGER REFERENCES galleries(id) ON DELETE SET NULL,
+        recipient TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        message BLOB NOT NULL,
+        created_at REAL NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'sent', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at REAL NOT NULL,
+        last_error TEXT,
+        last_reply TEXT,
+        sent_at REAL
+    ) STRICT;
+    CREATE INDEX email_outbox_due ON email_outbox(status, next_attempt_at);
+    CREATE INDEX email_outbox_sent ON email_outbox(sent_at) WHERE sent_at IS NOT NULL;
+    CREATE INDEX email_outbox_gallery ON email_outbox(gallery_id, kind, created_at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -145,6 +145,10 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     from picpeak_lite.web.views import accounts
 
     app.register_blueprint(accounts.blueprint)
+    # Email (issue 32): the share button, the test message, the template editor, the guest's selection.
+    from picpeak_lite.web.views import email
+
+    app.register_blueprint(email.blueprint)
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)

@@ -14,7 +14,7 @@ import trio
 from quart import Blueprint, Response, redirect, render_template, request, url_for
 
 from picpeak_lite.config import WEBHOOK_EVENTS
-from picpeak_lite.domain import admin_settings
+from picpeak_lite.domain import admin_settings, email
 from picpeak_lite.domain import brand as brand_rules
 from picpeak_lite.errors import BadRequest, NotFound
 from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, resolve_target
@@ -54,6 +54,7 @@ async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str
         return settings_q.list_endpoints(conn), webhook_q.list_deliveries(conn, limit=DELIVERY_LOG_ROWS)
 
     endpoints, deliveries = await svc.db.read(read)
+    email_section = await svc.db.read(email.page_data, svc.settings)
     form = current.as_form()
     form.update(values or {})
     html = await render_template(
@@ -62,7 +63,7 @@ async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str
         uploaded_logo=admin_settings.logo_path(svc.settings).exists(), endpoints=endpoints,
         config_endpoints=svc.settings.webhooks, deliveries=deliveries, events=WEBHOOK_EVENTS,
         new_secret=new_secret, webhook_form=webhook_form or {"events": list(WEBHOOK_EVENTS)},
-        saved=request.args.get("saved"), keys=admin_settings.KEYS,
+        saved=request.args.get("saved"), keys=admin_settings.KEYS, email=email_section,
         brand_form={**brand.form(), **(brand_values or {})}, brand_checks=brand_rules.contrast_checks(brand),
         fonts=brand_rules.font_labels(), themes=brand_rules.theme_labels(), layouts=brand_rules.layout_labels(),
         has_brand_logo=bool(brand.logo_version), css_max=brand_rules.CSS_MAX_BYTES,
