@@ -233,7 +233,8 @@ def mark_views_stale(conn: Connection, gallery_ids: list[int]) -> int:
 
 # Named index: left to itself, the planner walks every complete photo through photos_queue instead.
 NEXT_STALE_VIEWS = ("SELECT * FROM photos INDEXED BY photos_views_stale "
-                    "WHERE views_stale > 0 AND status = 'complete' AND id % ? = ? ORDER BY id LIMIT 1")
+                    "WHERE views_stale > 0 AND status = 'complete' AND id % ? = ? AND gallery_id IN "
+                    "(SELECT id FROM galleries WHERE archive_state = 'active') ORDER BY id LIMIT 1")
 
 
 def next_stale_views(conn: Connection, worker: int, workers: int) -> Row | None:
@@ -350,12 +351,17 @@ def keys_of_gallery(conn: Connection, gallery_id: int) -> list[str]:
 
 
 def rows_for_check(conn: Connection) -> list[Row]:
-    """Every photo with what ``check`` and ``backup`` verify its original against."""
-    return conn.execute("SELECT id, storage_key, sha256, status, display_name FROM photos ORDER BY id").fetchall()
+    """Every photo with what ``check`` and ``backup`` verify its original against. ``archived``: its gallery is
+    not active (pipeline/archive.py), so its original may rightly be packed away and its images gone."""
+    return conn.execute("SELECT p.id, p.storage_key, p.sha256, p.status, p.display_name, "
+                        "g.archive_state != 'active' AS archived FROM photos p "
+                        "JOIN galleries g ON g.id = p.gallery_id ORDER BY p.id").fetchall()
 
 
 def rows_with_keys(conn: Connection) -> list[Row]:
-    return conn.execute("SELECT id, storage_key, status FROM photos").fetchall()
+    """Every photo's key (for the reconciler); ``archived`` as in :func:`rows_for_check`."""
+    return conn.execute("SELECT p.id, p.storage_key, p.status, g.archive_state != 'active' AS archived "
+                        "FROM photos p JOIN galleries g ON g.id = p.gallery_id").fetchall()
 
 
 def count_pending(conn: Connection) -> int:

@@ -15,8 +15,9 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from picpeak_lite import security
 from picpeak_lite.domain import admin_settings, galleries
 from picpeak_lite.domain.gallery_fields import EVENT_TYPES
-from picpeak_lite.errors import NotFound, ValidationError
+from picpeak_lite.errors import Conflict, NotFound, ValidationError
 from picpeak_lite.events import activity
+from picpeak_lite.pipeline import archive
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -171,7 +172,7 @@ async def gallery_page(gallery_id: int, **extra: Any) -> str:
         "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
         expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
         image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), review=review,
-        choosers=choosers, upload_chunk_mb=svc.settings.upload_chunk_mb, **extra,
+        choosers=choosers, upload_chunk_mb=svc.settings.upload_chunk_mb, size=human_size, **extra,
     )
 
 
@@ -249,6 +250,27 @@ async def delete(gallery_id: int) -> Any:
     return redirect(url_for("admin.dashboard"))
 
 
+@blueprint.post("/galleries/<int:gallery_id>/archive")
+@admin_page
+async def archive_gallery(gallery_id: int) -> Any:
+    """Ask for the gallery to be archived; the archiver task does the work (pipeline/archive.py)."""
+    try:
+        await archive.start_archive(services(), gallery_id)
+    except Conflict as error:
+        return await gallery_page(gallery_id, archive_error=error.message), 409
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#archive")
+
+
+@blueprint.post("/galleries/<int:gallery_id>/restore")
+@admin_page
+async def restore_gallery(gallery_id: int) -> Any:
+    try:
+        await archive.start_restore(services(), gallery_id)
+    except Conflict as error:
+        return await gallery_page(gallery_id, archive_error=error.message), 409
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#archive")
+
+
 @blueprint.get("/password")
 @admin_page
 async def password() -> str:
@@ -282,7 +304,8 @@ async def password_submit() -> Any:
 
 async def _form_page(values: dict[str, Any], errors: dict[str, str], gallery: dict[str, Any] | None) -> str:
     return await render_template(
-        "admin/gallery_form.html", values=values, errors=errors, gallery=gallery, event_types=EVENT_TYPES
+        "admin/gallery_form.html", values=values, errors=errors, gallery=gallery, event_types=EVENT_TYPES,
+        default_on_expiry=services().settings.archive_on_expiry,
     )
 
 
