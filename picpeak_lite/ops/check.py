@@ -72,8 +72,8 @@ class Report:
         return (f"photos={self.photos} originals_checked={self.originals_checked} "
                 f"missing_original={len(self.missing_original)} sha_mismatch={len(self.sha_mismatch)} "
                 f"missing_derivatives={len(self.missing_derivatives)} orphans={len(self.orphans)} "
-                f"young_orphans={self.young_orphans} temp_files={self.temp_files} archived={self.archived} "
-                f"integrity={self.integrity}")
+                f"young_orphans={self.young_orphans} temp_files={self.temp_files} integrity={self.integrity}"
+                + (f" archived={self.archived}" if self.archived else ""))
 
 
 
