@@ -19,10 +19,11 @@ from picpeak_lite.pipeline.archive import Archiver
 from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.services import Services
 from picpeak_lite.store import packing
+from picpeak_lite.store.db import Database
 from picpeak_lite.store.queries import archive as archive_q
 from picpeak_lite.store.storage import Storage, original_name
 
-from .conftest import AuthActions, sql
+from .conftest import AuthActions, make_settings, sql
 from .factories import photo_jpeg, published, run_pool_until_idle, stage_photo
 from .harness import figures
 from .test_upload import admin_upload
@@ -114,6 +115,11 @@ async def test_round_trip_keeps_every_original_and_remakes_the_images(admin: Aut
     assert counts["missing_failed"] == 0 and counts["orphans_removed"] == 0
     report = await trio.to_thread.run_sync(lambda: check_data_dir(services.settings))
     assert report.problems == 0 and report.archived == len(keys)
+    # A watermark change while archived makes no images of originals that are packed away.
+    off = await admin.client.patch(f"/api/admin/galleries/{g['id']}", json={"watermark": False},
+                                   headers=admin.headers())
+    assert off.status_code == 200
+    assert {r["views_stale"] for r in rows_now(services, g["id"])} == {0}
     # No upload lands in an archived gallery.
     refused = await admin_upload(admin, g["id"], [("late.jpg", photo_jpeg(seed=99))])
     assert refused.status_code == 409
@@ -313,3 +319,30 @@ async def test_the_command_line_archives_and_restores(admin: AuthActions, servic
     assert restored.returncode == 0, restored.stderr
     assert "Restored" in restored.stdout
     assert await original_shas(services, g["id"]) == before
+
+
+async def test_a_backup_carries_the_archive_and_restores_from_it(admin: AuthActions, services: Services,
+                                                                 tmp_path: Path) -> None:
+    """backup copies an archived gallery's archive object in place of its loose originals; the backup, used as
+    a data directory, passes check and restores every original."""
+    from picpeak_lite.ops.backup import backup
+
+    g, before = await gallery_with_photos(admin, services, count=2)
+    await services.db.write(archive.request_archive, g["id"])
+    await Archiver(services).pass_once()
+    name = (await gallery(services, g["id"]))["archive_object"]
+    target = tmp_path / "backup"
+    summary = await trio.to_thread.run_sync(backup, services.settings, target)
+    assert summary.problems == 0 and summary.missing_originals == []
+    assert (target / name).read_bytes() == (services.settings.data_path / name).read_bytes()
+    restored = make_settings(tmp_path, data_dir=str(target))
+    report = await trio.to_thread.run_sync(lambda: check_data_dir(restored))
+    assert report.problems == 0 and report.archived == 2
+    elsewhere = Services(settings=restored, db=Database(restored.database_path))
+    try:
+        await elsewhere.db.write(archive.request_restore, g["id"])
+        [done] = await Archiver(elsewhere).pass_once()
+        assert done.state == "active"
+        assert await original_shas(elsewhere, g["id"]) == before
+    finally:
+        elsewhere.db.close()

@@ -193,11 +193,9 @@ async def _restore(db: Database, storage: Storage, endpoints: Any, gallery: Any,
     if missing and name is not None:
         try:
             await trio.to_thread.run_sync(_unpack, storage, name, missing)
-        except (packing.ArchiveMismatch, FileNotFoundError) as error:
-            message = (str(error) if isinstance(error, packing.ArchiveMismatch)
-                       else f"the archive object {name} is missing")
-            log.error("restoring gallery %d stopped: %s", gallery_id, message)
-            await db.write(archive_q.set_error, gallery_id, message)
+        except packing.ArchiveMismatch as error:
+            log.error("restoring gallery %d stopped: %s", gallery_id, error)
+            await db.write(archive_q.set_error, gallery_id, str(error))
             return
     lost = await trio.to_thread.run_sync(_missing_originals, storage, photos)
     if name is not None:
@@ -216,7 +214,7 @@ def _missing_originals(storage: Storage, photos: list[Any]) -> dict[str, str]:
 
 def _unpack(storage: Storage, name: str, missing: dict[str, str]) -> None:
     if not storage.exists(name):
-        raise FileNotFoundError(name)
+        raise packing.ArchiveMismatch(f"the archive object {name} is missing")
     packing.unpack(storage, name, missing)
 
 

@@ -78,6 +78,7 @@ def pack(storage: Storage, photos: list[Packed], name: str) -> int:
     :class:`ArchiveMismatch` when an original does not match its row (nothing is stored then)."""
     manifest = json.dumps({"version": FORMAT_VERSION, "originals": [
         {"photo_id": p.photo_id, "key": p.key, "sha256": p.sha256, "size": p.size} for p in photos]}).encode()
+    storage.create_dirs()  # cheap; a tidied data directory must not fail the packing
     storage.ensure_space(len(manifest) + sum(p.size + 1024 for p in photos))
     temp = storage.new_temp_path()
     try:
@@ -135,6 +136,7 @@ def unpack(storage: Storage, name: str, wanted: Mapping[str, str]) -> int:
     already back are skipped, so an interrupted restore is simply run again. Returns how many were written."""
     manifest: dict[str, str] = {}
     written = 0
+    storage.create_dirs()
     with storage.open(name) as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
         for member in tar:
             if member.name == MANIFEST:

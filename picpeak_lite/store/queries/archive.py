@@ -32,15 +32,16 @@ def photos_of(conn: Connection, gallery_id: int) -> list[Row]:
 
 
 def record_packed(conn: Connection, gallery_id: int, name: str, bytes_before: int) -> bool:
-    """The archive object was read back and matched: from now on the loose files may go. Video previews are
-    forgotten (their files go with the other derivatives; the preview lane must not try to make them again)."""
+    """The archive object was read back and matched: from now on the loose files may go. Video previews and stale
+    images are forgotten (their files go with the other derivatives; neither the preview lane nor an idle worker
+    may try to make them again: ``photos.mark_views_stale`` leaves archived galleries alone from here on)."""
     conn.execute("UPDATE galleries SET archive_object = ?, archive_bytes_before = ?, archive_bytes_after = NULL "
                  "WHERE id = ? AND archive_state = 'archiving' AND archive_object IS NULL",
                  (name, bytes_before, gallery_id))
     if conn.changes() != 1:
         return False
-    conn.execute("UPDATE photos SET preview_status = NULL WHERE gallery_id = ? AND preview_status IS NOT NULL",
-                 (gallery_id,))
+    conn.execute("UPDATE photos SET preview_status = NULL, views_stale = 0 WHERE gallery_id = ? "
+                 "AND (preview_status IS NOT NULL OR views_stale > 0)", (gallery_id,))
     return True
 
 
