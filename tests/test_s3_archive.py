@@ -11,13 +11,19 @@ from typing import Any
 
 import pytest
 
+from picpeak_lite.config import load_settings
+from picpeak_lite.ops import bootstrap
+from picpeak_lite.ops.migrate import migrate
+from picpeak_lite.pipeline import archive
 from picpeak_lite.pipeline.archive import Archiver
 from picpeak_lite.services import Services
+from picpeak_lite.store.db import Database
+from picpeak_lite.store.queries import archive as archive_q
 from picpeak_lite.store.storage import original_name
 
 from .conftest import AuthActions, make_settings
-from .factories import photo_jpeg, published, run_pool_until_idle
-from .harness import figures
+from .factories import create_gallery, photo_jpeg, published, run_pool_until_idle, stage_photo
+from .harness import figures, write_config
 from .s3server import S3Server
 from .test_s3 import bucket, object_bytes, photo_rows, s3  # noqa: F401 -- the fixtures
 from .test_upload import admin_upload
@@ -65,3 +71,41 @@ async def test_round_trip_in_the_bucket(admin: AuthActions, guest: Any, services
     assert {r["status"] for r in await photo_rows(services)} == {"complete"}
     assert sorted(s3.keys(bucket, "lib/")) == sorted(objects_before)
     assert (await guest.get(f"/g/{g['slug']}")).status_code == 200
+
+
+async def test_storage_migrate_carries_the_archive_into_the_bucket(tmp_path: Path, s3: S3Server) -> None:  # noqa: F811
+    """A gallery archived on local storage, the library moved into a bucket, the gallery restored from there."""
+    bucket_name = s3.new_bucket()
+    data_dir = tmp_path / "local"
+    config = write_config(tmp_path / "picpeak.toml", data_dir=str(data_dir), port=0,
+                          **{k: v for k, v in s3.settings_for(bucket_name).items() if k != "storage"})
+    local = load_settings(config, environ={})
+    bootstrap.prepare(local)
+    svc = Services(settings=local, db=Database(local.database_path))
+    try:
+        gallery_id = await svc.db.write(create_gallery)
+        for seed in (1, 2):
+            photo_id, _ = stage_photo(svc, gallery_id, photo_jpeg(seed=seed))
+            await svc.db.write(lambda c, i=photo_id: c.execute(  # type: ignore[misc]
+                "UPDATE photos SET status = 'complete', completed_at = 1 WHERE id = ?", (i,)))
+        rows = await svc.db.read(archive_q.photos_of, gallery_id)
+        await svc.db.write(archive.request_archive, gallery_id)
+        [done] = await Archiver(svc).pass_once()
+        assert done.state == "archived"
+    finally:
+        svc.db.close()
+
+    summary = migrate(local, "s3", config)
+    assert summary.problems == 0 and summary.copied == 1, summary
+    assert s3.keys(bucket_name) == [f"archives/gallery-{gallery_id}.tar"]
+    on_s3 = load_settings(config, environ={})
+    svc = Services(settings=on_s3, db=Database(on_s3.database_path))
+    try:
+        await svc.db.write(archive.request_restore, gallery_id)
+        [done] = await Archiver(svc).pass_once()
+        assert done.state == "active"
+    finally:
+        svc.db.close()
+    for row in rows:
+        data = object_bytes(s3, bucket_name, original_name(row["storage_key"]))
+        assert hashlib.sha256(data).hexdigest() == row["sha256"]
