@@ -26,12 +26,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
 from picpeak_lite.errors import Conflict, NotFound, StorageUnavailable
 from picpeak_lite.i18n import _
+from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.services import Services
 from picpeak_lite.store import packing
@@ -41,9 +42,16 @@ from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.storage import Storage, original_name
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-# Packing and unpacking are long streams of file or bucket I/O: one gallery at a time per process.
-archive_limiter = trio.CapacityLimiter(1)
+# Packing and unpacking are long streams of file or bucket I/O: one gallery at a time per process, its file work
+# in threads of its own limiter (never holding up the uploads' and the workers' threads).
+_ONE_GALLERY = PerRun("picpeak_archive_gate", trio.Lock)
+_FILE_THREADS = PerRun("picpeak_archive_files", lambda: trio.CapacityLimiter(1))
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    return await trio.to_thread.run_sync(fn, *args, limiter=_FILE_THREADS.get())
 
 
 @dataclass(frozen=True)
@@ -112,7 +120,7 @@ async def advance(db: Database, storage: Storage, endpoints: Any, gallery_id: in
     """Run the gallery's pending archiving or restoring to its end (see the module docstring). A mismatch is
     recorded on the row (``archive_error``) and nothing is removed; an unreachable bucket raises
     ``StorageUnavailable`` with the state kept, to be resumed later."""
-    async with archive_limiter:
+    async with _ONE_GALLERY.get():
         gallery = await db.read(gallery_q.get, gallery_id)
         if gallery is None:
             raise NotFound(_("There is no such gallery."))
@@ -139,26 +147,26 @@ async def _archive(db: Database, storage: Storage, gallery: Any, now: Callable[[
     if name is None:
         name = packing.archive_name(gallery_id)
         try:
-            before = await trio.to_thread.run_sync(_pack_and_check, storage, photos, name)
+            before = await _in_thread(_pack_and_check, storage, photos, name)
         except packing.ArchiveMismatch as error:
             log.error("archiving gallery %d stopped: %s", gallery_id, error)
-            await trio.to_thread.run_sync(storage.remove, name)
+            await _in_thread(storage.remove, name)
             await db.write(archive_q.abandon_archive, gallery_id, str(error))
             return
         if not await db.write(archive_q.record_packed, gallery_id, name, before):
             if await db.read(gallery_q.get, gallery_id) is None:  # deleted meanwhile: its archive goes too
-                await trio.to_thread.run_sync(storage.remove, name)
+                await _in_thread(storage.remove, name)
             return  # else another driver recorded the same archive first and goes on with it
     else:
         # Resumed after the archive was recorded: loose originals left must still be in it before they go.
         try:
-            await trio.to_thread.run_sync(_check_loose_are_packed, storage, photos, name)
+            await _in_thread(_check_loose_are_packed, storage, photos, name)
         except packing.ArchiveMismatch as error:
             log.error("archiving gallery %d stopped: %s", gallery_id, error)
             await db.write(archive_q.set_error, gallery_id, str(error))
             return
-    await trio.to_thread.run_sync(storage.remove_files_of, keys)
-    after = (await trio.to_thread.run_sync(storage.stat, name)).size
+    await _in_thread(storage.remove_files_of, keys)
+    after = (await _in_thread(storage.stat, name)).size
     await db.write(archive_q.finish_archive, gallery_id, after, now())
     log.info("archived gallery %d: %d photos into %s", gallery_id, len(keys), name)
 
@@ -189,17 +197,17 @@ async def _restore(db: Database, storage: Storage, endpoints: Any, gallery: Any,
     gallery_id = gallery["id"]
     photos = await db.read(archive_q.photos_of, gallery_id)
     name = gallery["archive_object"]
-    missing = await trio.to_thread.run_sync(_missing_originals, storage, photos)
+    missing = await _in_thread(_missing_originals, storage, photos)
     if missing and name is not None:
         try:
-            await trio.to_thread.run_sync(_unpack, storage, name, missing)
+            await _in_thread(_unpack, storage, name, missing)
         except packing.ArchiveMismatch as error:
             log.error("restoring gallery %d stopped: %s", gallery_id, error)
             await db.write(archive_q.set_error, gallery_id, str(error))
             return
-    lost = await trio.to_thread.run_sync(_missing_originals, storage, photos)
+    lost = await _in_thread(_missing_originals, storage, photos)
     if name is not None:
-        await trio.to_thread.run_sync(storage.remove, name)
+        await _in_thread(storage.remove, name)
     ids = {p["storage_key"]: p["id"] for p in photos}
     requeued = await db.write(_finish_restore, gallery_id, endpoints, sorted(ids[k] for k in lost), now())
     log.info("restored gallery %d: %d photos queued for their images, %d without an original", gallery_id,
