@@ -347,3 +347,22 @@ async def test_a_backup_carries_the_archive_and_restores_from_it(admin: AuthActi
         assert await original_shas(elsewhere, g["id"]) == before
     finally:
         elsewhere.db.close()
+
+
+async def test_an_original_lost_before_archiving_is_failed_on_restore_and_the_others_come_back(
+        admin: AuthActions, services: Services) -> None:
+    g, before = await gallery_with_photos(admin, services, count=2)
+    rows = await services.db.read(archive_q.photos_of, g["id"])
+    (services.settings.data_path / original_name(rows[0]["storage_key"])).unlink()  # lost before the reconciler ran
+    await services.db.write(archive.request_archive, g["id"])
+    [done] = await Archiver(services).pass_once()
+    assert done.state == "archived"
+    name = (await gallery(services, g["id"]))["archive_object"]
+    assert set(packing.read_manifest(services.storage, name)) == {rows[1]["storage_key"]}
+    await services.db.write(archive.request_restore, g["id"])
+    [done] = await Archiver(services).pass_once()
+    assert done.state == "active"
+    statuses = {r["id"]: (r["status"], r["error"]) for r in rows_now(services, g["id"])}
+    assert statuses[rows[1]["id"]] == ("pending", None)
+    assert statuses[rows[0]["id"]][0] == "failed" and statuses[rows[0]["id"]][1]
+    assert services.storage.sha256_of(original_name(rows[1]["storage_key"])) == before[rows[1]["id"]]

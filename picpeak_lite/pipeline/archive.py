@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from picpeak_lite.errors import Conflict, NotFound, StorageUnavailable
+from picpeak_lite.errors import Conflict, InsufficientStorage, NotFound, StorageUnavailable
 from picpeak_lite.i18n import _
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import transitions
@@ -148,10 +148,12 @@ async def _archive(db: Database, storage: Storage, gallery: Any, now: Callable[[
         name = packing.archive_name(gallery_id)
         try:
             before = await _in_thread(_pack_and_check, storage, photos, name)
-        except packing.ArchiveMismatch as error:
-            log.error("archiving gallery %d stopped: %s", gallery_id, error)
+        except (packing.ArchiveMismatch, InsufficientStorage) as error:
+            # Nothing was removed: the gallery stays as it was, with the reason on its page.
+            reason = error.message if isinstance(error, InsufficientStorage) else str(error)
+            log.error("archiving gallery %d stopped: %s", gallery_id, reason)
             await _in_thread(storage.remove, name)
-            await db.write(archive_q.abandon_archive, gallery_id, str(error))
+            await db.write(archive_q.abandon_archive, gallery_id, reason)
             return
         if not await db.write(archive_q.record_packed, gallery_id, name, before):
             if await db.read(gallery_q.get, gallery_id) is None:  # deleted meanwhile: its archive goes too
@@ -207,6 +209,16 @@ async def _restore(db: Database, storage: Storage, endpoints: Any, gallery: Any,
             return
     lost = await _in_thread(_missing_originals, storage, photos)
     if name is not None:
+        archive_there: bool = await _in_thread(storage.exists, name)
+        if lost and archive_there:
+            # Only originals that were never packed (missing before archiving) may be given up on; the archive
+            # is kept while it holds any of them.
+            packed = set(await _in_thread(packing.read_manifest, storage, name))
+            if packed & set(lost):
+                message = f"{len(packed & set(lost))} originals in {name} could not be put back"
+                log.error("restoring gallery %d stopped: %s", gallery_id, message)
+                await db.write(archive_q.set_error, gallery_id, message)
+                return
         await _in_thread(storage.remove, name)
     ids = {p["storage_key"]: p["id"] for p in photos}
     requeued = await db.write(_finish_restore, gallery_id, endpoints, sorted(ids[k] for k in lost), now())

@@ -130,6 +130,15 @@ def read_back(storage: Storage, name: str, expected: Mapping[str, str]) -> dict[
     return manifest
 
 
+def read_manifest(storage: Storage, name: str) -> dict[str, str]:
+    """The archive's manifest (key -> sha256), read from its first member without reading the rest."""
+    with storage.open(name) as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
+        member = tar.next()
+        if member is None or member.name != MANIFEST:
+            raise ArchiveMismatch(f"the archive {name} does not begin with its manifest")
+        return _read_manifest(tar, member)
+
+
 def unpack(storage: Storage, name: str, wanted: Mapping[str, str]) -> int:
     """Put back the originals of ``wanted`` (key -> the row's sha256) from the archive, each written to a temp file
     while hashed, compared with the manifest and the row, and only then made durable under its name. Originals
