@@ -111,6 +111,8 @@ async def test_round_trip_keeps_every_original_and_remakes_the_images(admin: Aut
     admin_page = await (await admin.client.get(f"/admin/galleries/{g['id']}")).get_data(as_text=True)
     assert f'data-bytes-freed="{done.freed}"' in admin_page and "Restore" in admin_page
     assert "3 photos are archived" in admin_page and 'id="upload"' not in admin_page  # no broken thumbnails
+    dashboard = await (await admin.client.get("/admin/")).get_data(as_text=True)
+    assert '<span class="badge">Archived</span>' in dashboard and "cover-thumb placeholder" in dashboard
     # Nothing else mistakes the packed originals for lost ones: neither the reconciler nor check.
     counts = await Janitor(services).reconcile()
     assert counts["missing_failed"] == 0 and counts["orphans_removed"] == 0
