@@ -143,6 +143,8 @@ async def test_round_trip_keeps_every_original_and_remakes_the_images(admin: Aut
     assert len(stored_names(storage, keys)) == 3 * 3
     assert (await guest.get(f"/g/{g['slug']}")).status_code == 200
     assert (await guest.get(f"/g/{g['slug']}/photos/{first}/grid")).status_code == 200
+    admin_page = await (await admin.client.get(f"/admin/galleries/{g['id']}")).get_data(as_text=True)
+    assert "data-bytes-freed" not in admin_page and "Archive now" in admin_page
 
 
 async def test_archive_is_refused_while_photos_wait_and_restore_only_when_archived(
