@@ -178,6 +178,51 @@ def import_folder(folder: str, slug: str, config: str | None, data_dir: str | No
         sys.exit(1)
 
 
+@cli.group("gallery", short_help="Archive a gallery (originals packed, thumbnails removed) or restore it.")
+def gallery_group() -> None:
+    """A gallery's life after its event: archive it to free space, restore it to show it again."""
+
+
+def _archive_step(action: str, slug: str, config: str | None, data_dir: str | None) -> None:
+    from picpeak_lite.errors import AppError
+    from picpeak_lite.ops.archiving import run
+
+    settings = _settings(config, data_dir=data_dir)
+    try:
+        result = run(settings, slug, action)
+    except AppError as error:
+        raise CommandFailed(error.message) from None
+    out = result.outcome
+    sizes = ""
+    if out.bytes_before is not None and out.bytes_after is not None:
+        sizes = (f": {out.bytes_before} bytes stored before, {out.bytes_after} after, "
+                 f"{out.bytes_before - out.bytes_after} freed")
+    if action == "archive":
+        click.echo(f"Archived {slug} ({_count(result.photos, 'photo')}){sizes}.")
+    else:
+        click.echo(f"Restored {slug} ({_count(result.photos, 'photo')}); the workers make their images again.")
+
+
+@gallery_group.command("archive")
+@click.argument("slug")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def gallery_archive(slug: str, config: str | None, data_dir: str | None) -> None:
+    """Remove the gallery's thumbnails and web sizes and pack its originals into one archive object (each
+    checked against its sha256 before the loose copy goes). Interrupted, run it again."""
+    _archive_step("archive", slug, config, data_dir)
+
+
+@gallery_group.command("restore")
+@click.argument("slug")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def gallery_restore(slug: str, config: str | None, data_dir: str | None) -> None:
+    """Unpack an archived gallery's originals (each checked against its sha256) and queue its photos for their
+    images again. Interrupted, run it again."""
+    _archive_step("restore", slug, config, data_dir)
+
+
 @cli.command(short_help="Measure photos/s, CPU per photo and memory on this machine.")
 @click.option("--photos", "count", type=click.IntRange(1, 10_000), default=50, show_default=True,
               help="How many photos to make and upload.")

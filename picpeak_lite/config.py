@@ -79,6 +79,11 @@ class Settings:
                                               "kept, in days.")
     # Galleries
     default_expiry_days: int = _setting(30, "Expiry for new galleries, in days (1-365).")
+    archive_on_expiry: str = _setting(
+        "keep", "What a new gallery does when it expires (each gallery can change it): keep (every file stays) or "
+        "archive (thumbnails removed, originals packed into one archive object, restorable).")
+    archive_check_seconds: int = _setting(
+        300, "How often the server looks for expired galleries to archive, in seconds.")
     # Uploads
     admin_max_file_mb: int = _setting(2048, "Largest file an admin may upload, in MB.")
     admin_max_files: int = _setting(500, "Most files in one admin upload request.")
@@ -356,6 +361,8 @@ def _validate(s: Settings) -> None:
     require(0 <= s.port <= 65535, "port", "must be between 0 and 65535")
     require(s.log_level in ("debug", "info", "warning", "error"), "log_level", "must be debug, info, warning or error")
     require(1 <= s.default_expiry_days <= 365, "default_expiry_days", "must be between 1 and 365")
+    require(s.archive_on_expiry in ("keep", "archive"), "archive_on_expiry", 'must be "keep" or "archive"')
+    require(s.archive_check_seconds >= 1, "archive_check_seconds", "must be at least 1")
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
                 "guest_max_video_seconds",
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",

@@ -40,6 +40,7 @@ from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.events.webhooks import WebhookSender
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline import memory
+from picpeak_lite.pipeline.archive import Archiver
 from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.pipeline.resumable import Finisher
 from picpeak_lite.pipeline.video_previews import PreviewLane
@@ -175,6 +176,7 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
     await nursery.start(Janitor(svc, expire_tus=serving).run)
     if serving:
         await nursery.start(Finisher(svc).run)
+        await nursery.start(Archiver(svc).run)
     if workers:
         await nursery.start(WorkerPool(svc).run)
         if svc.settings.video_previews:

@@ -214,6 +214,8 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     "admin_settings.save_defaults": ("owner_page", {}),
     "admin_settings.save_contact": ("owner_page", {}),
     "admin_settings.save_watermark": ("owner_page", {}),
+    "admin.archive_gallery": ("admin_page", {}),
+    "admin.restore_gallery": ("admin_page", {}),
     # Without the form's values in the query the preview is 400: the admin got past the check.
     "admin_settings.watermark_preview": ("owner_page", {"admin": {200, 400}}),
     "admin_settings.add_webhook": ("owner_page", {}),
@@ -231,6 +233,8 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     "admin_api.get_gallery": ("gallery_api", {}),
     "admin_api.update_gallery": ("admin_api", {}),
     "admin_api.delete_gallery": ("admin_api", {}),
+    "admin_api.archive_gallery": ("admin_api", {}),
+    "admin_api.restore_gallery": ("admin_api", {}),
     "admin_api.publish": ("admin_api", {}),
     "admin_api.unpublish": ("admin_api", {}),
     "admin_photos.list_photos": ("gallery_api", {}),

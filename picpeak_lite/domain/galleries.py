@@ -45,7 +45,7 @@ async def create_gallery(svc: Services, data: dict[str, Any], actor: Actor = CLI
     chosen = await svc.db.read(admin_settings.load, svc.settings)
     values = parse_gallery_input(
         _with_defaults(data, chosen), partial=False, today=_today(svc),
-        default_expiry_days=chosen.default_expiry_days,
+        default_expiry_days=chosen.default_expiry_days, default_on_expiry=svc.settings.archive_on_expiry,
     )
     password_hash = await svc.hash_password(values["password"]) if "password" in values else None
 
@@ -81,6 +81,7 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
     values = parse_gallery_input(
         data, partial=partial, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days,
         current_expiry=dt.date.fromisoformat(current) if current else None,
+        default_on_expiry=svc.settings.archive_on_expiry,
     )
     if "password" in values:
         values["password_hash"] = await svc.hash_password(values["password"])
@@ -138,23 +139,35 @@ async def delete_gallery(svc: Services, gallery_id: int, actor: Actor = CLI) -> 
     Rows go first: a crash before the files are gone leaves orphans for the reconciler, never rows without files.
     """
 
-    def delete(conn: Any) -> list[str] | None:
+    def delete(conn: Any) -> tuple[list[str], str | None] | None:
         keys = photo_q.keys_of_gallery(conn, gallery_id)
-        if gallery_q.get(conn, gallery_id) is None:
+        row = gallery_q.get(conn, gallery_id)
+        if row is None:
             return None
         actor.record(conn, svc.clock(), "gallery.deleted", gallery_id=gallery_id, detail=f"{len(keys)} files")
-        return keys if gallery_q.delete(conn, gallery_id) else None
+        return (keys, row["archive_object"]) if gallery_q.delete(conn, gallery_id) else None
 
-    keys = await svc.db.write(delete)
-    if keys is None:
+    deleted = await svc.db.write(delete)
+    if deleted is None:
         raise NotFound("There is no such gallery.")
+    keys, archive = deleted
     await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
+    if archive is not None:  # an archived gallery's originals: deleting the gallery is the photographer's choice
+        await trio.to_thread.run_sync(svc.storage.remove, archive)
 
 
 def expires_on(row: Row) -> str | None:
     if row["expires_at"] is None:
         return None
     return dt.datetime.fromtimestamp(row["expires_at"], dt.UTC).date().isoformat()
+
+
+def archive_json(row: Row) -> dict[str, Any]:
+    """Where the gallery stands in archiving (pipeline/archive.py), with the bytes it freed."""
+    before, after = row["archive_bytes_before"], row["archive_bytes_after"]
+    return {"state": row["archive_state"], "bytes_before": before, "bytes_after": after,
+            "bytes_freed": None if before is None or after is None else before - after,
+            "archived_at": row["archived_at"], "error": row["archive_error"]}
 
 
 def to_json(row: Row, share_url: str) -> dict[str, Any]:
@@ -179,6 +192,8 @@ def to_json(row: Row, share_url: str) -> dict[str, Any]:
         "favourite_limit": row["favourite_limit"],
         "wall_captions": bool(row["wall_captions"]),
         "hold_comments": bool(row["hold_comments"]),
+        "on_expiry": row["on_expiry"],
+        "archive": archive_json(row),
         "share_url": share_url,
         "counts": {
             "complete": row.get("complete_count", 0),

@@ -29,6 +29,7 @@ from picpeak_lite.errors import StorageUnavailable
 from picpeak_lite.pipeline import attempts, intake, resumable, transitions
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection
+from picpeak_lite.store.queries import archive as archive_q
 from picpeak_lite.store.queries import audit as audit_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import photos as photo_q
@@ -143,7 +144,9 @@ class Janitor:
 
     def _rows_missing_original(self, rows: list[dict[str, Any]]) -> list[int]:
         stored = {key for key, _ in self.storage.iter_original_keys()}  # one listing, not a look-up per row
-        return [r["id"] for r in rows if r["status"] != PhotoStatus.FAILED and r["storage_key"] not in stored]
+        # An archived gallery's originals are packed away on purpose (pipeline/archive.py).
+        return [r["id"] for r in rows
+                if r["status"] != PhotoStatus.FAILED and not r["archived"] and r["storage_key"] not in stored]
 
 
 def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[str]:
@@ -160,7 +163,7 @@ def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[st
 def _fail_if_still_missing(conn: Connection, storage: Storage, endpoints: Any, photo_id: int, now: float) -> bool:
     """Checked again inside the write transaction: a delete may have raced the scan."""
     row = photo_q.get(conn, photo_id)
-    if row is None or storage.has_original(row["storage_key"]):
+    if row is None or archive_q.photo_archived(conn, photo_id) or storage.has_original(row["storage_key"]):
         return False
     return transitions.fail_missing_original(conn, endpoints, photo_id, now) is not None
 

@@ -545,6 +545,24 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX email_outbox_sent ON email_outbox(sent_at) WHERE sent_at IS NOT NULL;
     CREATE INDEX email_outbox_gallery ON email_outbox(gallery_id, kind, created_at);
     """,
+    # archive and restore (issue 34): the gallery row is the state machine of pipeline/archive.py (active ->
+    # archiving -> archived -> restoring -> active; every step idempotent, resumed at start-up). on_expiry: the
+    # photographer's choice of what happens when the gallery expires ('archive' is done by the archiver task).
+    # archive_object: the storage name of the packed originals, set only once that object was read back and every
+    # original's sha256 matched; the loose originals are removed only after it is set. archive_bytes_before /
+    # _after: the gallery's stored bytes before and after archiving (the space freed is their difference).
+    # archive_error: why the last archiving or restoring stopped (shown on the admin's gallery page).
+    """
+    ALTER TABLE galleries ADD COLUMN on_expiry TEXT NOT NULL DEFAULT 'keep' CHECK (on_expiry IN ('keep', 'archive'));
+    ALTER TABLE galleries ADD COLUMN archive_state TEXT NOT NULL DEFAULT 'active'
+        CHECK (archive_state IN ('active', 'archiving', 'archived', 'restoring'));
+    ALTER TABLE galleries ADD COLUMN archive_object TEXT;
+    ALTER TABLE galleries ADD COLUMN archive_bytes_before INTEGER;
+    ALTER TABLE galleries ADD COLUMN archive_bytes_after INTEGER;
+    ALTER TABLE galleries ADD COLUMN archived_at REAL;
+    ALTER TABLE galleries ADD COLUMN archive_error TEXT;
+    CREATE INDEX galleries_archive_work ON galleries(archive_state) WHERE archive_state != 'active';
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -12,6 +12,7 @@ from quart import Blueprint, request
 
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest
+from picpeak_lite.pipeline import archive
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.web.auth import account_api, admin_api, current_admin, gallery_api, services
 from picpeak_lite.web.views.common import current_actor, share_url
@@ -78,3 +79,18 @@ async def unpublish(gallery_id: int) -> dict[str, Any]:
 async def delete_gallery(gallery_id: int) -> tuple[str, int]:
     await galleries.delete_gallery(services(), gallery_id, await current_actor())
     return "", 204
+
+
+@blueprint.post("/galleries/<int:gallery_id>/archive")
+@admin_api
+async def archive_gallery(gallery_id: int) -> tuple[dict[str, Any], int]:
+    """202: the archiver task packs the originals; GET the gallery to follow ``archive.state``."""
+    row = await archive.start_archive(services(), gallery_id)
+    return galleries.to_json(row, share_url(row["slug"])), 202
+
+
+@blueprint.post("/galleries/<int:gallery_id>/restore")
+@admin_api
+async def restore_gallery(gallery_id: int) -> tuple[dict[str, Any], int]:
+    row = await archive.start_restore(services(), gallery_id)
+    return galleries.to_json(row, share_url(row["slug"])), 202

@@ -17,9 +17,10 @@ from picpeak_lite import security, totp
 from picpeak_lite.domain import accounts, admin_settings, galleries
 from picpeak_lite.domain.accounts import Actor
 from picpeak_lite.domain.gallery_fields import EVENT_TYPES
-from picpeak_lite.errors import NotFound, Unauthorized, ValidationError
+from picpeak_lite.errors import Conflict, NotFound, Unauthorized, ValidationError
 from picpeak_lite.events import activity
 from picpeak_lite.i18n import _
+from picpeak_lite.pipeline import archive
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import feedback as feedback_q
@@ -268,7 +269,7 @@ async def render_gallery_page(gallery_id: int, **extra: Any) -> str:
         "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
         expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
         image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), review=review,
-        choosers=choosers, upload_chunk_mb=svc.settings.upload_chunk_mb, comments=comments,
+        choosers=choosers, upload_chunk_mb=svc.settings.upload_chunk_mb, size=human_size, comments=comments,
         feedback_photos=feedback_photos, held_count=sum(1 for c in comments if c["status"] == "held"), **extra,
     )
 
@@ -347,6 +348,27 @@ async def delete(gallery_id: int) -> Any:
     return redirect(url_for("admin.dashboard"))
 
 
+@blueprint.post("/galleries/<int:gallery_id>/archive")
+@admin_page
+async def archive_gallery(gallery_id: int) -> Any:
+    """Ask for the gallery to be archived; the archiver task does the work (pipeline/archive.py)."""
+    try:
+        await archive.start_archive(services(), gallery_id)
+    except Conflict as error:
+        return await render_gallery_page(gallery_id, archive_error=error.message), 409
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#archive")
+
+
+@blueprint.post("/galleries/<int:gallery_id>/restore")
+@admin_page
+async def restore_gallery(gallery_id: int) -> Any:
+    try:
+        await archive.start_restore(services(), gallery_id)
+    except Conflict as error:
+        return await render_gallery_page(gallery_id, archive_error=error.message), 409
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#archive")
+
+
 @blueprint.get("/password")
 @account_page
 async def password() -> str:
@@ -380,7 +402,8 @@ async def password_submit() -> Any:
 
 async def _form_page(values: dict[str, Any], errors: dict[str, str], gallery: dict[str, Any] | None) -> str:
     return await render_template(
-        "admin/gallery_form.html", values=values, errors=errors, gallery=gallery, event_types=EVENT_TYPES
+        "admin/gallery_form.html", values=values, errors=errors, gallery=gallery, event_types=EVENT_TYPES,
+        default_on_expiry=services().settings.archive_on_expiry,
     )
 
 
