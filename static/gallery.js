@@ -174,6 +174,7 @@
     web.hidden = !link.dataset.downloadWeb;
     if (link.dataset.downloadWeb) web.href = link.dataset.downloadWeb;
     syncLightboxHeart();
+    box.dispatchEvent(new CustomEvent("picpeak:show", {detail: {id: Number(tile.dataset.id)}}));  // feedback.js
     const all = tiles();
     const index = all.indexOf(tile);
     box.querySelector(".lb-prev").disabled = index <= 0;
@@ -277,10 +278,25 @@
           notice.hidden = false;
         }
       },
+      onFeedback: function (msg) {  // likes, ratings, comments: feedback.js shows them
+        box.dispatchEvent(new CustomEvent("picpeak:feedback", {detail: msg}));
+      },
       onResync: function () {
         notice.querySelector(".notice-text").textContent = "The gallery has changed.";
         notice.hidden = false;
       }
+    });
+  }
+
+  // ---- Send my selection (email to the photographer; the texts come translated from the page) -----------------
+  const sendSelection = document.getElementById("send-selection");
+  if (sendSelection) {
+    sendSelection.addEventListener("click", async function () {
+      const status = document.getElementById("send-selection-status");
+      sendSelection.disabled = true;
+      const answer = await window.PicpeakHttp.json(sendSelection.dataset.url, { method: "POST" });
+      status.textContent = answer.ok ? sendSelection.dataset.sent : (answer.data.error || "");
+      sendSelection.disabled = answer.ok;
     });
   }
 })();

@@ -53,6 +53,7 @@ import trio
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import Conflict, NotFound, TooLarge
+from picpeak_lite.i18n import _
 from picpeak_lite.media import images, video
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import attempts, transitions, video_intake
@@ -605,6 +606,8 @@ def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id
     gallery = authorize(conn)
     if gallery["id"] != gallery_id:
         raise NotFound("The gallery was removed while the photos were uploading.")
+    if gallery["archive_state"] != "active":  # checked under the lock that archiving's first step takes
+        raise Conflict(_("The gallery is archived; restore it before adding photos."))
     if lease is not None and upload_id is not None and not photo_q.renew_receiving(conn, [upload_id], now + lease):
         raise Conflict(ABANDONED)
     cap = gallery["photo_cap"] or default_cap

@@ -133,6 +133,22 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.register_blueprint(review.blueprint)
     app.register_blueprint(proofing.blueprint)
     app.register_blueprint(wall.blueprint)
+    # Guests' feedback (issue 34): likes, ratings, comments and their moderation, the sidecar export.
+    from picpeak_lite.web.views import feedback
+
+    app.register_blueprint(feedback.blueprint)
+    # The studio's brand (issue 33): its stylesheet, custom CSS and logo, and the pages' context that names it.
+    from picpeak_lite.web.views import brand
+
+    brand.install(app)
+    # A studio (issue 33): accounts with roles, second factors, the audit trail.
+    from picpeak_lite.web.views import accounts
+
+    app.register_blueprint(accounts.blueprint)
+    # Email (issue 32): the share button, the test message, the template editor, the guest's selection.
+    from picpeak_lite.web.views import email
+
+    app.register_blueprint(email.blueprint)
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)

@@ -4,6 +4,7 @@ galleries. Each section is its own form and post, so a mistake in one never lose
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 from dataclasses import replace
@@ -13,16 +14,19 @@ import trio
 from quart import Blueprint, Response, redirect, render_template, request, url_for
 
 from picpeak_lite.config import WEBHOOK_EVENTS
-from picpeak_lite.domain import admin_settings
+from picpeak_lite.domain import admin_settings, email
+from picpeak_lite.domain import brand as brand_rules
 from picpeak_lite.errors import BadRequest, NotFound
 from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, resolve_target
+from picpeak_lite.i18n import _
 from picpeak_lite.media import images
 from picpeak_lite.store.queries import settings as settings_q
 from picpeak_lite.store.queries import webhooks as webhook_q
 from picpeak_lite.store.storage import fsync_dir, fsync_file, remove_quietly
 from picpeak_lite.targets import TargetRefused
-from picpeak_lite.web.auth import admin_page, services
+from picpeak_lite.web.auth import owner_page, services
 from picpeak_lite.web.resources import STATIC_DIR
+from picpeak_lite.web.views.common import current_actor
 
 blueprint = Blueprint("admin_settings", __name__, url_prefix="/admin/settings")
 
@@ -40,14 +44,17 @@ async def load_settings() -> admin_settings.AdminSettings:
 
 async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str, str]] | None = None,
                         values: dict[str, Any] | None = None, new_secret: dict[str, Any] | None = None,
-                        webhook_form: dict[str, Any] | None = None) -> tuple[str, int]:
+                        webhook_form: dict[str, Any] | None = None,
+                        brand_values: dict[str, Any] | None = None) -> tuple[str, int]:
     svc = services()
     current = await load_settings()
+    brand = await svc.db.read(brand_rules.load, svc.settings)
 
     def read(conn: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         return settings_q.list_endpoints(conn), webhook_q.list_deliveries(conn, limit=DELIVERY_LOG_ROWS)
 
     endpoints, deliveries = await svc.db.read(read)
+    email_section = await svc.db.read(email.page_data, svc.settings)
     form = current.as_form()
     form.update(values or {})
     html = await render_template(
@@ -56,19 +63,22 @@ async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str
         uploaded_logo=admin_settings.logo_path(svc.settings).exists(), endpoints=endpoints,
         config_endpoints=svc.settings.webhooks, deliveries=deliveries, events=WEBHOOK_EVENTS,
         new_secret=new_secret, webhook_form=webhook_form or {"events": list(WEBHOOK_EVENTS)},
-        saved=request.args.get("saved"), keys=admin_settings.KEYS,
+        saved=request.args.get("saved"), keys=admin_settings.KEYS, email=email_section,
+        brand_form={**brand.form(), **(brand_values or {})}, brand_checks=brand_rules.contrast_checks(brand),
+        fonts=brand_rules.font_labels(), themes=brand_rules.theme_labels(), layouts=brand_rules.layout_labels(),
+        has_brand_logo=bool(brand.logo_version), css_max=brand_rules.CSS_MAX_BYTES,
     )
     return html, status
 
 
 @blueprint.get("/")
-@admin_page
+@owner_page
 async def page() -> tuple[str, int]:
     return await settings_page()
 
 
 @blueprint.post("/watermark")
-@admin_page
+@owner_page
 async def save_watermark() -> Any:
     svc = services()
     form = await request.form
@@ -93,9 +103,12 @@ async def save_watermark() -> Any:
         await trio.to_thread.run_sync(remove_quietly, target)
         values["watermark_use_logo"] = False
 
+    actor, now = await current_actor(), svc.clock()
+
     def save(conn: Any) -> None:
         admin_settings.save(conn, values)
         admin_settings.mark_changed_watermarks(conn, svc.settings, before)  # their view images are made again
+        actor.record(conn, now, "settings.changed", detail="watermark")
 
     await svc.db.write(save)
     svc.workers_bell.ring()
@@ -103,28 +116,74 @@ async def save_watermark() -> Any:
 
 
 @blueprint.post("/defaults")
-@admin_page
+@owner_page
 async def save_defaults() -> Any:
     values, errors = admin_settings.parse_section("defaults", await request.form)
     if errors:
         return await settings_page(status=400, section_errors={"defaults": errors}, values=values)
-    await services().db.write(admin_settings.save, values)
+    await _save_audited("defaults", admin_settings.save, values)
     return redirect(url_for("admin_settings.page", saved="defaults") + "#defaults")
 
 
 @blueprint.post("/contact")
-@admin_page
+@owner_page
 async def save_contact() -> Any:
     """The photographer's contact, shown to guests on the expired page."""
     values, errors = admin_settings.parse_section("contact", await request.form)
     if errors:
         return await settings_page(status=400, section_errors={"contact": errors}, values=values)
-    await services().db.write(admin_settings.save, values)
+    await _save_audited("contact", admin_settings.save, values)
     return redirect(url_for("admin_settings.page", saved="contact") + "#contact")
 
 
+@blueprint.post("/brand")
+@owner_page
+async def save_brand() -> Any:
+    """The studio's brand: name, logo, colours, fonts, default theme and cover, white label, custom CSS."""
+    svc = services()
+    form = await request.form
+    files = await request.files
+    chosen, errors, typed = brand_rules.parse_form(form)
+    upload = files.get("brand_logo")
+    data = upload.read(brand_rules.LOGO_MAX_BYTES + 1) if upload is not None and upload.filename else b""
+    logo: bytes | None = None
+    if data:
+        try:
+            logo = await _studio_logo(data)
+        except images.InvalidImage as error:
+            errors["brand_logo"] = error.reason
+    if errors:
+        return await settings_page(status=400, section_errors={"brand": errors}, brand_values=typed)
+    target = brand_rules.logo_path(svc.settings)
+    if logo is not None:
+        await trio.to_thread.run_sync(_store_logo, target, logo)
+    elif form.get("remove_brand_logo"):
+        await trio.to_thread.run_sync(remove_quietly, target)
+    await svc.db.write(brand_rules.save, chosen)
+    return redirect(url_for("admin_settings.page", saved="brand") + "#brand")
+
+
+async def _studio_logo(data: bytes) -> bytes:
+    """The uploaded logo checked and re-encoded (``images.studio_logo``) within the decode budget, or
+    InvalidImage with the sentence for the photographer. SVG is refused outright: it is a document that can
+    carry script and links, and no sanitiser we would trust is small enough to keep here."""
+    if len(data) > brand_rules.LOGO_MAX_BYTES:
+        raise images.InvalidImage(_("The logo may be at most %(mb)d MB.")
+                                  % {"mb": brand_rules.LOGO_MAX_BYTES // (1024 * 1024)})
+    head = data[:512].lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    if head.startswith((b"<?xml", b"<svg", b"<!doctype svg", b"<!--")) or b"<svg" in head:
+        raise images.InvalidImage(_("SVG logos are not accepted (an SVG can carry script): upload a PNG, JPEG or "
+                                    "WebP image."))
+    budget = services().decode_budget
+    max_pixels = images.logo_max_pixels(budget.total)
+    header = await trio.to_thread.run_sync(functools.partial(images.sniff, data, max_pixels=max_pixels))
+    async with budget.hold(header.width * header.height * images.LOGO_BYTES_PER_PIXEL):
+        return await trio.to_thread.run_sync(functools.partial(
+            images.studio_logo, data, max_side=brand_rules.LOGO_MAX_SIDE, max_pixels=max_pixels))
+
+
 @blueprint.get("/watermark-preview.jpg")
-@admin_page
+@owner_page
 async def watermark_preview() -> Response:
     """The built-in sample photo with the watermark the form currently describes (unsaved values allowed)."""
     current = await load_settings()
@@ -146,7 +205,7 @@ async def watermark_preview() -> Response:
 
 
 @blueprint.post("/webhooks")
-@admin_page
+@owner_page
 async def add_webhook() -> Any:
     svc = services()
     form = await request.form
@@ -169,10 +228,12 @@ async def add_webhook() -> Any:
     elif any(e not in WEBHOOK_EVENTS for e in events):
         errors["events"] = "Unknown event."
     secret = secrets.token_hex(24)
+    actor = await current_actor()
 
     def create(conn: Any) -> int | None:
         if settings_q.endpoint_url_taken(conn, url):
             return None
+        actor.record(conn, svc.clock(), "settings.changed", detail=f"webhook added: {url}")
         return settings_q.create_endpoint(conn, url, secret, events, svc.clock())
 
     if not errors:
@@ -187,24 +248,25 @@ async def add_webhook() -> Any:
 
 
 @blueprint.post("/webhooks/<int:endpoint_id>/delete")
-@admin_page
+@owner_page
 async def delete_webhook(endpoint_id: int) -> Any:
-    if not await services().db.write(settings_q.delete_endpoint, endpoint_id):
+    if not await _save_audited(f"webhook {endpoint_id} deleted", settings_q.delete_endpoint, endpoint_id):
         raise NotFound("There is no such webhook.")
     return redirect(url_for("admin_settings.page") + "#webhooks")
 
 
 @blueprint.post("/webhooks/<int:endpoint_id>/active")
-@admin_page
+@owner_page
 async def toggle_webhook(endpoint_id: int) -> Any:
     active = (await request.form).get("active") == "1"
-    if not await services().db.write(settings_q.set_endpoint_active, endpoint_id, active):
+    if not await _save_audited(f"webhook {endpoint_id} {'on' if active else 'off'}", settings_q.set_endpoint_active,
+                               endpoint_id, active):
         raise NotFound("There is no such webhook.")
     return redirect(url_for("admin_settings.page") + "#webhooks")
 
 
 @blueprint.post("/webhooks/<int:endpoint_id>/test")
-@admin_page
+@owner_page
 async def test_webhook(endpoint_id: int) -> Any:
     svc = services()
 
@@ -218,6 +280,20 @@ async def test_webhook(endpoint_id: int) -> Any:
         raise NotFound("There is no such webhook.")
     svc.webhooks_bell.ring()
     return redirect(url_for("admin_settings.page", saved="test") + "#deliveries")
+
+
+async def _save_audited(what: str, fn: Any, *args: Any) -> Any:
+    """``fn(conn, *args)`` and its audit row in one transaction (no row when ``fn`` found nothing to change)."""
+    svc = services()
+    actor, now = await current_actor(), svc.clock()
+
+    def save(conn: Any) -> Any:
+        result = fn(conn, *args)
+        if result is not False:
+            actor.record(conn, now, "settings.changed", detail=what)
+        return result
+
+    return await svc.db.write(save)
 
 
 def _render_preview(watermark: images.Watermark) -> bytes:

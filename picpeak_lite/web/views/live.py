@@ -29,11 +29,12 @@ from typing import Any
 import trio
 from quart import Blueprint, Response, websocket
 
-from picpeak_lite.domain import access, wall
+from picpeak_lite.domain import access, feedback, wall
 from picpeak_lite.errors import AppError
 from picpeak_lite.events.broker import Change, Subscription
 from picpeak_lite.store.db import Connection, fits_integer
 from picpeak_lite.store.queries import changes as change_q
+from picpeak_lite.store.queries import feedback as feedback_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
@@ -69,6 +70,10 @@ class Viewer:
     is_admin: bool
     guest_id: int | None
     wall: Wall | None = None  # a wall sees what guests see, with its own image URLs (and captions if chosen)
+    galleries: frozenset[int] | None = None  # an editor account's granted galleries; None: all
+
+    def may_open(self, gallery_id: int) -> bool:
+        return self.is_admin and (self.galleries is None or gallery_id in self.galleries)
 
 
 async def _viewer() -> Viewer | None:
@@ -78,7 +83,7 @@ async def _viewer() -> Viewer | None:
     except AppError:
         return None
     if admin is not None:
-        return Viewer(True, None)
+        return Viewer(True, None, galleries=admin.galleries)
     cookie = websocket.cookies.get(GUEST_COOKIE)
     guest = await guest_from_cookie(cookie) if cookie else None
     return Viewer(False, guest.id) if guest else None
@@ -233,6 +238,8 @@ async def upload_feed(upload_id: str) -> Response | None:
     if not viewer.is_admin and (found is None or found.upload["guest_session_id"] != viewer.guest_id):
         return _refuse("This is not your upload.")
     gallery = await svc.db.read(gallery_q.get, found.upload["gallery_id"]) if found is not None else None
+    if viewer.is_admin and gallery is not None and not viewer.may_open(gallery["id"]):
+        return _refuse("This gallery is not one of yours.")
     if not viewer.is_admin:
         # The uploader follows it only while they may still see the gallery (expired, unpublished or a changed
         # password end that), as the HTTP status route decides through the same function.
@@ -247,7 +254,7 @@ async def upload_feed(upload_id: str) -> Response | None:
         return None
     image_url = _image_url(viewer, gallery["slug"] if gallery else "")
     try:
-        with svc.broker.subscribe(lambda change: change.upload_id == upload_id) as subscription:
+        with svc.broker.subscribe(lambda change: change.upload_id == upload_id and not change.feedback) as subscription:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_read_client_messages, nursery.cancel_scope)
                 allowed = GuestAccess(viewer, gallery["slug"] if gallery else "")
@@ -388,6 +395,9 @@ async def wall_feed(slug: str) -> Response | None:
         return _refuse("This page is from another site.")
     admin = await _viewer()
     by_admin = admin is not None and admin.is_admin
+    if admin is not None and admin.is_admin and admin.galleries is not None:  # an editor: their galleries' walls
+        row = await svc.db.read(gallery_q.get_by_slug, slug)
+        by_admin = row is not None and admin.may_open(row["id"])
     key = websocket.args.get("key") or None
     try:
         gallery = await svc.db.read(wall.wall_gallery, slug, key, by_admin, svc.clock())
@@ -409,6 +419,8 @@ async def admin_gallery_feed(gallery_id: int) -> Response | None:
     gallery = await svc.db.read(gallery_q.get, gallery_id)
     if gallery is None:
         return _refuse("There is no such gallery.", 404)
+    if not viewer.may_open(gallery_id):
+        return _refuse("This gallery is not one of yours.")
     return await _serve_gallery(gallery, viewer)
 
 
@@ -439,7 +451,7 @@ async def _stream_gallery(gallery_id: int, viewer: Viewer, subscription: Subscri
     seq, oldest = await db.read(positions)
     if since is not None and since >= oldest - 1 and since <= seq:
         for row in await db.read(change_q.for_gallery_after, gallery_id, since):
-            message = _gallery_delta(Change.from_row(row), viewer, image_url)
+            message = await _gallery_message(Change.from_row(row), viewer, image_url)
             if row["seq"] <= seq and message:
                 await _send(message)
     else:
@@ -456,9 +468,43 @@ async def _stream_gallery(gallery_id: int, viewer: Viewer, subscription: Subscri
             await _send({"type": "snapshot", "seq": seq})
         elif change.seq > seq:
             seq = change.seq
-            message = _gallery_delta(change, viewer, image_url)
+            message = await _gallery_message(change, viewer, image_url)
             if message:
                 await _send(message)
+
+
+async def _gallery_message(change: Change, viewer: Viewer,
+                           image_url: Callable[[int, str], str]) -> dict[str, Any] | None:
+    """The frame for one change of a gallery, or None when this viewer is told nothing of it."""
+    if change.feedback:
+        return await _feedback_message(change, viewer)
+    return _gallery_delta(change, viewer, image_url)
+
+
+async def _feedback_message(change: Change, viewer: Viewer) -> dict[str, Any] | None:
+    """A like, rating or comment changed on a photo: its counts as they are now (read once per frame; a burst
+    of changes is told by its latest counts each time). The admin also gets the held count and the newest
+    comment, held or not; guests (and walls, which show no feedback) only counts of what every guest may see,
+    and only for a photo they may see: a guest who has the photo open asks for its comments again."""
+    if not viewer.is_admin and (viewer.wall is not None or change.awaiting_approval or change.hidden
+                                or change.status != PhotoStatus.COMPLETE):
+        return None
+
+    def read(conn: Connection) -> dict[str, Any] | None:
+        summary = feedback_q.summary(conn, change.photo_id, None)
+        message: dict[str, Any] = {
+            "type": "feedback", "seq": change.seq, "id": change.photo_id, "likes": summary["likes"],
+            "ratings": summary["ratings"],
+            "rating": round(summary["rating_mean"], 2) if summary["rating_mean"] is not None else None,
+            "comments": summary["comments"]}
+        if viewer.is_admin:
+            newest = feedback_q.newest_comment(conn, change.photo_id)
+            message["held"] = summary["held"]
+            message["filename"] = change.filename
+            message["comment"] = feedback.comment_json(newest) if newest else None
+        return message
+
+    return await services().db.read(read)
 
 
 def _gallery_delta(change: Change, viewer: Viewer, image_url: Callable[[int, str], str]) -> dict[str, Any] | None:

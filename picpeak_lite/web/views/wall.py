@@ -18,6 +18,7 @@ from quart import Blueprint, Response, redirect, render_template, request, url_f
 from picpeak_lite.domain import admin_settings, galleries, wall
 from picpeak_lite.errors import NotFound
 from picpeak_lite.media import images
+from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import wall as wall_q
 from picpeak_lite.store.storage import derived_name
@@ -35,7 +36,11 @@ async def _wall_gallery(slug: str) -> tuple[dict[str, Any], str | None]:
     svc = services()
     key = request.args.get("key") or None
     admin = await current_admin()
-    gallery = await svc.db.read(wall.wall_gallery, slug, key, admin is not None, svc.clock())
+    by_admin = admin is not None
+    if admin is not None and admin.galleries is not None:  # an editor: only the walls of their galleries
+        row = await svc.db.read(gallery_q.get_by_slug, slug)
+        by_admin = row is not None and admin.may_open(row["id"])
+    gallery = await svc.db.read(wall.wall_gallery, slug, key, by_admin, svc.clock())
     return gallery, key
 
 
@@ -51,6 +56,7 @@ async def page(slug: str) -> Any:
     mark = await svc.db.read(admin_settings.gallery_watermark, svc.settings, gallery)
     response = Response(await render_template(
         "wall.html", gallery=gallery, key=key, upload_link=target, qr_side=qr_side(mark),
+        studio_side="left" if mark is not None and mark.position == "top-right" else "right",  # clear of the mark
         photos_url=url_for("wall.photos", slug=slug, key=key), qr_url=url_for("wall.qr_code", slug=slug, key=key),
         ws_path=f"/ws/g/{slug}/wall" + (f"?key={key}" if key else ""),
     ))
