@@ -4,10 +4,10 @@ picpeak-lite's SQL is written once, for both engines, with SQLite's ``?`` placeh
 :class:`PgConnection` gives psycopg the same face that ``store/db.py`` gives apsw (:class:`db.Connection`), so
 every ``fn(conn, ...)`` runs unchanged on either engine:
 
-* ``?`` becomes ``%s`` and a literal ``%`` becomes ``%%``, outside quoted strings and identifiers, once per
-  distinct statement (cached). Values are bound client-side (psycopg's ``ClientCursor``): a ``NULL`` or a number
-  in any position has a type PostgreSQL can infer, as it does in SQLite, and a script of several statements (the
-  schema) runs in one call.
+* ``?`` becomes ``%s``, ``:name`` becomes ``%(name)s`` and a literal ``%`` becomes ``%%``, outside quoted strings
+  and identifiers, once per distinct statement (cached). Values are bound client-side (psycopg's ``ClientCursor``):
+  a ``NULL`` or a number in any position has a type PostgreSQL can infer, as it does in SQLite, and a script of
+  several statements (the schema) runs in one call.
 * Rows are dicts keyed by column name. The two result types SQLite does not have are loaded as SQLite gives them:
   ``numeric`` (what ``sum`` and ``avg`` of integers return) as an int when it is whole, else a float, and
   ``boolean`` (a comparison selected as a value) as 0 or 1; a Python bool is bound as 0 or 1. No column of ours is
@@ -75,13 +75,14 @@ class _BooleanLoader(Loader):
 
 
 # A token of SQL that may hold a ? or % that is not a placeholder (strings, quoted names, comments), or one that is.
-_TOKENS = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/|\?|%""", re.DOTALL)
+_TOKENS = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|--[^\n]*|/\*.*?\*/|\?|%|(?<!:):(?!:)[A-Za-z_]\w*""", re.DOTALL)
 
 
 @functools.lru_cache(maxsize=2048)
 def translate(sql: str) -> str:
-    """SQLite-style SQL as psycopg wants it: ``?`` -> ``%s`` and ``%`` -> ``%%`` outside quotes and comments;
-    ``BEGIN IMMEDIATE`` -> ``BEGIN``."""
+    """SQLite-style SQL as psycopg wants it: ``?`` -> ``%s``, ``:name`` -> ``%(name)s`` (values given as a dict)
+    and ``%`` -> ``%%`` outside quotes and comments (a ``::`` cast is left alone); ``BEGIN IMMEDIATE`` ->
+    ``BEGIN``."""
     if sql == "BEGIN IMMEDIATE":
         return "BEGIN"
 
@@ -91,6 +92,8 @@ def translate(sql: str) -> str:
             return "%s"
         if token == "%":
             return "%%"
+        if token.startswith(":"):
+            return f"%({token[1:]})s"
         return token.replace("%", "%%") if token.startswith("'") else token
 
     return _TOKENS.sub(replace, sql)

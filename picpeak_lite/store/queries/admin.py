@@ -30,11 +30,16 @@ def create_user(conn: Connection, username: str, password_hash: str, now: float,
 
 
 def list_users(conn: Connection) -> list[Row]:
-    return conn.execute(
-        "SELECT u.id, u.username, u.role, u.created_at, u.disabled_at, u.totp_enabled_at, "
-        "(SELECT group_concat(gallery_id) FROM gallery_grants WHERE user_id = u.id) AS grants "
+    """Every account, with ``grants``: its galleries' ids joined by commas (read apart: the engines' string
+    aggregates differ)."""
+    granted: dict[int, list[str]] = {}
+    for row in conn.execute("SELECT user_id, gallery_id FROM gallery_grants ORDER BY user_id, gallery_id"):
+        granted.setdefault(row["user_id"], []).append(str(row["gallery_id"]))
+    rows = conn.execute(
+        "SELECT u.id, u.username, u.role, u.created_at, u.disabled_at, u.totp_enabled_at "
         "FROM admin_users u ORDER BY u.id"
     ).fetchall()
+    return [{**row, "grants": ",".join(granted[row["id"]]) if row["id"] in granted else None} for row in rows]
 
 
 def active_owners(conn: Connection) -> int:
@@ -70,8 +75,8 @@ def set_grants(conn: Connection, user_id: int, gallery_ids: list[int], now: floa
     conn.execute("DELETE FROM gallery_grants WHERE user_id = ?", (user_id,))
     for gallery_id in gallery_ids:
         conn.execute(
-            "INSERT OR IGNORE INTO gallery_grants (user_id, gallery_id, created_at) "
-            "SELECT ?, id, ? FROM galleries WHERE id = ?", (user_id, now, gallery_id))
+            "INSERT INTO gallery_grants (user_id, gallery_id, created_at) "
+            "SELECT ?, id, ? FROM galleries WHERE id = ? ON CONFLICT DO NOTHING", (user_id, now, gallery_id))
 
 
 def set_totp(conn: Connection, user_id: int, secret: str | None, enabled_at: float | None) -> None:
