@@ -74,6 +74,19 @@ def run_import(settings: Settings, folder: str | os.PathLike[str], slug: str,
 SYSTEM_FOLDERS = frozenset({"misc", "system volume information", "$recycle.bin", "__macosx", "@eadir"})
 
 
+def wanted(folder: Path, path: Path) -> bool:
+    """Whether :func:`find_images` would list ``path`` (a file under ``folder``): an image's extension, no
+    leading dot in its name or any folder on the way, no system folder. So temporaries such as ``IMG_1.JPG.part``,
+    FileZilla's ``.filepart``, rsync's ``.IMG_1.JPG.x7Gq`` and ProFTPD's ``.in.IMG_1.JPG.`` are never taken."""
+    try:
+        parts = path.relative_to(folder).parts
+    except ValueError:
+        return False
+    if not parts or any(p.startswith(".") for p in parts) or any(p.lower() in SYSTEM_FOLDERS for p in parts[:-1]):
+        return False
+    return Path(parts[-1]).suffix.lower() in EXTENSIONS
+
+
 def find_images(folder: Path) -> tuple[list[Path], int, list[Path]]:
     """The images in ``folder`` and its subfolders (by extension; the content is checked later), a camera
     card's ``DCIM/100CANON/...`` as much as a flat folder, in a stable order: each folder's files by name, then
@@ -124,7 +137,7 @@ async def import_folder(settings: Settings, folder: Path, slug: str, progress: P
             batch: list[tuple[Path, Entry]] = []
             batch_bytes = 0
             for done, path in enumerate(paths, 1):
-                entry = await _receive(intake, path)
+                entry = await receive_file(intake, path)
                 batch.append((path, entry))
                 batch_bytes += entry.size
                 status = "error" if entry.error else "duplicate" if entry.duplicate else "added"
@@ -146,7 +159,8 @@ def _gallery(conn: Connection, *, gallery_id: int) -> dict[str, Any]:
     return row
 
 
-async def _receive(intake: Intake, path: Path) -> Entry:
+async def receive_file(intake: Intake, path: Path) -> Entry:
+    """One file on disk through the intake (streamed, hashed, checked, stored); shared with ``ops/hotfolder.py``."""
     sink = intake.start_file(path.name)
     try:
         f = await trio.to_thread.run_sync(open, path, "rb", limiter=io_limiter())
