@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from picpeak_lite.domain import admin_settings
-from picpeak_lite.domain.gallery_fields import parse_gallery_input
+from picpeak_lite.domain.gallery_fields import check_hot_folder, parse_gallery_input
 from picpeak_lite.errors import NotFound
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Row
@@ -46,6 +46,7 @@ async def create_gallery(svc: Services, data: dict[str, Any]) -> Row:
         _with_defaults(data, chosen), partial=False, today=_today(svc),
         default_expiry_days=chosen.default_expiry_days,
     )
+    check_hot_folder(values, svc.settings.hot_folder_root)
     password_hash = await svc.hash_password(values["password"]) if "password" in values else None
 
     def insert(conn: Any) -> Row:
@@ -79,6 +80,7 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
         data, partial=partial, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days,
         current_expiry=dt.date.fromisoformat(current) if current else None,
     )
+    check_hot_folder(values, svc.settings.hot_folder_root)
     if "password" in values:
         values["password_hash"] = await svc.hash_password(values["password"])
     elif values.get("clear_password"):

@@ -388,6 +388,23 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE photos SET views_stale = views_stale + 1
         WHERE status IN ('processing', 'complete') AND gallery_id IN (SELECT id FROM galleries WHERE watermark = 1);
     """,
+    # hot folders (issue 34): a gallery's folder that the server watches (hot_folder, NULL: none), and every file
+    # a hot folder has taken, by its path, size and modification time, so that a restart (or `picpeak-lite watch`
+    # run again) takes each file once. photo_id is the photo it became (NULL when it was refused: error says why;
+    # a photo deleted later is not brought back).
+    """
+    ALTER TABLE galleries ADD COLUMN hot_folder TEXT;
+    CREATE TABLE hot_folder_files (
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        photo_id INTEGER,
+        error TEXT,
+        taken_at REAL NOT NULL,
+        PRIMARY KEY (gallery_id, path)
+    ) STRICT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
