@@ -32,6 +32,7 @@ from picpeak_lite.pipeline import transitions
 from picpeak_lite.pipeline.janitor import remove_orphans
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries import replacement as replacement_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import DERIVATIVES, Storage, open_storage, original_name
 
@@ -88,6 +89,7 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
         report.integrity = "; ".join(r["integrity_check"] for r in conn.execute("PRAGMA integrity_check"))
         with db.transaction(conn, immediate=False):
             rows = photo_q.rows_for_check(conn)
+            kept = replacement_q.previous_keys(conn)  # previous versions waiting for confirmation
         report.photos = len(rows)
         suspects: dict[str, list[int]] = {"missing": [], "sha": [], "derived": []}
         for done, row in enumerate(rows, 1):
@@ -107,7 +109,7 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
                     storage.has_derivative(row["storage_key"], kind) for kind in DERIVATIVES):
                 suspects["derived"].append(row["id"])
         # Files are listed after the rows were read: a file whose row commits after that is young.
-        keys = {r["storage_key"] for r in rows}
+        keys = {r["storage_key"] for r in rows} | kept
         # Listed (a bucket page by page), not looked up one by one.
         candidates = [(key, storage.location(original_name(key)), mtime) for key, mtime in storage.iter_original_keys()]
         candidates += list(storage.iter_derived())
@@ -124,7 +126,7 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
         # Confirm each suspect against the database as it is now (the server may have moved on).
         with db.transaction(conn, immediate=False):
             current = {r["id"]: r for r in photo_q.rows_for_check(conn)}
-            live_keys = {r["storage_key"] for r in current.values()}
+            live_keys = {r["storage_key"] for r in current.values()} | replacement_q.previous_keys(conn)
         for photo_id in suspects["missing"]:
             found = current.get(photo_id)
             if found is not None and found["status"] != PhotoStatus.FAILED and not storage.has_original(

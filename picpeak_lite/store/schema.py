@@ -405,6 +405,14 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (gallery_id, path)
     ) STRICT;
     """,
+    # replacing a photo (issue 34): a re-edited file takes the photo's place (same id, capture time, favourites);
+    # until the photographer confirms, ``replaced`` holds what the photo was (JSON: its storage_key, sha256, size,
+    # format, dimensions and EXIF facts; queries.replacement.KEPT), its original and images still stored, so that
+    # revert brings it back at once.
+    """
+    ALTER TABLE photos ADD COLUMN replaced TEXT;
+    CREATE INDEX photos_replaced ON photos(gallery_id) WHERE replaced IS NOT NULL;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
