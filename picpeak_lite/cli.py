@@ -182,9 +182,12 @@ def import_folder(folder: str, slug: str, config: str | None, data_dir: str | No
 @click.option("--gallery", "slug", required=True, help="The slug of the gallery to add the photos to.")
 @click.option("--polling", is_flag=True, default=None,
               help="Look for new files by polling (network mounts without file events); else chosen by itself.")
+@click.option("--in-place", is_flag=True, help="Reference the originals where they are (local storage only; the "
+              "folder is never changed) instead of copying them.")
 @click.option("--config", "config", help=CONFIG_HELP)
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
-def watch(folder: str, slug: str, polling: bool | None, config: str | None, data_dir: str | None) -> None:
+def watch(folder: str, slug: str, polling: bool | None, in_place: bool, config: str | None,
+          data_dir: str | None) -> None:
     """Watch FOLDER and its subfolders (tethered shooting, a camera's FTP or Wi-Fi transfer) and add each photo to
     a gallery once it is completely written, through the same checks as an upload, until interrupted. Files
     already there are taken first; each file is taken once, also across restarts. The running server (or
@@ -202,7 +205,7 @@ def watch(folder: str, slug: str, polling: bool | None, config: str | None, data
     click.echo(f"Watching {Path(folder).resolve()} for the gallery {slug} (Ctrl-C stops).")
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it stops
         _run_trio(functools.partial(watch_folder, settings, Path(folder).resolve(), slug, polling=polling,
-                                    on_taken=taken))
+                                    in_place=in_place, on_taken=taken))
     click.echo("Stopped.")
 
 
@@ -290,6 +293,8 @@ def check(repair: bool, grace: float, config: str | None, data_dir: str | None) 
             click.echo(f"  photo {photo_id}: {label}", err=True)
     for path in report.orphans[:50]:
         click.echo(f"  orphan file: {path}", err=True)
+    for photo_id, source in report.vanished[:50]:
+        click.echo(f"  photo {photo_id}: its original referenced in place is gone from {source}", err=True)
     click.echo(f"check: {report.summary()}")
     if repair:
         click.echo(f"repair: requeued={report.requeued} failed={report.failed_now} "

@@ -288,12 +288,71 @@ async def test_without_a_root_the_form_refuses_a_hot_folder(admin: AuthActions) 
 
 
 def test_watch_is_a_command(tmp_path: Path) -> None:
-    from click.testing import CliRunner
+    from .test_cli import run_cli
 
-    from picpeak_lite.cli import cli
+    assert "--in-place" in run_cli("watch", "--help").stdout
+    missing = run_cli("watch", str(tmp_path), "--gallery", "nope", "--data-dir", str(tmp_path / "data"))
+    assert missing.returncode != 0 and "no gallery with the slug 'nope'" in missing.stderr, missing
 
-    result = CliRunner().invoke(cli, ["watch", "--help"])
-    assert result.exit_code == 0 and "--gallery" in result.output
-    missing = CliRunner().invoke(cli, ["watch", str(tmp_path), "--gallery", "nope", "--data-dir",
-                                       str(tmp_path / "data")])
-    assert missing.exit_code != 0 and "no gallery with the slug 'nope'" in missing.output
+
+# --- originals referenced in place ---
+
+def folder_state(folder: Path) -> dict[str, tuple[int, int, str]]:
+    return {p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns, sha(p.read_bytes()))
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+async def test_in_place_the_original_is_the_folders_file_which_is_never_changed(running: Services,
+                                                                               tmp_path: Path) -> None:
+    from picpeak_lite.ops.check import check_data_dir
+    from picpeak_lite.store.storage import original_name
+
+    svc = running
+    gallery_id = gallery(svc)
+    folder = tmp_path / "nas"
+    (folder / "day1").mkdir(parents=True)
+    kept, going, refused = jpeg(seed=11), jpeg(seed=12), b"not a photo"
+    (folder / "day1" / "IMG_1.JPG").write_bytes(kept)
+    (folder / "day1" / "IMG_2.JPG").write_bytes(going)
+    (folder / "day1" / "IMG_3.JPG").write_bytes(refused)
+    state = folder_state(folder)
+    async with trio.open_nursery() as nursery:
+        hot = watcher(svc, gallery_id, folder)
+        hot.in_place = True
+        await nursery.start(hot.run)
+        rows = await wait_complete(svc, gallery_id, 2)
+        with trio.fail_after(HANG_GUARD):
+            while hot.counts.files < 3:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    assert sorted(r["sha256"] for r in rows) == sorted([sha(kept), sha(going)])
+    assert hot.counts.errors == 1  # the file that is no photo: refused, and left where it is
+    assert folder_state(folder) == state  # nothing written, renamed or removed
+    keys = {r["display_name"]: sql(svc, "SELECT storage_key FROM photos WHERE id = ?", r["id"])[0]["storage_key"]
+            for r in rows}
+    storage = svc.storage
+    assert storage.referenced_source(keys["IMG_1.JPG"]) == (folder / "day1" / "IMG_1.JPG").resolve()
+    assert storage.sha256_of(original_name(keys["IMG_1.JPG"])) == sha(kept)  # read through the storage layer
+
+    # A file that leaves the folder: check names it with its path.
+    (folder / "day1" / "IMG_2.JPG").unlink()
+    report = check_data_dir(svc.settings)
+    by_id = {r["display_name"]: r["id"] for r in rows}
+    assert report.vanished == [(by_id["IMG_2.JPG"], (folder / "day1" / "IMG_2.JPG").resolve())]
+    assert "vanished_in_place=1" in report.summary()
+
+    # Deleting the photo removes the link, never the file.
+    storage.remove_photo_files(keys["IMG_1.JPG"])
+    assert (folder / "day1" / "IMG_1.JPG").read_bytes() == kept
+
+
+async def test_in_place_needs_local_storage(svc: Services, tmp_path: Path) -> None:
+    from picpeak_lite.errors import ConfigError
+
+    class Bucket:
+        kind = "s3"
+
+    hot = watcher(svc, gallery(svc), tmp_path)
+    hot.in_place, hot.storage = True, Bucket()  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match="only with local storage"):
+        await hot.run()

@@ -187,6 +187,9 @@ FIELDS: tuple[Field, ...] = (
     Field("hot_folder", _text_field(1000),
           "A folder watched during the event (and its subfolders): each photo written into it joins the gallery. "
           "Inside the server's hot_folder_root; empty: none."),
+    Field("hot_folder_in_place", _switch(False),
+          "The hot folder's originals are referenced where they are (never modified) instead of copied; local "
+          "storage only."),
     Field("password", _password, f"Guests must enter it (at least {MIN_GALLERY_PASSWORD_LENGTH} characters).",
           always=True),
     Field("clear_password", _clear_password, "Remove the password.", always=True),

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import ConfigError
@@ -50,6 +50,8 @@ class Report:
     orphans: list[PurePath] = field(default_factory=list)  # files, or objects in the bucket
     young_orphans: int = 0  # within the grace period: not a problem yet
     failed_missing: int = 0  # rows already failed because their original is gone: known, not new
+    # Originals referenced in place (a hot folder's, Storage.link_original) whose file left its folder: (photo, path).
+    vanished: list[tuple[int, Path]] = field(default_factory=list)
     temp_files: int = 0
     integrity: str = "ok"
     requeued: int = 0
@@ -72,7 +74,8 @@ class Report:
         return (f"photos={self.photos} originals_checked={self.originals_checked} "
                 f"missing_original={len(self.missing_original)} sha_mismatch={len(self.sha_mismatch)} "
                 f"missing_derivatives={len(self.missing_derivatives)} orphans={len(self.orphans)} "
-                f"young_orphans={self.young_orphans} temp_files={self.temp_files} integrity={self.integrity}")
+                f"young_orphans={self.young_orphans} temp_files={self.temp_files} integrity={self.integrity}"
+                + (f" vanished_in_place={len(self.vanished)}" if self.vanished else ""))
 
 
 
@@ -97,6 +100,9 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
                 progress(done, len(rows), row["display_name"])
             name = original_name(row["storage_key"])
             if not storage.exists(name):
+                source = storage.referenced_source(row["storage_key"])
+                if source is not None:
+                    report.vanished.append((row["id"], source))
                 if row["status"] == PhotoStatus.FAILED:
                     report.failed_missing += 1
                 else:

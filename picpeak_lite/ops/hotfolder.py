@@ -31,6 +31,11 @@ And after reading it, its size and time are compared again: a file that changed 
 say "closed" directly, but only on Linux, only for local writers, and a sender may close and reopen (resumed
 FTP); the rules above hold on every platform and mount, and polling too.
 
+In place (``--in-place``, or the gallery's "reference originals in place"): instead of a copy, the original in
+storage is a link to the file in the folder (``Storage.link_original``, local storage only), which is only ever
+read: the folder is never modified (no file renamed, moved or deleted, not even when the photo is deleted). A
+file that vanishes from the folder is a missing original: ``picpeak-lite check`` lists it with its path.
+
 Each file becomes exactly one photo: taken files are remembered by relative path, size and modification time
 (``hot_folder_files``), so a restart (of the server or of ``watch``) does not read them again; and the intake
 finds the same bytes in the gallery by sha256 whatever happens, so no path can make a second photo.
@@ -148,7 +153,8 @@ class HotFolder:
 
     def __init__(self, *, db: Database, storage: Storage, settings: Settings, gallery_id: int, folder: Path,
                  clock: Callable[[], float] = time.time, on_commit: Callable[[], None] = lambda: None,
-                 on_taken: Callable[[list[Taken]], None] = lambda _: None, polling: bool | None = None) -> None:
+                 on_taken: Callable[[list[Taken]], None] = lambda _: None, polling: bool | None = None,
+                 in_place: bool = False) -> None:
         self.db = db
         self.storage = storage
         self.settings = settings
@@ -158,6 +164,7 @@ class HotFolder:
         self.on_commit = on_commit
         self.on_taken = on_taken
         self.polling = polling
+        self.in_place = in_place
         self.counts = HotFolderCounts()
         self._seen: dict[str, _Seen] = {}
         self._taken: dict[str, tuple[int, int]] = {}
@@ -167,6 +174,9 @@ class HotFolder:
         """Ready once the watcher runs and the files already there (written while nothing watched) are known."""
         if not await trio.to_thread.run_sync(self.folder.is_dir):
             raise ConfigError(f"{str(self.folder)!r} is not a folder")
+        if self.in_place and self.storage.kind != "local":
+            raise ConfigError("originals can be referenced in place only with local storage (this server uses a "
+                              "bucket); watch without --in-place to copy them")
         self._taken = await self.db.read(hot_q.taken, self.gallery_id)
         async with trio.open_nursery() as nursery:
             await nursery.start(self._watch)
@@ -262,7 +272,8 @@ class HotFolder:
         limits = Limits(self.settings.admin_max_file_mb * MB, None)
         with Intake(db=self.db, storage=self.storage, settings=self.settings, gallery=gallery, limits=limits,
                     clock=self.clock) as intake:
-            entries = [await importer.receive_file(intake, self.folder / rel) for rel, _, _ in ready]
+            take = importer.refer_file if self.in_place else importer.receive_file
+            entries = [await take(intake, self.folder / rel) for rel, _, _ in ready]
             after = await trio.to_thread.run_sync(_stat_all, [self.folder / rel for rel, _, _ in ready])
             moved = [(rel, st) for (rel, size, mtime_ns), st in zip(ready, after, strict=True)
                      if st != (size, mtime_ns)]
@@ -314,7 +325,7 @@ class HotFolders:
     def __init__(self, svc: Any, *, poll_seconds: float = GALLERIES_POLL_SECONDS) -> None:
         self.svc = svc
         self.poll_seconds = poll_seconds
-        self.running: dict[int, tuple[str, trio.CancelScope]] = {}
+        self.running: dict[int, tuple[tuple[str, bool], trio.CancelScope]] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -326,18 +337,18 @@ class HotFolders:
 
     async def _sync(self, nursery: trio.Nursery) -> None:
         rows = await self.svc.db.read(hot_q.watched_galleries)
-        wanted = {r["id"]: r["hot_folder"] for r in rows}
+        wanted = {r["id"]: (r["hot_folder"], bool(r["hot_folder_in_place"])) for r in rows}
         for gallery_id, (folder, scope) in list(self.running.items()):
             if wanted.get(gallery_id) != folder:
                 scope.cancel()
                 del self.running[gallery_id]
-        for gallery_id, folder in wanted.items():
+        for gallery_id, (folder, in_place) in wanted.items():
             if gallery_id not in self.running:
                 scope = trio.CancelScope()
-                self.running[gallery_id] = (folder, scope)
-                nursery.start_soon(self._keep, gallery_id, folder, scope)
+                self.running[gallery_id] = ((folder, in_place), scope)
+                nursery.start_soon(self._keep, gallery_id, folder, in_place, scope)
 
-    async def _keep(self, gallery_id: int, folder: str, scope: trio.CancelScope) -> None:
+    async def _keep(self, gallery_id: int, folder: str, in_place: bool, scope: trio.CancelScope) -> None:
         svc = self.svc
         with scope:
             while True:
@@ -345,7 +356,7 @@ class HotFolders:
                     path = gallery_fields.hot_folder_path(svc.settings.hot_folder_root, folder)
                     watcher = HotFolder(db=svc.db, storage=svc.storage, settings=svc.settings,
                                         gallery_id=gallery_id, folder=path, clock=svc.clock,
-                                        on_commit=svc.workers_bell.ring)
+                                        on_commit=svc.workers_bell.ring, in_place=in_place)
                     log.info("hot folder %s: watching for gallery %d", path, gallery_id)
                     await watcher.run()
                 except (ConfigError, gallery_fields.Invalid) as problem:
@@ -358,6 +369,7 @@ class HotFolders:
 
 
 async def watch_folder(settings: Settings, folder: Path, slug: str, *, polling: bool | None = None,
+                       in_place: bool = False,
                        on_taken: Callable[[list[Taken]], None] = lambda _: None,
                        task_status: trio.TaskStatus[HotFolder] = trio.TASK_STATUS_IGNORED) -> None:
     """``picpeak-lite watch``: watch ``folder`` for the gallery ``slug`` on the data directory directly (as
@@ -372,7 +384,7 @@ async def watch_folder(settings: Settings, folder: Path, slug: str, *, polling: 
         if gallery is None:
             raise ConfigError(f"there is no gallery with the slug {slug!r}")
         watcher = HotFolder(db=db, storage=storage, settings=settings, gallery_id=gallery["id"], folder=folder,
-                            on_taken=on_taken, polling=polling)
+                            on_taken=on_taken, polling=polling, in_place=in_place)
         async with trio.open_nursery() as nursery:
             await nursery.start(watcher.run)
             task_status.started(watcher)

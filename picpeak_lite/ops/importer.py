@@ -29,7 +29,7 @@ from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline.intake import MB, Entry, Intake, Limits, io_limiter
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import galleries as gallery_q
-from picpeak_lite.store.storage import open_storage
+from picpeak_lite.store.storage import file_sha256, open_storage
 
 EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".heic", ".heif", ".mp4", ".mov", ".m4v", ".webm"})
 BATCH_FILES = 50
@@ -174,6 +174,20 @@ async def receive_file(intake: Intake, path: Path) -> Entry:
         return intake.add_error(path.name, f"Could not read the file: {error.strerror or error}", 400)
     entry = await intake.finish_file(sink)
     assert entry is not None  # only a nameless empty form part yields None
+    return entry
+
+
+async def refer_file(intake: Intake, path: Path) -> Entry:
+    """One file on disk through the intake's checks, referenced where it is instead of copied (a hot folder in
+    place, ``ops/hotfolder.py``): hashed by reading it, then linked; the file itself is never written."""
+    try:
+        size = (await trio.to_thread.run_sync(path.stat, limiter=io_limiter())).st_size
+        sha256 = await trio.to_thread.run_sync(file_sha256, path, limiter=io_limiter())
+    except OSError as error:
+        return intake.add_error(path.name, f"Could not read the file: {error.strerror or error}", 400)
+    sink = intake.refer_file(path.name, path, size, sha256)
+    entry = await intake.finish_file(sink)
+    assert entry is not None
     return entry
 
 

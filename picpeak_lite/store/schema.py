@@ -388,12 +388,15 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE photos SET views_stale = views_stale + 1
         WHERE status IN ('processing', 'complete') AND gallery_id IN (SELECT id FROM galleries WHERE watermark = 1);
     """,
-    # hot folders (issue 34): a gallery's folder that the server watches (hot_folder, NULL: none), and every file
+    # hot folders (issue 34): a gallery's folder that the server watches (hot_folder, NULL: none; with
+    # hot_folder_in_place its originals are links to the folder's files instead of copies), and every file
     # a hot folder has taken, by its path, size and modification time, so that a restart (or `picpeak-lite watch`
     # run again) takes each file once. photo_id is the photo it became (NULL when it was refused: error says why;
     # a photo deleted later is not brought back).
     """
     ALTER TABLE galleries ADD COLUMN hot_folder TEXT;
+    ALTER TABLE galleries ADD COLUMN hot_folder_in_place INTEGER NOT NULL DEFAULT 0
+        CHECK (hot_folder_in_place IN (0, 1));
     CREATE TABLE hot_folder_files (
         gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
         path TEXT NOT NULL,

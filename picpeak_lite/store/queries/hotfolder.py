@@ -7,9 +7,10 @@ from picpeak_lite.store.db import Connection, Row
 
 def watched_galleries(conn: Connection) -> list[Row]:
     """Every gallery with a hot folder, drafts and expired ones too (the photographer fills them before and
-    after the event): id, slug, hot_folder."""
+    after the event): id, slug, hot_folder, hot_folder_in_place."""
     return conn.execute(
-        "SELECT id, slug, hot_folder FROM galleries WHERE hot_folder IS NOT NULL AND hot_folder != '' ORDER BY id"
+        "SELECT id, slug, hot_folder, hot_folder_in_place FROM galleries "
+        "WHERE hot_folder IS NOT NULL AND hot_folder != '' ORDER BY id"
     ).fetchall()
 
 
