@@ -239,6 +239,26 @@ async def test_a_sender_that_renames_when_done_is_taken_after_the_rename(running
     assert [r["sha256"] for r in rows] == [sha(data)]
 
 
+async def test_files_in_a_new_subfolder_are_taken_though_they_came_before_its_watch(running: Services,
+                                                                                     tmp_path: Path) -> None:
+    """A card's new folder (DCIM/101CANON) with a file written into it at once: inotify watches a new folder
+    only once it has seen it made, so the file may come first. The new folder is walked when it is reported."""
+    svc = running
+    gallery_id = gallery(svc)
+    folder = tmp_path / "card"
+    folder.mkdir()
+    files = {f"DCIM/{100 + n}CANON/IMG_{n:04d}.JPG": jpeg(seed=30 + n) for n in range(1, 6)}
+    async with trio.open_nursery() as nursery:
+        hot = watcher(svc, gallery_id, folder)
+        await nursery.start(hot.run)
+        for rel, data in files.items():
+            (folder / rel).parent.mkdir(parents=True)
+            (folder / rel).write_bytes(data)
+        rows = await wait_complete(svc, gallery_id, len(files))
+        nursery.cancel_scope.cancel()
+    assert sorted(r["sha256"] for r in rows) == sorted(sha(d) for d in files.values())
+
+
 # --- a gallery's own hot folder, watched by the server ---
 
 async def test_a_gallerys_hot_folder_is_set_inside_the_root_only_and_watched_by_the_server(
@@ -265,7 +285,7 @@ async def test_a_gallerys_hot_folder_is_set_inside_the_root_only_and_watched_by_
             folders = HotFolders(svc, poll_seconds=0.1)
             await nursery.start(folders.run)
             assert gallery_id in folders.running
-            await trio.sleep(1)  # its watcher is started by then (the first look at the folder)
+            await trio.sleep(1)  # its watcher is started by then: the subfolder below is new to it
             (root / "party" / "cam").mkdir()
             (root / "party" / "cam" / "IMG_1.JPG").write_bytes(data)
             rows = await wait_complete(svc, gallery_id, 1)

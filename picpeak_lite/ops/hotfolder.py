@@ -73,6 +73,7 @@ WATCH_STEP_MS = 50  # watchfiles: changes are handed over once none came for thi
 WATCH_DEBOUNCE_MS = 200  # ... or after this long at most, while a file keeps growing
 WATCH_TIMEOUT_MS = 500  # its thread comes back this often, so that a cancellation lands within it
 BATCH_FILES = 50  # files taken in one upload group (a full card found at start goes in several)
+INCOMPLETE_RETRY_SECONDS = 1.0  # a quiet file that does not end yet is read again this often (a write resets it)
 INCOMPLETE_WARN_SECONDS = 60.0  # a file quiet this long but still not whole is logged (once)
 RESTART_SECONDS = 10.0  # a gallery's watcher that failed (folder missing, disk full) starts again after this
 GALLERIES_POLL_SECONDS = 2.0  # the server notices a gallery's new or changed hot folder within this
@@ -84,6 +85,7 @@ class _Seen:
     mtime_ns: int
     since: float  # trio time of the last change seen
     warned: bool = False
+    retry_at: float = 0.0  # quiet but not whole yet: looked at again from then on (not at every tick)
 
 
 @dataclass
@@ -136,9 +138,29 @@ def _check_due(paths: list[Path]) -> list[tuple[tuple[int, int] | None, bool]]:
     return out
 
 
-def _scan(folder: Path) -> list[tuple[str, int, int]]:
-    """Every wanted file under ``folder`` now: (relative path, size, mtime_ns)."""
-    images, _, _ = importer.find_images(folder)
+def _look(folder: Path, paths: list[Path]) -> list[tuple[str, tuple[int, int] | None]]:
+    """What reported paths are now: a file's (relative path, (size, mtime_ns)), None for one that went. A new
+    folder is walked: files written into it before its own watch was added (inotify adds it only once the
+    folder's creation is seen) would otherwise never be reported."""
+    out: list[tuple[str, tuple[int, int] | None]] = []
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            out.extend((rel, (size, mtime_ns)) for rel, size, mtime_ns in _scan(folder, path))
+        elif importer.wanted(folder, path):
+            out.append((path.relative_to(folder).as_posix(), _stat(path)))
+    return out
+
+
+def _scan(folder: Path, under: Path | None = None) -> list[tuple[str, int, int]]:
+    """Every wanted file under ``folder`` (or its subfolder ``under``) now: (relative path, size, mtime_ns)."""
+    if under is not None and not importer.wanted(folder, under / "x.jpg"):
+        return []  # a hidden or system folder
+    try:
+        images, _, _ = importer.find_images(under or folder)
+    except ConfigError:
+        return []  # gone again
+    except OSError:
+        return []
     found = []
     for path in images:
         st = _stat(path)
@@ -211,15 +233,14 @@ class HotFolder:
                     if not started:
                         started = True
                         task_status.started()
-                    paths = sorted({p for change, p in changes if change != Change.deleted})
-                    for change, p in changes:
-                        if change == Change.deleted:
-                            self._seen.pop(self._rel(p), None)
+                    paths = sorted({p for change, p in changes})
                     if paths:
-                        stats = await trio.to_thread.run_sync(_stat_all, [Path(p) for p in paths])
-                        for p, st in zip(paths, stats, strict=True):
-                            self._note(self._rel(p), st)
-                return  # the watcher ended (the folder went): the caller starts again
+                        found = await trio.to_thread.run_sync(_look, self.folder, [Path(p) for p in paths])
+                        for rel, st in found:
+                            self._note(rel, st)
+                # The watcher ended by itself: the folder went (deleted, unmounted). Said, so that the server's
+                # HotFolders starts it again once the folder is back, and `watch` stops with the reason.
+                raise ConfigError(f"{str(self.folder)!r} can no longer be watched (removed or unmounted?)")
             except (OSError, RuntimeError) as error:
                 if polling:
                     raise
@@ -230,10 +251,8 @@ class HotFolder:
                 self.counts.polling = True
 
     def _wanted(self, change: Change, path: str) -> bool:
-        return change == Change.deleted or importer.wanted(self.folder, Path(path))
-
-    def _rel(self, path: str) -> str:
-        return Path(path).relative_to(self.folder).as_posix()
+        """Files we take, and folders (a card's new ``DCIM/101CANON``: see :func:`_look`)."""
+        return importer.wanted(self.folder, Path(path)) or importer.wanted(self.folder, Path(path) / "x.jpg")
 
     async def _settle(self) -> None:
         settle = self.settings.hot_folder_settle_seconds
@@ -243,7 +262,8 @@ class HotFolder:
                 await self._changed.wait()
             await trio.sleep(TICK_SECONDS)
             now = trio.current_time()
-            due = sorted(rel for rel, seen in self._seen.items() if now - seen.since >= settle)[:BATCH_FILES]
+            due = sorted(rel for rel, seen in self._seen.items()
+                         if now - seen.since >= settle and now >= seen.retry_at)[:BATCH_FILES]
             if not due:
                 continue
             checked = await trio.to_thread.run_sync(_check_due, [self.folder / rel for rel in due])
@@ -253,10 +273,13 @@ class HotFolder:
                 if seen is None:
                     continue
                 if st is None or (seen.size, seen.mtime_ns) != st:
-                    self._note(rel, st)
-                elif whole:
+                    self._note(rel, st)  # written again (or gone): its quiet period starts over
+                    continue
+                if whole:
                     ready.append((rel, *st))
-                elif not seen.warned and now - seen.since >= INCOMPLETE_WARN_SECONDS:
+                    continue
+                seen.retry_at = now + INCOMPLETE_RETRY_SECONDS
+                if not seen.warned and now - seen.since >= INCOMPLETE_WARN_SECONDS:
                     seen.warned = True
                     log.warning("hot folder %s: %s has not changed for %.0f s but does not end like a whole file "
                                 "yet; it is taken once it does", self.folder, rel, now - seen.since)
