@@ -464,6 +464,27 @@ STEPS: dict[int, str] = {
     ALTER TABLE galleries ADD COLUMN archive_error TEXT;
     CREATE INDEX galleries_archive_work ON galleries(archive_state) WHERE archive_state != 'active';
     """,
+    # 23: hot folders (issue 34): a gallery's watched folder, and every file it has taken
+    23: """
+    ALTER TABLE galleries ADD COLUMN hot_folder TEXT;
+    ALTER TABLE galleries ADD COLUMN hot_folder_in_place BIGINT NOT NULL DEFAULT 0
+        CHECK (hot_folder_in_place IN (0, 1));
+    CREATE TABLE hot_folder_files (
+        gallery_id BIGINT NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        size BIGINT NOT NULL,
+        mtime_ns BIGINT NOT NULL,
+        photo_id BIGINT,
+        error TEXT,
+        taken_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (gallery_id, path)
+    );
+    """,
+    # 24: a photo replaced by a re-edit keeps its previous original until confirmed (issue 34)
+    24: """
+    ALTER TABLE photos ADD COLUMN replaced TEXT;
+    CREATE INDEX photos_replaced ON photos(gallery_id) WHERE replaced IS NOT NULL;
+    """,
 }
 
 
