@@ -35,7 +35,7 @@ from picpeak_lite.i18n import _
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.services import Services
-from picpeak_lite.store import packing
+from picpeak_lite.store import locks, packing
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import archive as archive_q
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -74,6 +74,7 @@ class Outcome:
 def request_archive(conn: Connection, gallery_id: int) -> None:
     """active -> archiving, refused while photos still wait for a worker (their originals would be packed with
     no images made yet, or be taken mid-render). Run in a write transaction."""
+    locks.hold(conn, locks.PHOTO_ROWS)  # an upload's commit checks the state under it
     gallery = gallery_q.get(conn, gallery_id)
     if gallery is None:
         raise NotFound(_("There is no such gallery."))

@@ -58,6 +58,7 @@ from picpeak_lite.i18n import _
 from picpeak_lite.media import images, video
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import attempts, transitions, video_intake
+from picpeak_lite.store import locks
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import Storage, disk_errors, new_key, remove_quietly
@@ -622,6 +623,7 @@ def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id
             upload_id: str | None, uploaded_by: str, guest_session_id: int | None, guest_name: str | None,
             default_cap: int, now: float, lease: float | None = None) -> tuple[str | None, list[Outcome]]:
     """``lease``: the rows are provisional and the group is receiving for that long (renewed each time)."""
+    locks.hold(conn, locks.PHOTO_ROWS)
     gallery = authorize(conn)
     if gallery["id"] != gallery_id:
         raise NotFound("The gallery was removed while the photos were uploading.")

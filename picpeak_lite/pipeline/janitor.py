@@ -28,6 +28,7 @@ import trio
 from picpeak_lite.errors import StorageUnavailable
 from picpeak_lite.pipeline import attempts, intake, resumable, transitions
 from picpeak_lite.services import Services
+from picpeak_lite.store import locks
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import archive as archive_q
 from picpeak_lite.store.queries import audit as audit_q
@@ -153,6 +154,7 @@ class Janitor:
 def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[str]:
     """Remove the files of every key that still has no row; returns those keys. Run it in a write transaction:
     an upload checks its files under the same lock before it inserts their rows."""
+    locks.hold(conn, locks.PHOTO_ROWS)
     removed = set()
     for key in sorted(keys):
         if not photo_q.key_in_use(conn, key):
