@@ -343,7 +343,7 @@ async def test_a_backup_carries_the_archive_and_restores_from_it(admin: AuthActi
     restored = make_settings(tmp_path, data_dir=str(target))
     report = await trio.to_thread.run_sync(lambda: check_data_dir(restored))
     assert report.problems == 0 and report.archived == 2
-    elsewhere = Services(settings=restored, db=Database(restored.database_path))
+    elsewhere = Services(settings=restored, db=Database(restored.database))
     try:
         await elsewhere.db.write(archive.request_restore, g["id"])
         [done] = await Archiver(elsewhere).pass_once()

@@ -27,7 +27,7 @@ GOOD = {"studio_name": "Lumen Studio", "accent": "#8A3B12", "accent_dark": "#f0b
 
 
 def stored(services: Any) -> brand_rules.Brand:
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     try:
         return brand_rules.load(conn, services.settings)
     finally:
@@ -210,7 +210,7 @@ async def test_custom_css_is_a_stylesheet_and_the_csp_is_unchanged(admin: AuthAc
 
 async def test_a_stored_css_that_fails_the_check_is_not_served(admin: AuthActions, services: Any) -> None:
     """The check runs again when the stylesheet is served: a row written by anything but the form is not sent."""
-    conn = db.connect(services.settings.database_path)
+    conn = db.connect(services.settings.database)
     try:
         with db.transaction(conn):
             brand_rules.save(conn, brand_rules.Brand(custom_css="@import url(https://evil.example/x.css);"))

@@ -66,7 +66,7 @@ def set_contact(svc: Services, address: str = PHOTOGRAPHER) -> None:
 def _write_now(svc: Services, fn: Any) -> Any:
     from picpeak_lite.store import db
 
-    conn = db.connect(svc.settings.database_path)
+    conn = db.connect(svc.settings.database)
     try:
         with db.transaction(conn):
             return fn(conn)

@@ -59,7 +59,7 @@ def svc(tmp_path: Path) -> Iterator[Services]:
 
 
 def gallery(svc: Services) -> int:
-    conn = db.connect(svc.settings.database_path)
+    conn = db.connect(svc.settings.database)
     try:
         with db.transaction(conn):
             return create_gallery(conn, "Live")

@@ -81,7 +81,7 @@ async def test_storage_migrate_carries_the_archive_into_the_bucket(tmp_path: Pat
                           **{k: v for k, v in s3.settings_for(bucket_name).items() if k != "storage"})
     local = load_settings(config, environ={})
     bootstrap.prepare(local)
-    svc = Services(settings=local, db=Database(local.database_path))
+    svc = Services(settings=local, db=Database(local.database))
     try:
         gallery_id = await svc.db.write(create_gallery)
         for seed in (1, 2):
@@ -99,7 +99,7 @@ async def test_storage_migrate_carries_the_archive_into_the_bucket(tmp_path: Pat
     assert summary.problems == 0 and summary.copied == 1, summary
     assert s3.keys(bucket_name) == [f"archives/gallery-{gallery_id}.tar"]
     on_s3 = load_settings(config, environ={})
-    svc = Services(settings=on_s3, db=Database(on_s3.database_path))
+    svc = Services(settings=on_s3, db=Database(on_s3.database))
     try:
         await svc.db.write(archive.request_restore, gallery_id)
         [done] = await Archiver(svc).pass_once()

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.queries import replacement
 
 
 class PhotoStatus(StrEnum):
@@ -352,8 +353,7 @@ def key_in_use(conn: Connection, storage_key: str) -> bool:
     """A photo's files, or those of a previous version kept until a replacement is confirmed."""
     if conn.execute("SELECT 1 FROM photos WHERE storage_key = ?", (storage_key,)).fetchall():
         return True
-    return bool(conn.execute("SELECT 1 FROM photos WHERE replaced IS NOT NULL AND "
-                             "json_extract(replaced, '$.storage_key') = ?", (storage_key,)).fetchall())
+    return storage_key in replacement.previous_keys(conn)
 
 
 def keys_of_gallery(conn: Connection, gallery_id: int) -> list[str]:
