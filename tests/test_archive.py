@@ -326,6 +326,7 @@ async def test_the_command_line_archives_and_restores(admin: AuthActions, servic
     assert await original_shas(services, g["id"]) == before
 
 
+@pytest.mark.sqlite  # backup copies the SQLite file; with PostgreSQL it refuses (pg_dump: README)
 async def test_a_backup_carries_the_archive_and_restores_from_it(admin: AuthActions, services: Services,
                                                                  tmp_path: Path) -> None:
     """backup copies an archived gallery's archive object in place of its loose originals; the backup, used as

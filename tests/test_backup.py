@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import trio
 
 from picpeak_lite import server
@@ -34,6 +35,7 @@ async def filled_data_dir(tmp_path: Path, photos: int = 3) -> tuple[Services, li
     return svc, ids
 
 
+@pytest.mark.sqlite  # backup copies the SQLite file; with PostgreSQL it refuses (pg_dump: README)
 async def test_backup_copies_everything_with_a_manifest_and_restores(tmp_path: Path) -> None:
     svc, ids = await filled_data_dir(tmp_path)
     data = svc.settings.data_path
@@ -72,6 +74,7 @@ async def test_backup_copies_everything_with_a_manifest_and_restores(tmp_path: P
     svc.db.close()
 
 
+@pytest.mark.sqlite  # backup copies the SQLite file; with PostgreSQL it refuses (pg_dump: README)
 async def test_backup_again_is_incremental_and_follows_deletes(tmp_path: Path) -> None:
     svc, ids = await filled_data_dir(tmp_path)
     data, target = svc.settings.data_path, tmp_path / "backup"
@@ -86,6 +89,7 @@ async def test_backup_again_is_incremental_and_follows_deletes(tmp_path: Path) -
     svc.db.close()
 
 
+@pytest.mark.sqlite  # backup copies the SQLite file; with PostgreSQL it refuses (pg_dump: README)
 async def test_backup_refuses_what_would_be_a_mistake(tmp_path: Path) -> None:
     svc, _ = await filled_data_dir(tmp_path, photos=1)
     data = svc.settings.data_path
@@ -115,3 +119,11 @@ def test_backup_and_check_have_help_on_every_option() -> None:
             if line.strip().startswith("--") and not line.strip().startswith("--help"):
                 assert len(line.strip().split(None, 1)) == 2 or "  " in line.strip(), line
 
+
+
+@pytest.mark.postgresql
+async def test_backup_on_postgresql_says_to_use_pg_dump(tmp_path: Path) -> None:
+    svc, _ = await filled_data_dir(tmp_path, photos=1)
+    done = cli("backup", str(tmp_path / "backup"), "--data-dir", str(svc.settings.data_path))
+    assert done.returncode == 2 and "pg_dump" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "backup").exists()

@@ -10,6 +10,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from picpeak_lite.store.storage import new_key
 
 from .factories import run_pool_until_idle
@@ -77,6 +79,7 @@ async def test_damage_is_found_and_repaired(tmp_path: Path) -> None:
     svc.db.close()
 
 
+@pytest.mark.sqlite  # no SQLite file in the data directory; a PostgreSQL database is there or refuses to connect
 def test_check_without_a_database_is_one_line() -> None:
     done = cli("check", "--data-dir", "/nonexistent/picpeak")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr

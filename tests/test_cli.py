@@ -25,6 +25,22 @@ def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = N
     )
 
 
+def stored_text(data_dir: Path) -> str:
+    """Everything the database holds, as text: the SQLite file's bytes, or every PostgreSQL table's rows."""
+    database = pgserver.database_for(data_dir)
+    if database is None:
+        return (data_dir / "picpeak.sqlite3").read_bytes().decode("latin-1")
+    from picpeak_lite.store import db
+
+    conn = db.connect(database)
+    try:
+        tables = [r["table_name"] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()").fetchall()]
+        return "\n".join(repr(conn.execute(f'SELECT * FROM "{t}"').fetchall()) for t in tables)
+    finally:
+        conn.close()
+
+
 def start_serve(
     data_dir: Path, *extra: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> tuple[subprocess.Popen[str], str, list[str]]:
@@ -117,8 +133,7 @@ def test_tokens_and_password_commands(tmp_path: Path) -> None:
     assert created.returncode == 0, created.stderr
     token = created.stdout.strip()
     assert token.startswith("ppk_") and len(token) > 40
-    db_bytes = (tmp_path / "d" / "picpeak.sqlite3").read_bytes()
-    assert token.encode() not in db_bytes  # only the hash is stored
+    assert token not in stored_text(tmp_path / "d")  # only the hash is stored
     again = run_cli("admin", "token", "create", "--name", "lightroom", "--data-dir", data)
     assert again.returncode == 2 and "exists already" in again.stderr
     listed = run_cli("admin", "token", "list", "--data-dir", data)
@@ -149,7 +164,7 @@ def test_import_command_adds_then_skips(tmp_path: Path) -> None:
     assert created.returncode == 0
     from picpeak_lite.store import db
 
-    conn = db.connect(tmp_path / "d" / "picpeak.sqlite3")
+    conn = db.connect(pgserver.database_for(tmp_path / "d") or tmp_path / "d" / "picpeak.sqlite3")
     with db.transaction(conn):
         conn.execute("INSERT INTO galleries (slug, share_token, name, created_at, updated_at) "
                      "VALUES ('wedding-abcdefgh', 't', 'W', 0, 0)")

@@ -39,7 +39,7 @@ async def _run(settings: Settings, slug: str, action: str) -> Result:
     storage = open_storage(settings)
     await trio.to_thread.run_sync(storage.check_access)
     await trio.to_thread.run_sync(storage.create_dirs)
-    db = Database(settings.database_path, readers=1)
+    db = Database(settings.database, readers=1)
     try:
         gallery = await db.read(gallery_q.get_by_slug, slug)
         if gallery is None:

@@ -401,7 +401,7 @@ async def watch_folder(settings: Settings, folder: Path, slug: str, *, polling: 
     storage = open_storage(settings)
     await trio.to_thread.run_sync(storage.check_access)
     await trio.to_thread.run_sync(storage.create_dirs)
-    db = Database(settings.database_path, readers=1)
+    db = Database(settings.database, readers=1)
     try:
         gallery = await db.read(gallery_q.get_by_slug, slug)
         if gallery is None:

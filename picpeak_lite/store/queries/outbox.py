@@ -32,14 +32,17 @@ def claim_due(conn: Connection, table: str, now: float, limit: int, lease_second
     """Take up to ``limit`` pending rows that are due, oldest due first, pushing them ``lease_seconds`` into the
     future; returned by id. One guarded statement, so that two senders never take one row: the outer condition
     is checked again on the row itself, and on PostgreSQL a row another sender is taking is passed over (SKIP
-    LOCKED) rather than waited for (on SQLite the write transaction already excludes every other sender)."""
+    LOCKED) rather than waited for (on SQLite the write transaction already excludes every other sender). The
+    choice is a MATERIALIZED common table expression: PostgreSQL may run a plain ``IN (SELECT ... LIMIT n FOR
+    UPDATE SKIP LOCKED)`` more than once, each run skipping the rows the last one locked, and take more than n."""
     table = _table(table)
     skip_locked = " FOR UPDATE SKIP LOCKED" if conn.dialect == "postgresql" else ""
     rows = conn.execute(
-        f"UPDATE {table} SET next_attempt_at = ? WHERE id IN (SELECT id FROM {table} WHERE status = 'pending' "
-        f"AND next_attempt_at <= ? ORDER BY next_attempt_at, id LIMIT ?{skip_locked}) "
+        f"WITH chosen AS MATERIALIZED (SELECT id FROM {table} WHERE status = 'pending' AND next_attempt_at <= ? "
+        f"ORDER BY next_attempt_at, id LIMIT ?{skip_locked}) "
+        f"UPDATE {table} SET next_attempt_at = ? WHERE id IN (SELECT id FROM chosen) "
         "AND status = 'pending' AND next_attempt_at <= ? RETURNING *",
-        (now + lease_seconds, now, limit, now),
+        (now, limit, now + lease_seconds, now),
     ).fetchall()
     return sorted(rows, key=lambda row: row["id"])
 
