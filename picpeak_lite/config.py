@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from picpeak_lite.errors import ConfigError
+from picpeak_lite.i18n import LANGUAGES
 from picpeak_lite.targets import TargetRefused, check_target_offline
 
 ENV_PREFIX = "PICPEAK_"
@@ -76,6 +77,10 @@ class Settings:
                                               "last failure, doubled after each further one (at most the window).")
     # Galleries
     default_expiry_days: int = _setting(30, "Expiry for new galleries, in days (1-365).")
+    # Languages
+    default_language: str = _setting(
+        "en", "The pages' language when neither the visitor, the gallery nor the browser names one we have: "
+        "en, de, nl, pt, ru, fr, es or it.")
     # Uploads
     admin_max_file_mb: int = _setting(2048, "Largest file an admin may upload, in MB.")
     admin_max_files: int = _setting(500, "Most files in one admin upload request.")
@@ -340,6 +345,7 @@ def _validate(s: Settings) -> None:
     require(0 <= s.port <= 65535, "port", "must be between 0 and 65535")
     require(s.log_level in ("debug", "info", "warning", "error"), "log_level", "must be debug, info, warning or error")
     require(1 <= s.default_expiry_days <= 365, "default_expiry_days", "must be between 1 and 365")
+    require(s.default_language in LANGUAGES, "default_language", "must be one of " + ", ".join(LANGUAGES))
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
                 "guest_max_video_seconds",
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",

@@ -131,6 +131,8 @@ CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
     "wall": _wall,
     "live_wall": _live_wall,
     "tus_other": lambda method, variant: _all({405}),
+    # The language picker: sets its cookie and sends anyone back, whatever they may see.
+    "language": lambda method, variant: _all({302}),
 }
 GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_guest", "live_admin", "wall",
                     "live_wall")
@@ -140,6 +142,7 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     "static": ("public", {}),
     "favicon": ("public", {}),
     "health.healthz": ("public", {}),
+    "language.choose": ("language", {}),
     "admin.login": ("login_page", {}),
     "admin.login_submit": ("login_submit", {}),
     "admin.logout": ("admin_page", {}),
@@ -306,7 +309,7 @@ async def build_world(app: Any, services: Any, admin: AuthActions) -> World:
         world.values[variant] = {
             "slug": gallery["slug"], "gallery_id": gallery["id"], "photo_id": uploads[variant]["photo_ids"][0],
             "upload_id": uploads[variant]["upload_id"], "endpoint_id": MISSING, "filename": "app.css",
-            "tus_id": "0" * 32,
+            "tus_id": "0" * 32, "code": "en",
             "kind": "grid", "target": "gallery", "fmt": "txt",
         }
     return world

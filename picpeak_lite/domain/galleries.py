@@ -14,6 +14,7 @@ import trio
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.domain.gallery_fields import parse_gallery_input
 from picpeak_lite.errors import NotFound
+from picpeak_lite.i18n import _
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Row
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -102,7 +103,7 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
 def _row_if(changed: bool, conn: Any, gallery_id: int) -> Row:
     """The gallery as it is now, after a change that found it; NotFound when the change found nothing."""
     if not changed:
-        raise NotFound("There is no such gallery.")
+        raise NotFound(_("There is no such gallery."))
     row = gallery_q.get(conn, gallery_id)
     assert row is not None
     return row
@@ -111,7 +112,7 @@ def _row_if(changed: bool, conn: Any, gallery_id: int) -> Row:
 async def get_gallery(svc: Services, gallery_id: int) -> Row:
     row = await svc.db.read(gallery_q.get, gallery_id)
     if row is None:
-        raise NotFound("There is no such gallery.")
+        raise NotFound(_("There is no such gallery."))
     return row
 
 
@@ -134,7 +135,7 @@ async def delete_gallery(svc: Services, gallery_id: int) -> None:
 
     keys = await svc.db.write(delete)
     if keys is None:
-        raise NotFound("There is no such gallery.")
+        raise NotFound(_("There is no such gallery."))
     await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
 
 
@@ -165,6 +166,7 @@ def to_json(row: Row, share_url: str) -> dict[str, Any]:
         "guest_photos_need_approval": bool(row["guest_photos_need_approval"]),
         "favourite_limit": row["favourite_limit"],
         "wall_captions": bool(row["wall_captions"]),
+        "language": row["language"],
         "share_url": share_url,
         "counts": {
             "complete": row.get("complete_count", 0),

@@ -68,8 +68,16 @@ FORMATS = {
     "heif": ("HEIF", "image/heic"),
 }
 HEIF_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs", b"mif1", b"msf1"}
-UNSUPPORTED = "Not a supported image (JPEG, PNG, WebP or HEIC)"
-CORRUPT = "The image file is truncated or corrupt"
+
+
+def N_(message: str) -> str:
+    """Marks a fixed refusal for translation where it reaches a person (pipeline/intake.py); the image children
+    this module runs in do not load the translation machinery."""
+    return message
+
+
+UNSUPPORTED = N_("Not a supported image (JPEG, PNG, WebP or HEIC)")
+CORRUPT = N_("The image file is truncated or corrupt")
 POSITIONS = ("top-left", "top-right", "bottom-left", "bottom-right", "center")
 # EXIF orientation -> the transpose that shows the photo upright (the same table as ImageOps.exif_transpose).
 ORIENT = {
@@ -767,7 +775,7 @@ def _file_size(fp: BinaryIO) -> int:
 
 def _format(head: bytes) -> str:
     if not head:
-        raise InvalidImage("The file is empty")
+        raise InvalidImage(N_("The file is empty"))
     if head.startswith(b"\xff\xd8\xff"):
         return "jpeg"
     if head.startswith(b"\x89PNG\r\n\x1a\n"):

@@ -388,6 +388,11 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE photos SET views_stale = views_stale + 1
         WHERE status IN ('processing', 'complete') AND gallery_id IN (SELECT id FROM galleries WHERE watermark = 1);
     """,
+    # Languages (issue 32): the language the photographer chose for the gallery's guests; NULL lets each guest's
+    # browser decide (picpeak_lite/i18n.py choose()).
+    """
+    ALTER TABLE galleries ADD COLUMN language TEXT CHECK (language IS NULL OR length(language) BETWEEN 2 AND 10);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -17,6 +17,7 @@ from quart import current_app, g, redirect, request, url_for
 
 from picpeak_lite import security
 from picpeak_lite.errors import Forbidden, Unauthorized
+from picpeak_lite.i18n import _
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import guests as guest_q
@@ -80,12 +81,12 @@ async def admin_from_handshake(authorization: str | None, cookie: str | None) ->
 async def _load_admin(authorization: str | None, cookie: str | None) -> Admin | None:
     svc = services()
     if authorization:
-        scheme, _, token = authorization.partition(" ")
+        scheme, _space, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthorized("The Authorization header must be 'Bearer <token>'.")
+            raise Unauthorized(_("The Authorization header must be 'Bearer <token>'."))
         row = await svc.db.read(admin_q.get_token, security.token_hash(token.strip()))
         if row is None:
-            raise Unauthorized("This API token is unknown or has been revoked.")
+            raise Unauthorized(_("This API token is unknown or has been revoked."))
         now = svc.clock()
         if row["last_used_at"] is None or now - row["last_used_at"] > TOKEN_TOUCH_SECONDS:
             await svc.db.write(admin_q.touch_token, row["id"], now)
@@ -103,10 +104,10 @@ def check_origin() -> None:
     if request.method in SAFE_METHODS:
         return
     if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
-        raise Forbidden("Cross-site requests are not allowed.")
+        raise Forbidden(_("Cross-site requests are not allowed."))
     origin = request.headers.get("Origin")
     if origin is not None and not origin_allowed(origin, request.host, services().settings.public_url):
-        raise Forbidden("This request came from another site and was refused.")
+        raise Forbidden(_("This request came from another site and was refused."))
 
 
 def origin_allowed(origin: str, host: str, public_url: str) -> bool:
@@ -123,7 +124,7 @@ async def check_csrf(expected: str) -> None:
     if sent is None and request.mimetype in ("application/x-www-form-urlencoded", "multipart/form-data"):
         sent = (await request.form).get("csrf_token")
     if not sent or not security.tokens_equal(sent, expected):
-        raise Forbidden("The form has expired or is missing its security token. Reload the page and try again.")
+        raise Forbidden(_("The form has expired or is missing its security token. Reload the page and try again."))
 
 
 def admin_page(view: F) -> F:
@@ -135,7 +136,7 @@ def admin_page(view: F) -> F:
         if admin is None:
             if request.method in SAFE_METHODS:
                 return redirect(url_for("admin.login", next=request.full_path.rstrip("?")))
-            raise Unauthorized("Your session has ended. Please log in again.")
+            raise Unauthorized(_("Your session has ended. Please log in again."))
         await _check_state_change(admin)
         return await view(*args, **kwargs)
 
@@ -149,7 +150,7 @@ def admin_api(view: F) -> F:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         admin = await current_admin()
         if admin is None:
-            raise Unauthorized("Log in or send 'Authorization: Bearer <token>'.")
+            raise Unauthorized(_("Log in or send 'Authorization: Bearer <token>'."))
         await _check_state_change(admin)
         return await view(*args, **kwargs)
 
@@ -192,5 +193,5 @@ async def check_guest_state_change(guest: Guest | None) -> None:
     """Guest forms and uploads: same-origin and the guest's CSRF token."""
     check_origin()
     if guest is None:
-        raise Forbidden("Your browser session has ended. Reload the page and try again.")
+        raise Forbidden(_("Your browser session has ended. Reload the page and try again."))
     await check_csrf(guest.csrf_token)

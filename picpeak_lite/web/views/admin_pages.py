@@ -12,11 +12,12 @@ import trio
 from quart import Blueprint, Response, g, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from picpeak_lite import security
+from picpeak_lite import i18n, security
 from picpeak_lite.domain import admin_settings, galleries
 from picpeak_lite.domain.gallery_fields import EVENT_TYPES
 from picpeak_lite.errors import NotFound, ValidationError
 from picpeak_lite.events import activity
+from picpeak_lite.i18n import _
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -189,7 +190,7 @@ async def qr_sheet(gallery_id: int) -> str:
 async def qr_image(gallery_id: int, target: str, kind: str) -> Response:
     row = await galleries.get_gallery(services(), gallery_id)
     if target == "upload" and not row["allow_guest_uploads"]:
-        raise NotFound("Guest uploads are off for this gallery.")
+        raise NotFound(_("Guest uploads are off for this gallery."))
     payload = share_url(row["slug"]) + ("/upload" if target == "upload" else "")
     try:
         scale = int(request.args.get("scale", "10"))
@@ -315,8 +316,4 @@ def _expiry(expires_at: float | None, now: float) -> dict[str, Any] | None:
 
 
 def human_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
+    return i18n.format_size(n)

@@ -16,6 +16,7 @@ from picpeak_lite.config import WEBHOOK_EVENTS
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import BadRequest, NotFound
 from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, resolve_target
+from picpeak_lite.i18n import _
 from picpeak_lite.media import images
 from picpeak_lite.store.queries import settings as settings_q
 from picpeak_lite.store.queries import webhooks as webhook_q
@@ -190,7 +191,7 @@ async def add_webhook() -> Any:
 @admin_page
 async def delete_webhook(endpoint_id: int) -> Any:
     if not await services().db.write(settings_q.delete_endpoint, endpoint_id):
-        raise NotFound("There is no such webhook.")
+        raise NotFound(_("There is no such webhook."))
     return redirect(url_for("admin_settings.page") + "#webhooks")
 
 
@@ -199,7 +200,7 @@ async def delete_webhook(endpoint_id: int) -> Any:
 async def toggle_webhook(endpoint_id: int) -> Any:
     active = (await request.form).get("active") == "1"
     if not await services().db.write(settings_q.set_endpoint_active, endpoint_id, active):
-        raise NotFound("There is no such webhook.")
+        raise NotFound(_("There is no such webhook."))
     return redirect(url_for("admin_settings.page") + "#webhooks")
 
 
@@ -215,7 +216,7 @@ async def test_webhook(endpoint_id: int) -> Any:
         return webhook_q.enqueue_test(conn, endpoint["url"], svc.clock())
 
     if await svc.db.write(enqueue) is None:
-        raise NotFound("There is no such webhook.")
+        raise NotFound(_("There is no such webhook."))
     svc.webhooks_bell.ring()
     return redirect(url_for("admin_settings.page", saved="test") + "#deliveries")
 
