@@ -10,6 +10,7 @@ shipped as .po files and compiled in memory at start (picpeak_lite/i18n.py), so 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,8 +31,11 @@ def pybabel(*args: str) -> None:
 
 
 def extract() -> None:
-    pybabel("extract", "-F", str(ROOT / "babel.cfg"), *KEYWORDS, "--no-wrap", "--sort-by-file",
-            "--project", "picpeak-lite", "--copyright-holder", "picpeak-lite", "-o", str(TEMPLATE), str(ROOT))
+    """From the repository root, so that each string's location reads ``static/gallery.js:12`` (the server finds
+    the scripts' strings by these locations)."""
+    os.chdir(ROOT)
+    pybabel("extract", "-F", "babel.cfg", *KEYWORDS, "--no-wrap", "--sort-by-file", "--project", "picpeak-lite",
+            "--copyright-holder", "picpeak-lite", "-o", str(TEMPLATE.relative_to(ROOT)), ".")
 
 
 def update() -> None:

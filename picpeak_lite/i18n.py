@@ -156,44 +156,48 @@ def choose(*, picked: str | None, gallery: str | None, accepted: Iterable[str], 
 
 # -- the scripts' strings ----------------------------------------------------------------------------------------
 
+#: Numbers enough to meet every plural category of our languages (CLDR's "many" of French, Spanish, Italian and
+#: Portuguese is for millions).
+_PLURAL_SAMPLES = (*range(0, 201), 1_000_000, 2_000_000)
+
+
+def _form_index(locale: str, n: int) -> int:
+    plural = getattr(translations(locale), "plural", None)
+    return int(plural(n)) if plural is not None else (0 if n == 1 else 1)
+
+
 def _plural_categories(locale: str) -> dict[str, int]:
     """For each CLDR plural category (what the browser's ``Intl.PluralRules`` answers) the index of the catalog's
-    plural form, found by evaluating both rules over a range of numbers."""
-    translation = translations(locale)
+    plural form, found by evaluating both rules over numbers that meet every category."""
     rule = Locale.parse(locale).plural_form
     mapping: dict[str, int] = {}
-    plural = getattr(translation, "plural", None)
-    for n in range(0, 201):
-        index = plural(n) if plural is not None else (0 if n == 1 else 1)
-        mapping.setdefault(rule(n), int(index))
+    for n in _PLURAL_SAMPLES:
+        mapping.setdefault(rule(n), _form_index(locale, n))
     return mapping
 
 
 @functools.cache
 def script_messages(locale: str, scripts: tuple[str, ...]) -> dict[str, Any]:
     """What a page's scripts need in ``locale``: the translation of every message the catalog template says
-    comes from one of ``scripts`` (``static/<name>``), plural messages as their list of forms, and how the
-    browser's plural categories map onto those forms. Rendered as the page's ``<script type="application/json"
-    id="i18n">`` and read by ``static/http.js``."""
+    comes from one of ``scripts`` (``static/<name>``), a plural message as its list of forms (the catalog's
+    order), and which form each of the browser's plural categories takes. Rendered as the page's
+    ``<script type="application/json" id="i18n">`` and read by ``static/http.js``."""
     wanted = {f"static/{name}" for name in scripts}
     translation = translations(locale)
+    samples: dict[int, int] = {}
+    for n in _PLURAL_SAMPLES:
+        samples.setdefault(_form_index(locale, n), n)
     strings: dict[str, Any] = {}
     for message in _template():
         if not message.id or not any(path in wanted for path, _line in message.locations):
             continue
         if isinstance(message.id, tuple | list):
             singular, plural = message.id[0], message.id[1]
-            forms = sorted({idx for idx in _plural_categories(locale).values()})
-            samples = {idx: next(n for n in range(0, 201) if _form_index(locale, n) == idx) for idx in forms}
-            strings[singular] = [translation.ngettext(singular, plural, samples[idx]) for idx in forms]
+            strings[singular] = [translation.ngettext(singular, plural, samples[index])
+                                 for index in range(max(samples) + 1)]
         else:
             strings[message.id] = translation.gettext(message.id)
     return {"lang": locale, "plural": _plural_categories(locale), "strings": strings}
-
-
-def _form_index(locale: str, n: int) -> int:
-    plural = getattr(translations(locale), "plural", None)
-    return int(plural(n)) if plural is not None else (0 if n == 1 else 1)
 
 
 # -- dates, numbers and sizes ------------------------------------------------------------------------------------

@@ -73,8 +73,10 @@
     catalog = { strings: data.strings || {}, plural: data.plural || {}, rules };
     return catalog;
   };
-  const fill = (text, values) => text.replace(/%\((\w+)\)[sd]/g, (whole, name) =>
-    (values && Object.prototype.hasOwnProperty.call(values, name) ? String(values[name]) : whole));
+  const fill = (text, values) => text.replace(/%\((\w+)\)[sd]|%%/g, (whole, name) => {
+    if (whole === "%%") return "%";
+    return values && Object.prototype.hasOwnProperty.call(values, name) ? String(values[name]) : whole;
+  });
   const t = (message, values) => {
     const found = loadCatalog().strings[message];
     return fill(typeof found === "string" && found ? found : message, values);
