@@ -268,4 +268,5 @@ def format_size(size: float | int | None, *, base: int = 1024) -> str:
         value /= base
         unit = bigger
     pattern = "#,##0" if unit == "byte" or abs(value) >= 10 else "#,##0.#"
-    return units.format_unit(value, f"digital-{unit}", "short", format=pattern, locale=_babel_locale())
+    text = units.format_unit(value, f"digital-{unit}", "short", format=pattern, locale=_babel_locale())
+    return text.replace(" ", "\u00a0")  # "468 kB" never breaks between the number and its unit
