@@ -269,7 +269,8 @@ async def test_errors_are_said_in_the_visitors_language(client: Any, admin: Auth
 
 def test_dates_numbers_and_sizes_follow_the_language() -> None:
     cases = {"en": ("20 June 2026", "12,345", "3.6\xa0MB"), "de": ("20. Juni 2026", "12.345", "3,6\xa0MB"),
-             "ru": ("20 июня 2026\u202fг.", "12\xa0345", "3,6\xa0МБ"), "fr": ("20 juin 2026", "12\u202f345", "3,6\u202fMo")}
+             "ru": ("20 июня 2026\u202fг.", "12\xa0345", "3,6\xa0МБ"),
+             "fr": ("20 juin 2026", "12\u202f345", "3,6\u202fMo")}
     for code, (day, number, size) in cases.items():
         with i18n.use_locale(code):
             assert (i18n.format_date("2026-06-20"), i18n.format_number(12345),
