@@ -143,6 +143,7 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.jinja_env.globals["csrf_field"] = _csrf_field
     # The request's language (web/locale.py), then dates, numbers and sizes written as that language writes them.
     app.before_request(_choose_language)
+    app.before_websocket(_choose_language)
     app.jinja_env.globals["current_locale"] = i18n.current_locale
     app.jinja_env.globals["languages"] = i18n.LANGUAGES
     app.jinja_env.globals["script_strings"] = locale.script_strings

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from markupsafe import Markup
-from quart import request
+from quart import has_request_context, request, websocket
 
 from picpeak_lite import i18n
 from picpeak_lite.web.auth import services
@@ -23,8 +23,9 @@ LANG_COOKIE = "picpeak_lang"
 
 def apply(gallery_language: str | None = None) -> str:
     """Choose this request's language and put it in force for the rest of the request; returns it."""
-    locale = i18n.choose(picked=request.cookies.get(LANG_COOKIE), gallery=gallery_language,
-                         accepted=request.accept_languages.values(), default=services().settings.default_language)
+    asking = request if has_request_context() else websocket  # the live feeds' messages are a page's too
+    locale = i18n.choose(picked=asking.cookies.get(LANG_COOKIE), gallery=gallery_language,
+                         accepted=asking.accept_languages.values(), default=services().settings.default_language)
     i18n.set_locale(locale)
     return locale
 

@@ -17,7 +17,7 @@ from picpeak_lite.domain import admin_settings, galleries
 from picpeak_lite.domain.gallery_fields import EVENT_TYPES
 from picpeak_lite.errors import NotFound, ValidationError
 from picpeak_lite.events import activity
-from picpeak_lite.i18n import _
+from picpeak_lite.i18n import _, ngettext
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -70,7 +70,7 @@ async def login_submit() -> Any:
             attempt.succeeded()
     if not ok or user is None:
         html = await render_template(
-            "admin/login.html", next=next_url, error="Wrong user name or password.",
+            "admin/login.html", next=next_url, error=_("Wrong user name or password."),
             username=form.get("username", ""),
         )
         return html, 401
@@ -245,7 +245,7 @@ async def delete(gallery_id: int) -> Any:
     row = await galleries.get_gallery(svc, gallery_id)
     form = await request.form
     if form.get("confirm_name", "").strip() != row["name"]:
-        return await gallery_page(gallery_id, delete_error="Type the gallery's name exactly to delete it."), 400
+        return await gallery_page(gallery_id, delete_error=_("Type the gallery's name exactly to delete it.")), 400
     await galleries.delete_gallery(svc, gallery_id)
     return redirect(url_for("admin.dashboard"))
 
@@ -267,12 +267,13 @@ async def password_submit() -> Any:
     assert user is not None  # current_admin found this user's session
     errors: dict[str, str] = {}
     if not await svc.verify_password(user["password_hash"], form.get("current", "")):
-        errors["current"] = "That is not your current password."
+        errors["current"] = _("That is not your current password.")
     new = form.get("new", "")
     if len(new) < security.MIN_PASSWORD_LENGTH:
-        errors["new"] = f"At least {security.MIN_PASSWORD_LENGTH} characters."
+        errors["new"] = ngettext("At least %(num)d character.", "At least %(num)d characters.",
+                                 security.MIN_PASSWORD_LENGTH) % {"num": security.MIN_PASSWORD_LENGTH}
     elif new != form.get("confirm", ""):
-        errors["confirm"] = "The two new passwords differ."
+        errors["confirm"] = _("The two new passwords differ.")
     if errors:
         return await render_template("admin/password.html", errors=errors), 400
     new_hash = await svc.hash_password(new)

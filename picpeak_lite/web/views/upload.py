@@ -194,7 +194,7 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
         on_accepted(sum(e.size for e in intake.accepted()))
     if not intake.accepted():
         error: AppError = FAILURES.get(intake.failure_status(), BadRequest)(
-            "None of the files could be accepted.", errors=intake.errors_json())
+            _("None of the files could be accepted."), errors=intake.errors_json())
         raise error
     return intake.answer(), 202
 
@@ -360,7 +360,7 @@ class _Receiver:
                     return
                 if not name:
                     self.intake.count_file()  # a named one was counted when its headers arrived
-                self.intake.add_error(name, f"Send photos in the '{FILE_FIELD}' field.", 400)
+                self.intake.add_error(name, _("Send photos in the '%(field)s' field.") % {"field": FILE_FIELD}, 400)
 
     def _empty_part(self) -> None:
         self._empty_parts += 1
