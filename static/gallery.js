@@ -176,6 +176,7 @@
     web.hidden = !link.dataset.downloadWeb;
     if (link.dataset.downloadWeb) web.href = link.dataset.downloadWeb;
     syncLightboxHeart();
+    box.dispatchEvent(new CustomEvent("picpeak:show", {detail: {id: Number(tile.dataset.id)}}));  // feedback.js
     const all = tiles();
     const index = all.indexOf(tile);
     box.querySelector(".lb-prev").disabled = index <= 0;
@@ -278,6 +279,9 @@
             ngettext("%(num)d new photo", "%(num)d new photos", newCount);
           notice.hidden = false;
         }
+      },
+      onFeedback: function (msg) {  // likes, ratings, comments: feedback.js shows them
+        box.dispatchEvent(new CustomEvent("picpeak:feedback", {detail: msg}));
       },
       onResync: function () {
         notice.querySelector(".notice-text").textContent = _("The gallery has changed.");

@@ -1,7 +1,8 @@
 // Live progress from the server, shared by every page that shows photos changing (see docs/live.md).
 //
 //   PicpeakLive.watchUpload({wsPath, statusUrl, onSnapshot, onPhoto, onDone}) -> {close()}
-//   PicpeakLive.watchGallery({wsPath, onPhoto, onResync, onSnapshot, persistent}) -> {close()}
+//   PicpeakLive.watchGallery({wsPath, onPhoto, onFeedback, onResync, onSnapshot, persistent}) -> {close()}
+//     onFeedback(msg): a photo's likes, ratings or comments changed (its counts; the admin's also the newest comment)
 //     persistent: never give up (a wall in the hall reconnects for as long as it runs, however long the server
 //     or the Wi-Fi was away); onSnapshot(msg): a fresh snapshot arrived (first connect, or resume impossible);
 //     onDisconnect(code): the connection dropped (a reconnect follows)
@@ -128,6 +129,7 @@
       onMessage(msg) {
         if (msg.type === "snapshot") options.onSnapshot && options.onSnapshot(msg);
         if (msg.type === "photo") options.onPhoto && options.onPhoto(msg);
+        if (msg.type === "feedback") options.onFeedback && options.onFeedback(msg);
         if (msg.type === "resync") options.onResync && options.onResync();
         return false;
       },

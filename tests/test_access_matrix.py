@@ -234,6 +234,24 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     "wall.new_link": ("admin_page", {}),
     "wall.remove_link": ("admin_page", {}),
     "live.wall_feed": ("live_wall", {}),
+    # Feedback (issue 34): guests of the gallery read and change; the matrix's body has no stars and no text, so a
+    # guest past every guard is told 400 for a rating or a comment (a DELETE of a rating is 200).
+    "feedback.photo_feedback": ("guest", {}),
+    "feedback.like": ("guest", {}),
+    "feedback.rating": ("guest", {"guest_access": {200, 400}}, {"draft": {"guest_access": {404}}}),
+    "feedback.comment": ("guest", {"guest_access": {400}}, {"draft": {"guest_access": {404}}}),
+    "feedback.comments_api": ("admin_api", {}),
+    "feedback.review_api": ("admin_api", {}),
+    "feedback.review_form": ("admin_page", {}),
+    # No feedback given yet is 404 (with its sentence) for the admin.
+    "feedback.export": ("admin_page", {"admin": {200, 404}}),
+    "feedback.sidecars_zip": ("admin_page", {"admin": {200, 404}}),
+    # The studio's brand (issue 33): its stylesheets and logo are public (the login and password pages show
+    # them); no logo was uploaded in the matrix's world: 404 for everyone, past no guard.
+    "brand.stylesheet": ("public", {}),
+    "brand.custom_css": ("public", {}),
+    "brand.logo": ("public", {role: {404} for role in ROLES}),
+    "admin_settings.save_brand": ("admin_page", {}),
 }
 # Arguments a rule's converters cannot tell: a choice for each ``any(...)`` and the file for ``static``.
 CHOICES = {"kind": {"admin.qr_image": "png", "photos.admin_image": "original"}, "target": {}, "filename": {}}
@@ -526,7 +544,10 @@ async def test_a_photo_waiting_for_approval_is_its_uploaders_alone(app: Any, ser
                                        json={"action": "approve", "ids": [photo_id]}, headers=admin.headers())
     assert approved.status_code == 200
     # The waiting photo is a JPEG: playing it is "not a video" (404) for everyone, before approval and after.
-    await walk(lambda role, method, rule: {404} if rule.endpoint == "video.guest_play" else {200})
+    # A rating or comment without stars or text (these calls send none) is 400 once the photo may be seen.
+    await walk(lambda role, method, rule: {404} if rule.endpoint == "video.guest_play" else
+               {400} if rule.endpoint == "feedback.comment" or (rule.endpoint, method) == ("feedback.rating", "PUT")
+               else {200})
     figures(capsys, f"access_matrix_awaiting: photo_routes={len(photo_rules)} calls={count} "
                     f"mismatches={len(mismatches)}")
     assert mismatches == [], "\n".join(mismatches)

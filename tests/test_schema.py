@@ -119,8 +119,8 @@ def test_photos_of_watermarked_galleries_are_made_again_once_their_grids_get_the
     """Issue 35: grids made before were never watermarked; the step marks exactly those galleries' photos."""
     upload = "0" * 32
     conn = db.connect(tmp_path / "x.sqlite3")
-    # Up to the step before this one, found by what it does (steps appended later come after it).
-    step = next(i for i, sql in enumerate(schema.MIGRATIONS) if "views_stale = views_stale + 1" in sql)
+    # The step before issue 35's (found by its text: later steps are appended after it).
+    step = next(i for i, sql in enumerate(schema.MIGRATIONS) if "SET views_stale = views_stale + 1" in sql)
     schema.migrate(conn, target=step)
     for gallery_id, watermark in ((1, 0), (2, 1)):
         conn.execute("INSERT INTO galleries (slug, share_token, name, created_at, updated_at, watermark) "

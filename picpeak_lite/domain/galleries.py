@@ -166,6 +166,7 @@ def to_json(row: Row, share_url: str) -> dict[str, Any]:
         "guest_photos_need_approval": bool(row["guest_photos_need_approval"]),
         "favourite_limit": row["favourite_limit"],
         "wall_captions": bool(row["wall_captions"]),
+        "hold_comments": bool(row["hold_comments"]),
         "language": row["language"],
         "share_url": share_url,
         "counts": {

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from picpeak_lite.domain.brand import COVER_LAYOUTS, THEMES
 from picpeak_lite.errors import ValidationError
 from picpeak_lite.i18n import LANGUAGES, N_, _, ngettext
 from picpeak_lite.security import MIN_GALLERY_PASSWORD_LENGTH
@@ -154,6 +155,18 @@ def _favourite_limit(value: Any, missing: bool, context: Context) -> int | None:
     return limit
 
 
+def _look(choices: tuple[str, ...]) -> Callable[[Any, bool, Context], Any]:
+    """A theme or cover layout: one of ``choices``, or empty for the install's default (the brand's)."""
+
+    def parse(value: Any, missing: bool, context: Context) -> str:
+        text = _text(value)
+        if text not in ("", *choices):
+            raise Invalid(_("Choose one of: %(choices)s, or empty for the default.") % {"choices": ", ".join(choices)})
+        return text
+
+    return parse
+
+
 def _password(value: Any, missing: bool, context: Context) -> str | Omit:
     """Returned plain, for the caller to hash; empty or absent keeps the current password."""
     if value in (None, ""):
@@ -198,7 +211,12 @@ FIELDS: tuple[Field, ...] = (
           "Guests' photos wait for the admin's approval before other guests (and the wall) see them."),
     Field("photo_cap", _photo_cap, "Most photos in this gallery, guests' included; empty: the server's limit."),
     Field("wall_captions", _switch(False), "The live wall shows guests' names under their photos."),
+    Field("hold_comments", _switch(False),
+          "Guests' comments wait for the admin's approval before other guests see them."),
     Field("favourite_limit", _favourite_limit, "Most favourites each guest may choose; empty: no limit."),
+    Field("theme", _look(THEMES), "The guest pages' theme: " + ", ".join(THEMES) + "; empty: the default."),
+    Field("cover_layout", _look(COVER_LAYOUTS),
+          "The cover's layout: " + ", ".join(COVER_LAYOUTS) + "; empty: the default."),
     Field("password", _password, f"Guests must enter it (at least {MIN_GALLERY_PASSWORD_LENGTH} characters).",
           always=True),
     Field("clear_password", _clear_password, "Remove the password.", always=True),

@@ -37,6 +37,9 @@ class Change:
     guest_name: str | None = None
     media_type: str = "photo"  # or 'video'
     duration: float | None = None  # a video's seconds
+    # A like, rating or comment on this photo changed (its state is copied, not changed): the gallery feeds
+    # tell of it; an upload's feed and the backlog ignore it.
+    feedback: bool = False
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Change:
@@ -46,6 +49,7 @@ class Change:
             error=row.get("error"), width=row.get("width"), height=row.get("height"),
             awaiting_approval=bool(row.get("awaiting_approval")), guest_name=row.get("guest_name"),
             media_type=row.get("media_type") or "photo", duration=row.get("duration"),
+            feedback=bool(row.get("feedback")),
         )
 
 

@@ -66,8 +66,10 @@ class ChangeFeed:
             for row in rows:
                 change = Change.from_row(row)
                 self.broker.publish(change)
-                self.svc.backlog.saw(change)
                 self.last_seq = change.seq
+                if change.feedback:  # a guest's like, rating or comment: no photo moved
+                    continue
+                self.svc.backlog.saw(change)
                 wake_workers |= change.status == PhotoStatus.PENDING
             published += len(rows)
             if wake_workers:

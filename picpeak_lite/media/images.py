@@ -382,6 +382,31 @@ def plan_web(source: Source, watermark: Watermark | None, *, max_pixels: int = 1
     return plan(source, RenderSpec(view_px=WEB_PX, max_pixels=max_pixels, watermark=watermark), max_bytes)
 
 
+def studio_logo(source: Source, *, max_side: int, max_pixels: int) -> bytes:
+    """A studio's logo as we serve it: decoded (JPEG, PNG, WebP or HEIF, checked as every upload is), turned
+    upright, shrunk to ``max_side`` on its long edge and written as a new PNG with its transparency and no
+    metadata. Guests are never sent the uploaded bytes: whatever else the file carried (text chunks, a second
+    image, a polyglot's other half) is gone."""
+    with _open(source, max_pixels) as (im, _fmt):
+        try:
+            im.load()
+        except InvalidImage:
+            raise
+        except Exception as exc:  # only Pillow decoders run here
+            raise InvalidImage(CORRUPT, f"{type(exc).__name__}: {exc}") from exc
+        orientation = read_orientation(_exif(im))
+        has_alpha = im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)
+        image = im.convert("RGBA" if has_alpha else "RGB")
+    if orientation in ORIENT:
+        image = image.transpose(ORIENT[orientation])
+    if max(image.size) > max_side:
+        image = _shrink(image, max_side)
+    out = io.BytesIO()
+    image.info = {}
+    image.save(out, "PNG", optimize=True)
+    return out.getvalue()
+
+
 def web_copy(source: Source, watermark: Watermark | None, *, quality: int = 88,
              max_pixels: int = 150_000_000) -> bytes:
     """The "web size" download: upright, ~2048 px on the long edge (never enlarged), watermarked when given,

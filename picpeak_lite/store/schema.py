@@ -388,6 +388,87 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE photos SET views_stale = views_stale + 1
         WHERE status IN ('processing', 'complete') AND gallery_id IN (SELECT id FROM galleries WHERE watermark = 1);
     """,
+    # Feedback (issue 34): guests' likes, 1-5 star ratings (one of each per guest session and photo, changeable)
+    # and comments, which a gallery with hold_comments keeps 'held' until the admin approves ('approved') or
+    # rejects ('rejected') them. A comment keeps the name its author gave (the session may be forgotten later).
+    # The change log carries feedback too (feedback = 1, the photo's state copied), written by triggers as
+    # photos' changes are, so the live feeds tell the photographer and guests of it and no write path can
+    # forget to; the photo feeds' other readers (upload feeds, the backlog) skip those rows.
+    """
+    ALTER TABLE galleries ADD COLUMN hold_comments INTEGER NOT NULL DEFAULT 0 CHECK (hold_comments IN (0, 1));
+    CREATE TABLE photo_likes (
+        guest_session_id INTEGER NOT NULL REFERENCES guest_sessions(id) ON DELETE CASCADE,
+        photo_id INTEGER NOT NULL REFERENCES photos(id) ON DELETE CASCADE,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (guest_session_id, photo_id)
+    ) STRICT;
+    CREATE INDEX photo_likes_by_photo ON photo_likes(photo_id);
+    CREATE TABLE photo_ratings (
+        guest_session_id INTEGER NOT NULL REFERENCES guest_sessions(id) ON DELETE CASCADE,
+        photo_id INTEGER NOT NULL REFERENCES photos(id) ON DELETE CASCADE,
+        stars INTEGER NOT NULL CHECK (stars BETWEEN 1 AND 5),
+        rated_at REAL NOT NULL,
+        PRIMARY KEY (guest_session_id, photo_id)
+    ) STRICT;
+    CREATE INDEX photo_ratings_by_photo ON photo_ratings(photo_id);
+    CREATE TABLE photo_comments (
+        id INTEGER PRIMARY KEY,
+        photo_id INTEGER NOT NULL REFERENCES photos(id) ON DELETE CASCADE,
+        guest_session_id INTEGER REFERENCES guest_sessions(id) ON DELETE SET NULL,
+        guest_name TEXT NOT NULL CHECK (length(guest_name) BETWEEN 1 AND 100),
+        body TEXT NOT NULL CHECK (length(body) BETWEEN 1 AND 2000),
+        status TEXT NOT NULL CHECK (status IN ('held', 'approved', 'rejected')),
+        created_at REAL NOT NULL,
+        reviewed_at REAL
+    ) STRICT;
+    CREATE INDEX photo_comments_by_photo ON photo_comments(photo_id, id);
+    CREATE INDEX photo_comments_held ON photo_comments(photo_id) WHERE status = 'held';
+    CREATE INDEX photo_comments_by_session ON photo_comments(guest_session_id, created_at);
+
+    ALTER TABLE photo_changes ADD COLUMN feedback INTEGER NOT NULL DEFAULT 0;
+    CREATE TRIGGER photo_likes_change_insert AFTER INSERT ON photo_likes BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval, feedback)
+        SELECT id, gallery_id, upload_id, status, hidden, awaiting_approval, 1 FROM photos WHERE id = NEW.photo_id;
+    END;
+    CREATE TRIGGER photo_likes_change_delete AFTER DELETE ON photo_likes BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval, feedback)
+        SELECT id, gallery_id, upload_id, status, hidden, awaiting_approval, 1 FROM photos WHERE id = OLD.photo_id;
+    END;
+    CREATE TRIGGER photo_ratings_change_insert AFTER INSERT ON photo_ratings BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval, feedback)
+        SELECT id, gallery_id, upload_id, status, hidden, awaiting_approval, 1 FROM photos WHERE id = NEW.photo_id;
+    END;
+    CREATE TRIGGER photo_ratings_change_update AFTER UPDATE OF stars ON photo_ratings
+        WHEN OLD.stars IS NOT NEW.stars BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval, feedback)
+        SELECT id, gallery_id, upload_id, status, hidden, awaiting_approval, 1 FROM photos WHERE id = NEW.photo_id;
+    END;
+    CREATE TRIGGER photo_ratings_change_delete AFTER DELETE ON photo_ratings BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval, feedback)
+        SELECT id, gallery_id, upload_id, status, hidden, awaiting_approval, 1 FROM photos WHERE id = OLD.photo_id;
+    END;
+    CREATE TRIGGER photo_comments_change_insert AFTER INSERT ON photo_comments BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval, feedback)
+        SELECT id, gallery_id, upload_id, status, hidden, awaiting_approval, 1 FROM photos WHERE id = NEW.photo_id;
+    END;
+    CREATE TRIGGER photo_comments_change_update AFTER UPDATE OF status ON photo_comments
+        WHEN OLD.status IS NOT NEW.status BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval, feedback)
+        SELECT id, gallery_id, upload_id, status, hidden, awaiting_approval, 1 FROM photos WHERE id = NEW.photo_id;
+    END;
+    CREATE TRIGGER photo_comments_change_delete AFTER DELETE ON photo_comments BEGIN
+        INSERT INTO photo_changes (photo_id, gallery_id, upload_id, status, hidden, awaiting_approval, feedback)
+        SELECT id, gallery_id, upload_id, status, hidden, awaiting_approval, 1 FROM photos WHERE id = OLD.photo_id;
+    END;
+    """,
+    # a brand of its own (issue 33): each gallery may choose its theme and its cover's layout; '' follows the
+    # install's default (domain/brand.py, the admin settings' brand).
+    """
+    ALTER TABLE galleries ADD COLUMN theme TEXT NOT NULL DEFAULT ''
+        CHECK (theme IN ('', 'auto', 'light', 'dark'));
+    ALTER TABLE galleries ADD COLUMN cover_layout TEXT NOT NULL DEFAULT ''
+        CHECK (cover_layout IN ('', 'full', 'split', 'minimal'));
+    """,
     # Languages (issue 32): the language the photographer chose for the gallery's guests; NULL lets each guest's
     # browser decide (picpeak_lite/i18n.py choose()).
     """

@@ -132,6 +132,14 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.register_blueprint(review.blueprint)
     app.register_blueprint(proofing.blueprint)
     app.register_blueprint(wall.blueprint)
+    # Guests' feedback (issue 34): likes, ratings, comments and their moderation, the sidecar export.
+    from picpeak_lite.web.views import feedback
+
+    app.register_blueprint(feedback.blueprint)
+    # The studio's brand (issue 33): its stylesheet, custom CSS and logo, and the pages' context that names it.
+    from picpeak_lite.web.views import brand
+
+    brand.install(app)
     from picpeak_lite.web.views import language
 
     app.register_blueprint(language.blueprint)

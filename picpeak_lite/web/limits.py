@@ -55,6 +55,8 @@ class WebLimits:
     password_throttle: PasswordThrottle
     # Guest state changes (hearts, names), per guest session: 60 changes at once, then 2 a second.
     guest_rate_limit: RateLimit
+    # Guests' comments, per guest session, on top of guest_rate_limit: 10 at once, then one each 10 s.
+    comment_rate_limit: RateLimit
     # Guest upload budgets per session and per IP (ratelimit.GUEST_*), read when this is made.
     guest_upload_limits: GuestUploadLimits
     # A watermarked download decodes the full-size original (up to max_pixels): one at a time, then cached on disk.
@@ -72,6 +74,7 @@ class WebLimits:
             password_throttle=PasswordThrottle(settings.login_attempts, settings.login_window_seconds,
                                                settings.login_backoff_seconds, clock=monotonic),
             guest_rate_limit=RateLimit(60, 2, clock=monotonic),
+            comment_rate_limit=RateLimit(10, 0.1, clock=monotonic),
             guest_upload_limits=GuestUploadLimits(monotonic),
             watermark_limiter=trio.CapacityLimiter(1),
             download_limiter=trio.CapacityLimiter(4),

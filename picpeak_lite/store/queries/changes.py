@@ -1,11 +1,12 @@
-"""SQL for the change log (``photo_changes``, filled by triggers on ``photos``)."""
+"""SQL for the change log (``photo_changes``, filled by triggers on ``photos`` and on guests' feedback: those
+rows have ``feedback = 1``; an upload's feed never reads them)."""
 
 from __future__ import annotations
 
 from picpeak_lite.store.db import Connection, Row
 
 _WITH_DETAILS = (
-    "SELECT c.seq, c.photo_id, c.gallery_id, c.upload_id, c.status, c.hidden, c.awaiting_approval, "
+    "SELECT c.seq, c.photo_id, c.gallery_id, c.upload_id, c.status, c.hidden, c.awaiting_approval, c.feedback, "
     "p.display_name, p.error, p.width, p.height, p.guest_name, p.media_type, p.duration "
     "FROM photo_changes c LEFT JOIN photos p ON p.id = c.photo_id "
 )
@@ -17,7 +18,8 @@ def after(conn: Connection, seq: int, limit: int = 1000) -> list[Row]:
 
 def for_upload_after(conn: Connection, upload_id: str, seq: int, limit: int = 1000) -> list[Row]:
     return conn.execute(
-        _WITH_DETAILS + "WHERE c.upload_id = ? AND c.seq > ? ORDER BY c.seq LIMIT ?", (upload_id, seq, limit)
+        _WITH_DETAILS + "WHERE c.upload_id = ? AND c.seq > ? AND c.feedback = 0 ORDER BY c.seq LIMIT ?",
+        (upload_id, seq, limit),
     ).fetchall()
 
 

@@ -42,12 +42,16 @@ def has_access(conn: Connection, session_id: int, gallery_id: int, password_vers
 
 
 def prune_idle_sessions(conn: Connection, before: float) -> int:
-    """Forget sessions created before ``before`` that hold nothing: no grant, favourite or upload."""
+    """Forget sessions created before ``before`` that hold nothing: no grant, favourite, upload, like, rating or
+    comment."""
     conn.execute(
         "DELETE FROM guest_sessions WHERE created_at < ? "
         "AND NOT EXISTS (SELECT 1 FROM gallery_access a WHERE a.guest_session_id = guest_sessions.id) "
         "AND NOT EXISTS (SELECT 1 FROM favourites f WHERE f.guest_session_id = guest_sessions.id) "
-        "AND NOT EXISTS (SELECT 1 FROM uploads u WHERE u.guest_session_id = guest_sessions.id)",
+        "AND NOT EXISTS (SELECT 1 FROM uploads u WHERE u.guest_session_id = guest_sessions.id) "
+        "AND NOT EXISTS (SELECT 1 FROM photo_likes l WHERE l.guest_session_id = guest_sessions.id) "
+        "AND NOT EXISTS (SELECT 1 FROM photo_ratings r WHERE r.guest_session_id = guest_sessions.id) "
+        "AND NOT EXISTS (SELECT 1 FROM photo_comments c WHERE c.guest_session_id = guest_sessions.id)",
         (before,),
     )
     return conn.changes()

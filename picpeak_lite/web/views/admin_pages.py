@@ -20,6 +20,7 @@ from picpeak_lite.events import activity
 from picpeak_lite.i18n import _, ngettext
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
+from picpeak_lite.store.queries import feedback as feedback_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.store.queries import proofing as proofing_q
@@ -165,14 +166,16 @@ async def gallery_page(gallery_id: int, **extra: Any) -> str:
     row = await galleries.get_gallery(svc, gallery_id)
     filters = read_filters(request.args)
     photos, favourites = await load_grid(gallery_id, filters)
-    review, choosers = await svc.db.read(lambda conn: (moderation_q.queue(conn, gallery_id),
-                                                       proofing_q.guests(conn, gallery_id)))
+    review, choosers, comments, feedback_photos = await svc.db.read(lambda conn: (
+        moderation_q.queue(conn, gallery_id), proofing_q.guests(conn, gallery_id),
+        feedback_q.gallery_comments(conn, gallery_id, limit=200), feedback_q.per_photo(conn, gallery_id)))
     link = share_url(row["slug"])
     return await render_template(
         "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
         expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
         image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), review=review,
-        choosers=choosers, upload_chunk_mb=svc.settings.upload_chunk_mb, **extra,
+        choosers=choosers, upload_chunk_mb=svc.settings.upload_chunk_mb, comments=comments,
+        feedback_photos=feedback_photos, held_count=sum(1 for c in comments if c["status"] == "held"), **extra,
     )
 
 

@@ -4,6 +4,7 @@ galleries. Each section is its own form and post, so a mistake in one never lose
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 from dataclasses import replace
@@ -14,6 +15,7 @@ from quart import Blueprint, Response, redirect, render_template, request, url_f
 
 from picpeak_lite.config import WEBHOOK_EVENTS
 from picpeak_lite.domain import admin_settings
+from picpeak_lite.domain import brand as brand_rules
 from picpeak_lite.errors import BadRequest, NotFound
 from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, resolve_target
 from picpeak_lite.i18n import _
@@ -41,9 +43,11 @@ async def load_settings() -> admin_settings.AdminSettings:
 
 async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str, str]] | None = None,
                         values: dict[str, Any] | None = None, new_secret: dict[str, Any] | None = None,
-                        webhook_form: dict[str, Any] | None = None) -> tuple[str, int]:
+                        webhook_form: dict[str, Any] | None = None,
+                        brand_values: dict[str, Any] | None = None) -> tuple[str, int]:
     svc = services()
     current = await load_settings()
+    brand = await svc.db.read(brand_rules.load, svc.settings)
 
     def read(conn: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         return settings_q.list_endpoints(conn), webhook_q.list_deliveries(conn, limit=DELIVERY_LOG_ROWS)
@@ -58,6 +62,9 @@ async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str
         config_endpoints=svc.settings.webhooks, deliveries=deliveries, events=WEBHOOK_EVENTS,
         new_secret=new_secret, webhook_form=webhook_form or {"events": list(WEBHOOK_EVENTS)},
         saved=request.args.get("saved"), keys=admin_settings.KEYS,
+        brand_form={**brand.form(), **(brand_values or {})}, brand_checks=brand_rules.contrast_checks(brand),
+        fonts=brand_rules.font_labels(), themes=brand_rules.theme_labels(), layouts=brand_rules.layout_labels(),
+        has_brand_logo=bool(brand.logo_version), css_max=brand_rules.CSS_MAX_BYTES,
     )
     return html, status
 
@@ -122,6 +129,52 @@ async def save_contact() -> Any:
         return await settings_page(status=400, section_errors={"contact": errors}, values=values)
     await services().db.write(admin_settings.save, values)
     return redirect(url_for("admin_settings.page", saved="contact") + "#contact")
+
+
+@blueprint.post("/brand")
+@admin_page
+async def save_brand() -> Any:
+    """The studio's brand: name, logo, colours, fonts, default theme and cover, white label, custom CSS."""
+    svc = services()
+    form = await request.form
+    files = await request.files
+    chosen, errors, typed = brand_rules.parse_form(form)
+    upload = files.get("brand_logo")
+    data = upload.read(brand_rules.LOGO_MAX_BYTES + 1) if upload is not None and upload.filename else b""
+    logo: bytes | None = None
+    if data:
+        try:
+            logo = await _studio_logo(data)
+        except images.InvalidImage as error:
+            errors["brand_logo"] = error.reason
+    if errors:
+        return await settings_page(status=400, section_errors={"brand": errors}, brand_values=typed)
+    target = brand_rules.logo_path(svc.settings)
+    if logo is not None:
+        await trio.to_thread.run_sync(_store_logo, target, logo)
+    elif form.get("remove_brand_logo"):
+        await trio.to_thread.run_sync(remove_quietly, target)
+    await svc.db.write(brand_rules.save, chosen)
+    return redirect(url_for("admin_settings.page", saved="brand") + "#brand")
+
+
+async def _studio_logo(data: bytes) -> bytes:
+    """The uploaded logo checked and re-encoded (``images.studio_logo``) within the decode budget, or
+    InvalidImage with the sentence for the photographer. SVG is refused outright: it is a document that can
+    carry script and links, and no sanitiser we would trust is small enough to keep here."""
+    if len(data) > brand_rules.LOGO_MAX_BYTES:
+        raise images.InvalidImage(_("The logo may be at most %(mb)d MB.")
+                                  % {"mb": brand_rules.LOGO_MAX_BYTES // (1024 * 1024)})
+    head = data[:512].lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    if head.startswith((b"<?xml", b"<svg", b"<!doctype svg", b"<!--")) or b"<svg" in head:
+        raise images.InvalidImage(_("SVG logos are not accepted (an SVG can carry script): upload a PNG, JPEG or "
+                                    "WebP image."))
+    budget = services().decode_budget
+    max_pixels = images.logo_max_pixels(budget.total)
+    header = await trio.to_thread.run_sync(functools.partial(images.sniff, data, max_pixels=max_pixels))
+    async with budget.hold(header.width * header.height * images.LOGO_BYTES_PER_PIXEL):
+        return await trio.to_thread.run_sync(functools.partial(
+            images.studio_logo, data, max_side=brand_rules.LOGO_MAX_SIDE, max_pixels=max_pixels))
 
 
 @blueprint.get("/watermark-preview.jpg")

@@ -29,12 +29,13 @@ from typing import Any
 import trio
 from quart import Blueprint, Response, websocket
 
-from picpeak_lite.domain import access, wall
+from picpeak_lite.domain import access, feedback, wall
 from picpeak_lite.errors import AppError
 from picpeak_lite.events.broker import Change, Subscription
 from picpeak_lite.i18n import _
 from picpeak_lite.store.db import Connection, fits_integer
 from picpeak_lite.store.queries import changes as change_q
+from picpeak_lite.store.queries import feedback as feedback_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
@@ -248,7 +249,7 @@ async def upload_feed(upload_id: str) -> Response | None:
         return None
     image_url = _image_url(viewer, gallery["slug"] if gallery else "")
     try:
-        with svc.broker.subscribe(lambda change: change.upload_id == upload_id) as subscription:
+        with svc.broker.subscribe(lambda change: change.upload_id == upload_id and not change.feedback) as subscription:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_read_client_messages, nursery.cancel_scope)
                 allowed = GuestAccess(viewer, gallery["slug"] if gallery else "")
@@ -440,7 +441,7 @@ async def _stream_gallery(gallery_id: int, viewer: Viewer, subscription: Subscri
     seq, oldest = await db.read(positions)
     if since is not None and since >= oldest - 1 and since <= seq:
         for row in await db.read(change_q.for_gallery_after, gallery_id, since):
-            message = _gallery_delta(Change.from_row(row), viewer, image_url)
+            message = await _gallery_message(Change.from_row(row), viewer, image_url)
             if row["seq"] <= seq and message:
                 await _send(message)
     else:
@@ -457,9 +458,43 @@ async def _stream_gallery(gallery_id: int, viewer: Viewer, subscription: Subscri
             await _send({"type": "snapshot", "seq": seq})
         elif change.seq > seq:
             seq = change.seq
-            message = _gallery_delta(change, viewer, image_url)
+            message = await _gallery_message(change, viewer, image_url)
             if message:
                 await _send(message)
+
+
+async def _gallery_message(change: Change, viewer: Viewer,
+                           image_url: Callable[[int, str], str]) -> dict[str, Any] | None:
+    """The frame for one change of a gallery, or None when this viewer is told nothing of it."""
+    if change.feedback:
+        return await _feedback_message(change, viewer)
+    return _gallery_delta(change, viewer, image_url)
+
+
+async def _feedback_message(change: Change, viewer: Viewer) -> dict[str, Any] | None:
+    """A like, rating or comment changed on a photo: its counts as they are now (read once per frame; a burst
+    of changes is told by its latest counts each time). The admin also gets the held count and the newest
+    comment, held or not; guests (and walls, which show no feedback) only counts of what every guest may see,
+    and only for a photo they may see: a guest who has the photo open asks for its comments again."""
+    if not viewer.is_admin and (viewer.wall is not None or change.awaiting_approval or change.hidden
+                                or change.status != PhotoStatus.COMPLETE):
+        return None
+
+    def read(conn: Connection) -> dict[str, Any] | None:
+        summary = feedback_q.summary(conn, change.photo_id, None)
+        message: dict[str, Any] = {
+            "type": "feedback", "seq": change.seq, "id": change.photo_id, "likes": summary["likes"],
+            "ratings": summary["ratings"],
+            "rating": round(summary["rating_mean"], 2) if summary["rating_mean"] is not None else None,
+            "comments": summary["comments"]}
+        if viewer.is_admin:
+            newest = feedback_q.newest_comment(conn, change.photo_id)
+            message["held"] = summary["held"]
+            message["filename"] = change.filename
+            message["comment"] = feedback.comment_json(newest) if newest else None
+        return message
+
+    return await services().db.read(read)
 
 
 def _gallery_delta(change: Change, viewer: Viewer, image_url: Callable[[int, str], str]) -> dict[str, Any] | None:

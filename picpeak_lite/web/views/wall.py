@@ -52,6 +52,7 @@ async def page(slug: str) -> Any:
     mark = await svc.db.read(admin_settings.gallery_watermark, svc.settings, gallery)
     response = Response(await render_template(
         "wall.html", gallery=gallery, key=key, upload_link=target, qr_side=qr_side(mark),
+        studio_side="left" if mark is not None and mark.position == "top-right" else "right",  # clear of the mark
         photos_url=url_for("wall.photos", slug=slug, key=key), qr_url=url_for("wall.qr_code", slug=slug, key=key),
         ws_path=f"/ws/g/{slug}/wall" + (f"?key={key}" if key else ""),
     ))
