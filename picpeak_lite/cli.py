@@ -17,7 +17,8 @@ import trio
 
 from picpeak_lite import security
 from picpeak_lite.config import FIELDS, Settings, find_config_file, load_settings
-from picpeak_lite.errors import CommandFailed, ConfigError, StorageUnavailable
+from picpeak_lite.domain import accounts
+from picpeak_lite.errors import AppError, CommandFailed, ConfigError, StorageUnavailable
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import admin as admin_q
@@ -177,6 +178,51 @@ def import_folder(folder: str, slug: str, config: str | None, data_dir: str | No
         sys.exit(1)
 
 
+@cli.group("gallery", short_help="Archive a gallery (originals packed, thumbnails removed) or restore it.")
+def gallery_group() -> None:
+    """A gallery's life after its event: archive it to free space, restore it to show it again."""
+
+
+def _archive_step(action: str, slug: str, config: str | None, data_dir: str | None) -> None:
+    from picpeak_lite.errors import AppError
+    from picpeak_lite.ops.archiving import run
+
+    settings = _settings(config, data_dir=data_dir)
+    try:
+        result = run(settings, slug, action)
+    except AppError as error:
+        raise CommandFailed(error.message) from None
+    out = result.outcome
+    sizes = ""
+    if out.bytes_before is not None and out.bytes_after is not None:
+        sizes = (f": {out.bytes_before} bytes stored before, {out.bytes_after} after, "
+                 f"{out.bytes_before - out.bytes_after} freed")
+    if action == "archive":
+        click.echo(f"Archived {slug} ({_count(result.photos, 'photo')}){sizes}.")
+    else:
+        click.echo(f"Restored {slug} ({_count(result.photos, 'photo')}); the workers make their images again.")
+
+
+@gallery_group.command("archive")
+@click.argument("slug")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def gallery_archive(slug: str, config: str | None, data_dir: str | None) -> None:
+    """Remove the gallery's thumbnails and web sizes and pack its originals into one archive object (each
+    checked against its sha256 before the loose copy goes). Interrupted, run it again."""
+    _archive_step("archive", slug, config, data_dir)
+
+
+@gallery_group.command("restore")
+@click.argument("slug")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def gallery_restore(slug: str, config: str | None, data_dir: str | None) -> None:
+    """Unpack an archived gallery's originals (each checked against its sha256) and queue its photos for their
+    images again. Interrupted, run it again."""
+    _archive_step("restore", slug, config, data_dir)
+
+
 @cli.command(short_help="Measure photos/s, CPU per photo and memory on this machine.")
 @click.option("--photos", "count", type=click.IntRange(1, 10_000), default=50, show_default=True,
               help="How many photos to make and upload.")
@@ -308,33 +354,126 @@ def storage_migrate(to: str, config: str | None, data_dir: str | None) -> None:
                f"{summary.source}: remove them once all is well.")
 
 
-@cli.group(short_help="Manage the admin account and API tokens.")
+@cli.group(short_help="Manage accounts and API tokens.")
 def admin() -> None:
-    """Manage the admin account and API tokens."""
+    """Manage accounts (owner, admin, editor) and API tokens."""
 
 
-@admin.command("set-password")
-@click.option("--config", "config", help=CONFIG_HELP)
-@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
-@click.option("--password-stdin", is_flag=True, help="Read the new password from standard input.")
-def set_password(config: str | None, data_dir: str | None, password_stdin: bool) -> None:
-    """Set the admin password; every admin session is logged out."""
+def _read_new_password(password_stdin: bool, prompt: str = "New password: ") -> str:
     if password_stdin:
         password = sys.stdin.readline().rstrip("\n")
     else:
-        password = getpass.getpass("New admin password: ")
+        password = getpass.getpass(prompt)
         if getpass.getpass("Repeat it: ") != password:
             raise click.ClickException("the two passwords differ")
     if len(password) < security.MIN_PASSWORD_LENGTH:
         raise click.ClickException(f"the password needs at least {security.MIN_PASSWORD_LENGTH} characters")
+    return password
+
+
+def _account_row(conn: db.Connection, name: str) -> db.Row:
+    row = admin_q.get_user_by_name(conn, name)
+    if row is None:
+        raise click.ClickException(f"there is no account named {name!r}")
+    return row
+
+
+@admin.command("set-password")
+@click.option("--account", "account", help="The account (default: the first owner).")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+@click.option("--password-stdin", is_flag=True, help="Read the new password from standard input.")
+def set_password(account: str | None, config: str | None, data_dir: str | None, password_stdin: bool) -> None:
+    """Set an account's password; every session of that account is logged out."""
+    password = _read_new_password(password_stdin, "New admin password: " if account is None else "New password: ")
     with _database(config, data_dir) as (settings, conn), db.transaction(conn):
-        user = admin_q.get_user_by_name(conn, settings.admin_username)
         now = time.time()
-        if user is None:
+        user = _account_row(conn, account) if account else admin_q.first_owner(conn)
+        if user is None:  # no account at all yet: this makes the first owner
             admin_q.create_user(conn, settings.admin_username, security.hash_password(password), now)
+            name = settings.admin_username
         else:
-            admin_q.set_password(conn, user["id"], security.hash_password(password), now)
-    click.echo(f"Password changed for '{settings.admin_username}'.")
+            accounts.set_password(conn, user["id"], security.hash_password(password), now, accounts.CLI)
+            name = user["username"]
+    click.echo(f"Password changed for '{name}'.")
+
+
+@admin.group()
+def account() -> None:
+    """Named accounts with roles: owner (everything), admin (all galleries), editor (granted galleries)."""
+
+
+@account.command("add")
+@click.argument("name")
+@click.option("--role", type=click.Choice(accounts.ROLES), required=True, help="What the account may do.")
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+def account_add(name: str, role: str, password_stdin: bool, config: str | None, data_dir: str | None) -> None:
+    """Add an account (the password is asked twice, or read from standard input)."""
+    password = _read_new_password(password_stdin, "Password: ")
+    try:
+        with _database(config, data_dir) as (_, conn), db.transaction(conn):
+            accounts.add_account(conn, name, security.hash_password(password), role, time.time(), accounts.CLI)
+    except AppError as error:
+        raise click.ClickException(error.message) from None
+    click.echo(f"Account '{name}' ({role}) added.")
+
+
+@account.command("list")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+def account_list(config: str | None, data_dir: str | None) -> None:
+    """List accounts: name, role, state, second factor, granted galleries (editors)."""
+    with _database(config, data_dir) as (_, conn):
+        rows = admin_q.list_users(conn)
+    for row in rows:
+        state = "disabled" if row["disabled_at"] else "active"
+        factor = "totp" if row["totp_enabled_at"] else "-"
+        grants = row["grants"] or "-" if row["role"] == "editor" else "all"
+        click.echo(f"{row['username']}\t{row['role']}\t{state}\t{factor}\t{grants}")
+
+
+def _set_disabled(name: str, disabled: bool, config: str | None, data_dir: str | None) -> None:
+    try:
+        with _database(config, data_dir) as (_, conn), db.transaction(conn):
+            row = _account_row(conn, name)
+            accounts.set_disabled(conn, row["id"], disabled, time.time(), accounts.CLI)
+    except AppError as error:
+        raise click.ClickException(error.message) from None
+
+
+@account.command("disable")
+@click.argument("name")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+def account_disable(name: str, config: str | None, data_dir: str | None) -> None:
+    """Disable an account: its sessions and API tokens stop working at their next request."""
+    _set_disabled(name, True, config, data_dir)
+    click.echo(f"Account '{name}' disabled.")
+
+
+@account.command("enable")
+@click.argument("name")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+def account_enable(name: str, config: str | None, data_dir: str | None) -> None:
+    """Enable a disabled account again (its old sessions stay ended)."""
+    _set_disabled(name, False, config, data_dir)
+    click.echo(f"Account '{name}' enabled.")
+
+
+@account.command("reset-second-factor")
+@click.argument("name")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
+def account_reset_totp(name: str, config: str | None, data_dir: str | None) -> None:
+    """Turn an account's second factor off (a lost phone and lost recovery codes): the way back in."""
+    with _database(config, data_dir) as (_, conn), db.transaction(conn):
+        row = _account_row(conn, name)
+        admin_q.set_totp(conn, row["id"], None, None)
+        accounts.CLI.record(conn, time.time(), "account.totp_disabled", detail=name)
+    click.echo(f"The second factor of '{name}' is off.")
 
 
 @admin.group()
@@ -344,13 +483,21 @@ def token() -> None:
 
 @token.command("create")
 @click.option("--name", required=True, help="A name to recognise the token by, e.g. 'lightroom'.")
+@click.option("--account", "account", help="The account the token acts as (default: the first owner).")
 @click.option("--config", "config", help=CONFIG_HELP)
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"])
-def token_create(name: str, config: str | None, data_dir: str | None) -> None:
-    """Create a token and print it once; only its hash is stored."""
+def token_create(name: str, account: str | None, config: str | None, data_dir: str | None) -> None:
+    """Create a token and print it once; only its hash is stored. It acts with its account's role."""
     try:
-        with _database(config, data_dir) as (_, conn), db.transaction(conn):
-            value = bootstrap.create_api_token(conn, name, time.time())
+        with _database(config, data_dir) as (settings, conn):
+            if account is None and admin_q.first_owner(conn) is None:
+                # Before the first start: the owner the first start would make, so the token has its account.
+                password = bootstrap.ensure_admin(settings)
+                if password is not None:
+                    click.echo(f"Created the admin account '{settings.admin_username}' with the password: "
+                               f"{password}", err=True)
+            with db.transaction(conn):
+                value = bootstrap.create_api_token(conn, name, time.time(), account)
     except db.ConstraintError:
         raise click.ClickException(f"a token named {name!r} exists already") from None
     click.echo(value)
@@ -379,7 +526,36 @@ def token_list(config: str | None, data_dir: str | None) -> None:
         rows = admin_q.list_tokens(conn)
     for row in rows:
         state = "revoked" if row["revoked_at"] else "active"
-        click.echo(f"{row['name']}\t{state}")
+        click.echo(f"{row['name']}\t{state}\t{row['username'] or '-'}")
+
+
+@cli.group("email", short_help="Check the email (SMTP) settings.")
+def email_group() -> None:
+    """Email to clients and to you, sent through the smtp_* settings."""
+
+
+@email_group.command("test")
+@click.argument("address")
+@click.option("--config", "config", help=CONFIG_HELP)
+def email_test(address: str, config: str | None) -> None:
+    """Send one test message to ADDRESS now, through the smtp_* settings (not through the outbox), and print what
+    the server answered. Exits 1 when it did not take the message."""
+    from picpeak_lite.domain import email as email_domain
+    from picpeak_lite.errors import AppError
+    from picpeak_lite.events.email import SendFailed, Smtp, send
+
+    settings = _settings(config)
+    try:
+        message_id, message = email_domain.test_message(settings, address, now=time.time())
+    except AppError as error:
+        raise CommandFailed(error.message) from None
+    smtp = Smtp.from_settings(settings)
+    click.echo(f"Sending {message_id} to {address} through {smtp.host}:{smtp.port} ({smtp.security}) ...")
+    try:
+        answer = send(smtp, settings.email_from, address, message)
+    except SendFailed as error:
+        raise CommandFailed(f"the server did not take the message: {error.reason}") from None
+    click.echo(f"The server answered: {answer}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,7 @@ from picpeak_lite.targets import TargetRefused, check_target_offline
 ENV_PREFIX = "PICPEAK_"
 WEBHOOK_EVENTS = ("photo.uploaded", "photo.failed", "photo.deleted", "upload.completed", "photo.approved",
                   "photo.rejected")
+SMTP_SECURITY = ("starttls", "tls", "none")
 WATERMARK_POSITIONS = ("top-left", "top-right", "bottom-left", "bottom-right", "center")
 
 
@@ -68,15 +69,22 @@ class Settings:
         30.0, "The window over which min_body_rate_kb is measured (the client's time; waits on the server are free).")
     log_level: str = _setting("info", "One of debug, info, warning, error.")
     # Admin
-    admin_username: str = _setting("admin", "The admin account's user name.")
+    admin_username: str = _setting("admin", "The user name of the owner account made at the first start.")
     session_days: int = _setting(14, "How long an admin login lasts.")
     login_attempts: int = _setting(5, "Failed password attempts allowed per target in one window: per device that "
                                       "gave the right password before, and per IP for all others.")
     login_window_seconds: int = _setting(900, "The throttling window for failed password attempts.")
     login_backoff_seconds: int = _setting(60, "Past login_attempts, what other devices of that IP wait after the "
                                               "last failure, doubled after each further one (at most the window).")
+    audit_retention_days: int = _setting(365, "How long the audit trail (logins, gallery and account changes) is "
+                                              "kept, in days.")
     # Galleries
     default_expiry_days: int = _setting(30, "Expiry for new galleries, in days (1-365).")
+    archive_on_expiry: str = _setting(
+        "keep", "What a new gallery does when it expires (each gallery can change it): keep (every file stays) or "
+        "archive (thumbnails removed, originals packed into one archive object, restorable).")
+    archive_check_seconds: int = _setting(
+        300, "How often the server looks for expired galleries to archive, in seconds.")
     # Languages
     default_language: str = _setting(
         "en", "The pages' language when neither the visitor, the gallery nor the browser names one we have: "
@@ -130,6 +138,19 @@ class Settings:
     # Webhooks
     webhook_allow_private: bool = _setting(False, "Allow webhook targets on private or loopback addresses.")
     webhooks: tuple[WebhookEndpoint, ...] = _setting((), "Receivers, as [[webhooks]] tables with url, secret, events.")
+    # Email (events/email.py sends; domain/email.py decides what and to whom)
+    smtp_host: str = _setting("", "The SMTP server that sends mail (e.g. smtp.example.com); empty: no email is sent.")
+    smtp_port: int = _setting(587, "Its port: 587 for starttls, 465 for tls, 25 for none.")
+    smtp_security: str = _setting("starttls", 'How the connection is protected: "starttls", "tls" or "none".')
+    smtp_user: str = _setting("", "The SMTP login; empty: no login.")
+    smtp_password: str = field(  # never in a printed Settings (logs, error reports)
+        default="", repr=False,
+        metadata={"help": "The SMTP password; better set as PICPEAK_SMTP_PASSWORD than in this file."})
+    email_from: str = _setting("", "The sender address of every message (e.g. photos@example.com).")
+    email_reminder_days: int = _setting(3, "Days before a gallery expires that the client and you are reminded.")
+    email_digest_minutes: int = _setting(
+        60, "At most one digest of new guest uploads per gallery in this many minutes.")
+    email_per_minute: int = _setting(20, "Messages sent at most per minute (a bound on what any bug or misuse sends).")
     # Disk
     low_disk_mb: int = _setting(1024, "Warn on the dashboard when free disk space falls below this, in MB.")
     # Storage
@@ -345,11 +366,13 @@ def _validate(s: Settings) -> None:
     require(0 <= s.port <= 65535, "port", "must be between 0 and 65535")
     require(s.log_level in ("debug", "info", "warning", "error"), "log_level", "must be debug, info, warning or error")
     require(1 <= s.default_expiry_days <= 365, "default_expiry_days", "must be between 1 and 365")
+    require(s.archive_on_expiry in ("keep", "archive"), "archive_on_expiry", 'must be "keep" or "archive"')
+    require(s.archive_check_seconds >= 1, "archive_check_seconds", "must be at least 1")
     require(s.default_language in LANGUAGES, "default_language", "must be one of " + ", ".join(LANGUAGES))
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
                 "guest_max_video_seconds",
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",
-                "login_backoff_seconds",
+                "login_backoff_seconds", "audit_retention_days",
                 "tus_expiry_hours", "tus_idle_minutes", "tus_unfinished_mb_per_client",
                 "tus_unfinished_mb_per_gallery", "tus_finish_attempts", "upload_chunk_mb"):
         require(getattr(s, key) >= 1, key, "must be at least 1")
@@ -374,6 +397,13 @@ def _validate(s: Settings) -> None:
             "must be one of " + ", ".join(WATERMARK_POSITIONS))
     require(0.05 <= s.watermark_opacity <= 1, "watermark_opacity", "must be between 0.05 and 1")
     require(0.02 <= s.watermark_size <= 1, "watermark_size", "must be between 0.02 and 1")
+    require(s.smtp_security in SMTP_SECURITY, "smtp_security", 'must be "starttls", "tls" or "none"')
+    require(1 <= s.smtp_port <= 65535, "smtp_port", "must be between 1 and 65535")
+    require(1 <= s.email_reminder_days <= 60, "email_reminder_days", "must be between 1 and 60")
+    require(s.email_digest_minutes >= 5, "email_digest_minutes", "must be at least 5")
+    require(1 <= s.email_per_minute <= 1000, "email_per_minute", "must be between 1 and 1000")
+    require(not any(c in s.email_from for c in "\r\n"), "email_from", "must be one line")
+    require(s.email_from == "" or "@" in s.email_from, "email_from", "must be an email address")
     require(s.storage in ("local", "s3"), "storage", 'must be "local" or "s3"')
     require(s.storage != "s3" or bool(s.s3_bucket), "s3_bucket", 'must name a bucket when storage = "s3"')
     require(1 <= s.s3_timeout_seconds <= 300, "s3_timeout_seconds", "must be between 1 and 300")

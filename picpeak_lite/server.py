@@ -33,11 +33,14 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
 from picpeak_lite.config import Settings
+from picpeak_lite.domain import email
 from picpeak_lite.errors import ConfigError
+from picpeak_lite.events.email import EmailScheduler, EmailSender
 from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.events.webhooks import WebhookSender
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline import memory
+from picpeak_lite.pipeline.archive import Archiver
 from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.pipeline.resumable import Finisher
 from picpeak_lite.pipeline.video_previews import PreviewLane
@@ -154,8 +157,9 @@ async def run(
 
 
 async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, workers: bool, serving: bool) -> None:
-    """Start the memory trimmer, the webhook sender, the janitor and (unless processing is off) the worker
-    pool, each ready before the next. Shared by ``run`` and by ``picpeak-lite worker``.
+    """Start the memory trimmer, the webhook sender, the email sender and scheduler (when email is set up), the
+    janitor and (unless processing is off) the worker pool, each ready before the next. Shared by ``run`` and
+    by ``picpeak-lite worker``.
 
     ``serving``: this process answers HTTP, so the tus uploads' writers are its own. Only that process expires
     idle tus uploads and runs the :class:`Finisher`: what is being written now is known per process (another
@@ -165,9 +169,14 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
     memory.set_mmap_threshold()
     await nursery.start(svc.trimmer.run)
     await nursery.start(WebhookSender(svc.db, svc.settings, bell=svc.webhooks_bell, clock=svc.clock).run)
+    if email.enabled(svc.settings):
+        await nursery.start(EmailSender(svc.db, svc.settings, bell=svc.email_bell, clock=svc.clock).run)
+        await nursery.start(EmailScheduler(svc.db, svc.settings, bell=svc.email_bell, clock=svc.clock,
+                                           base_url=lambda: svc.settings.public_url or svc.bind_url).run)
     await nursery.start(Janitor(svc, expire_tus=serving).run)
     if serving:
         await nursery.start(Finisher(svc).run)
+        await nursery.start(Archiver(svc).run)
     if workers:
         await nursery.start(WorkerPool(svc).run)
         if svc.settings.video_previews:

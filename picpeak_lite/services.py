@@ -40,7 +40,9 @@ class Services:
     # Rung after a commit that makes work for the worker pool, or for the webhook sender. Sync, non-blocking.
     workers_bell: Bell = field(default_factory=Bell)
     webhooks_bell: Bell = field(default_factory=Bell)
+    email_bell: Bell = field(default_factory=Bell)  # a message was queued in the email outbox
     finisher_bell: Bell = field(default_factory=Bell)  # complete tus uploads whose photo is not made yet
+    archive_bell: Bell = field(default_factory=Bell)  # a gallery was set to archiving or restoring
     broker: Broker = field(default_factory=Broker)
     # The URL the server listens on: from the settings until server.run binds (port 0 resolved), then the real
     # one. Share links fall back to it when a request's Host is not trusted (web/views/common.py).

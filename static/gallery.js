@@ -289,4 +289,16 @@
       }
     });
   }
+
+  // ---- Send my selection (email to the photographer; the texts come translated from the page) -----------------
+  const sendSelection = document.getElementById("send-selection");
+  if (sendSelection) {
+    sendSelection.addEventListener("click", async function () {
+      const status = document.getElementById("send-selection-status");
+      sendSelection.disabled = true;
+      const answer = await window.PicpeakHttp.json(sendSelection.dataset.url, { method: "POST" });
+      status.textContent = answer.ok ? sendSelection.dataset.sent : (answer.data.error || "");
+      sendSelection.disabled = answer.ok;
+    });
+  }
 })();

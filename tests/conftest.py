@@ -164,7 +164,7 @@ class AuthActions:
             "/admin/login", form={"username": username, "password": password}
         )
         if response.status_code == 302:
-            page = await self.client.get("/admin/galleries/new")
+            page = await self.client.get("/admin/password")  # a page every role may open
             self.csrf = CSRF_INPUT.search(await page.get_data(as_text=True)).group(1)
         return response
 
@@ -177,6 +177,22 @@ class AuthActions:
         response = await self.client.post("/api/admin/galleries", json=body, headers=self.headers())
         assert response.status_code == 201, await response.get_data(as_text=True)
         return await response.get_json()
+
+
+async def add_account(services: Services, name: str, role: str, password: str = ADMIN_PASSWORD,
+                      grants: tuple[int, ...] = ()) -> int:
+    """An account made as the accounts page and the CLI make one (``domain/accounts``), with its galleries."""
+    from picpeak_lite.domain import accounts
+
+    password_hash = await services.hash_password(password)
+
+    def add(conn: Any) -> int:
+        account_id = accounts.add_account(conn, name, password_hash, role, services.clock(), accounts.CLI)
+        if grants:
+            accounts.set_grants(conn, account_id, list(grants), services.clock(), accounts.CLI)
+        return account_id
+
+    return await services.db.write(add)
 
 
 @pytest.fixture

@@ -86,7 +86,9 @@ def create_token(data_dir: Path, config: Path | None = None) -> str:
     args = ["admin", "token", "create", "--name", f"t{secrets.token_hex(4)}", "--data-dir", str(data_dir)]
     if config is not None:
         args += ["--config", str(config)]
-    done = cli(*args)
+    # Before the first start the command makes the owner too (issue 33: a token belongs to an account), with
+    # the password the server processes are given.
+    done = cli(*args, env={"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 

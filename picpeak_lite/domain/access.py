@@ -59,6 +59,27 @@ class GalleryExpired(Gone):
         return {"error": self, "contact": self.contact}
 
 
+class GalleryArchived(Gone):
+    """An archived gallery (or one being archived or restored): its page says so, with the photographer's
+    contact, since the photos can be brought back on request."""
+
+    page = "guest/archived.html"
+
+    def __init__(self, contact: dict[str, str] | None = None, *, restoring: bool = False) -> None:
+        super().__init__(_("These photos are being brought back; please try again later.") if restoring else
+                         _("This gallery has been archived. Please contact your photographer to see the photos."))
+        self.contact = contact or {}
+        self.restoring = restoring
+
+    def page_context(self) -> dict[str, Any]:
+        return {"error": self, "contact": self.contact, "restoring": self.restoring}
+
+
+def _check_archived(conn: Connection, gallery: Row) -> None:
+    if gallery["archive_state"] != "active":
+        raise GalleryArchived(admin_settings.contact(conn), restoring=gallery["archive_state"] == "restoring")
+
+
 def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now: float, *,
                   admin_preview: bool = False) -> Row:
     """The gallery at ``slug`` if this guest may see it; raises otherwise.
@@ -70,6 +91,7 @@ def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now
     gallery = gallery_q.get_by_slug(conn, slug)
     if gallery is None or (gallery["is_draft"] and not admin_preview):
         raise NotFound(_("There is no gallery at this address."))
+    _check_archived(conn, gallery)
     if is_expired(gallery, now):
         raise GalleryExpired(admin_settings.contact(conn), gallery["language"])
     if admin_preview:
@@ -87,6 +109,7 @@ def gallery_for_password_form(conn: Connection, slug: str, now: float) -> Row:
     gallery = gallery_q.get_by_slug(conn, slug)
     if gallery is None or gallery["is_draft"]:
         raise NotFound(_("There is no gallery at this address."))
+    _check_archived(conn, gallery)
     if is_expired(gallery, now):
         raise GalleryExpired(admin_settings.contact(conn), gallery["language"])
     return gallery

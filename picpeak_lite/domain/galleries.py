@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 from picpeak_lite.domain import admin_settings
+from picpeak_lite.domain.accounts import CLI, Actor
 from picpeak_lite.domain.gallery_fields import parse_gallery_input
 from picpeak_lite.errors import NotFound
 from picpeak_lite.i18n import _
@@ -39,13 +40,13 @@ def default_expiry(svc: Services) -> dt.date:
     return _today(svc) + dt.timedelta(days=svc.settings.default_expiry_days)
 
 
-async def create_gallery(svc: Services, data: dict[str, Any]) -> Row:
+async def create_gallery(svc: Services, data: dict[str, Any], actor: Actor = CLI) -> Row:
     """A new draft gallery. Fields a JSON request leaves out take the settings page's defaults for new galleries
     (the admin form is prefilled with them and sends every field; an unchecked box there is simply absent)."""
     chosen = await svc.db.read(admin_settings.load, svc.settings)
     values = parse_gallery_input(
         _with_defaults(data, chosen), partial=False, today=_today(svc),
-        default_expiry_days=chosen.default_expiry_days,
+        default_expiry_days=chosen.default_expiry_days, default_on_expiry=svc.settings.archive_on_expiry,
     )
     password_hash = await svc.hash_password(values["password"]) if "password" in values else None
 
@@ -60,6 +61,7 @@ async def create_gallery(svc: Services, data: dict[str, Any]) -> Row:
         )
         row = gallery_q.get(conn, gallery_id)
         assert row is not None
+        actor.record(conn, svc.clock(), "gallery.created", gallery_id=gallery_id)
         return row
 
     return await svc.db.write(insert)
@@ -74,11 +76,13 @@ def _with_defaults(data: dict[str, Any], chosen: admin_settings.AdminSettings) -
     return {**{k: v for k, v in defaults.items() if k not in data}, **data}
 
 
-async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *, partial: bool) -> Row:
+async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *, partial: bool,
+                         actor: Actor = CLI) -> Row:
     current = expires_on(await get_gallery(svc, gallery_id))
     values = parse_gallery_input(
         data, partial=partial, today=_today(svc), default_expiry_days=svc.settings.default_expiry_days,
         current_expiry=dt.date.fromisoformat(current) if current else None,
+        default_on_expiry=svc.settings.archive_on_expiry,
     )
     if "password" in values:
         values["password_hash"] = await svc.hash_password(values["password"])
@@ -93,6 +97,10 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
         # Downloads off: guests play a made copy of each video, never the original (web/views/video.py).
         if not row["allow_downloads"]:
             photo_q.want_previews(conn, gallery_id)
+        changed = sorted(k for k in values if k not in ("password", "password_hash", "clear_password"))
+        if "password_hash" in values:
+            changed.append("password" if values["password_hash"] else "password removed")
+        actor.record(conn, svc.clock(), "gallery.updated", gallery_id=gallery_id, detail=", ".join(changed))
         return row
 
     row = await svc.db.write(change)
@@ -116,33 +124,51 @@ async def get_gallery(svc: Services, gallery_id: int) -> Row:
     return row
 
 
-async def set_published(svc: Services, gallery_id: int, published: bool) -> Row:
+async def set_published(svc: Services, gallery_id: int, published: bool, actor: Actor = CLI) -> Row:
     def change(conn: Any) -> Row:
-        return _row_if(gallery_q.set_draft(conn, gallery_id, not published, svc.clock()), conn, gallery_id)
+        row = _row_if(gallery_q.set_draft(conn, gallery_id, not published, svc.clock()), conn, gallery_id)
+        actor.record(conn, svc.clock(), "gallery.published" if published else "gallery.unpublished",
+                     gallery_id=gallery_id)
+        return row
 
     return await svc.db.write(change)
 
 
-async def delete_gallery(svc: Services, gallery_id: int) -> None:
+async def delete_gallery(svc: Services, gallery_id: int, actor: Actor = CLI) -> None:
     """Delete the gallery and, through the foreign keys, its photos, uploads and grants; then the files.
 
     Rows go first: a crash before the files are gone leaves orphans for the reconciler, never rows without files.
     """
 
-    def delete(conn: Any) -> list[str] | None:
+    def delete(conn: Any) -> tuple[list[str], str | None] | None:
         keys = photo_q.keys_of_gallery(conn, gallery_id)
-        return keys if gallery_q.delete(conn, gallery_id) else None
+        row = gallery_q.get(conn, gallery_id)
+        if row is None:
+            return None
+        actor.record(conn, svc.clock(), "gallery.deleted", gallery_id=gallery_id, detail=f"{len(keys)} files")
+        return (keys, row["archive_object"]) if gallery_q.delete(conn, gallery_id) else None
 
-    keys = await svc.db.write(delete)
-    if keys is None:
+    deleted = await svc.db.write(delete)
+    if deleted is None:
         raise NotFound(_("There is no such gallery."))
+    keys, archive = deleted
     await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
+    if archive is not None:  # an archived gallery's originals: deleting the gallery is the photographer's choice
+        await trio.to_thread.run_sync(svc.storage.remove, archive)
 
 
 def expires_on(row: Row) -> str | None:
     if row["expires_at"] is None:
         return None
     return dt.datetime.fromtimestamp(row["expires_at"], dt.UTC).date().isoformat()
+
+
+def archive_json(row: Row) -> dict[str, Any]:
+    """Where the gallery stands in archiving (pipeline/archive.py), with the bytes it freed."""
+    before, after = row["archive_bytes_before"], row["archive_bytes_after"]
+    return {"state": row["archive_state"], "bytes_before": before, "bytes_after": after,
+            "bytes_freed": None if before is None or after is None else before - after,
+            "archived_at": row["archived_at"], "error": row["archive_error"]}
 
 
 def to_json(row: Row, share_url: str) -> dict[str, Any]:
@@ -167,6 +193,8 @@ def to_json(row: Row, share_url: str) -> dict[str, Any]:
         "favourite_limit": row["favourite_limit"],
         "wall_captions": bool(row["wall_captions"]),
         "hold_comments": bool(row["hold_comments"]),
+        "on_expiry": row["on_expiry"],
+        "archive": archive_json(row),
         "language": row["language"],
         "share_url": share_url,
         "counts": {

@@ -52,6 +52,7 @@ class Context:
     default_expiry_days: int
     is_form: bool  # the admin form, where an unchecked checkbox is simply absent
     current_expiry: dt.date | None = None  # an update: the last day the gallery has now (None: never, or new)
+    default_on_expiry: str = "keep"  # settings.archive_on_expiry, for a new gallery that does not say
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,17 @@ def _look(choices: tuple[str, ...]) -> Callable[[Any, bool, Context], Any]:
     return parse
 
 
+ON_EXPIRY = ("keep", "archive")
+
+
+def _on_expiry(value: Any, missing: bool, context: Context) -> str:
+    """keep: every file stays; archive: pipeline/archive.py archives the gallery when it expires."""
+    choice = _text(value) or context.default_on_expiry
+    if choice not in ON_EXPIRY:
+        raise Invalid(_("Choose keep or archive."))
+    return choice
+
+
 def _password(value: Any, missing: bool, context: Context) -> str | Omit:
     """Returned plain, for the caller to hash; empty or absent keeps the current password."""
     if value in (None, ""):
@@ -213,6 +225,8 @@ FIELDS: tuple[Field, ...] = (
     Field("wall_captions", _switch(False), "The live wall shows guests' names under their photos."),
     Field("hold_comments", _switch(False),
           "Guests' comments wait for the admin's approval before other guests see them."),
+    Field("on_expiry", _on_expiry, "When the gallery expires: keep (every file stays) or archive (thumbnails "
+          "removed, originals packed away; restorable)."),
     Field("favourite_limit", _favourite_limit, "Most favourites each guest may choose; empty: no limit."),
     Field("theme", _look(THEMES), "The guest pages' theme: " + ", ".join(THEMES) + "; empty: the default."),
     Field("cover_layout", _look(COVER_LAYOUTS),
@@ -227,7 +241,7 @@ FIELDS: tuple[Field, ...] = (
 
 def parse_gallery_input(
     data: Mapping[str, Any], *, partial: bool, today: dt.date, default_expiry_days: int,
-    current_expiry: dt.date | None = None,
+    current_expiry: dt.date | None = None, default_on_expiry: str = "keep",
 ) -> dict[str, Any]:
     """Validate ``data`` against :data:`FIELDS`. With ``partial`` (an update), only the fields present are
     checked and returned. ``current_expiry`` is the updated gallery's last day now: sent back unchanged it is
@@ -236,7 +250,7 @@ def parse_gallery_input(
     The password is returned as ``password`` (plain, for the caller to hash) or ``clear_password: True``.
     """
     context = Context(partial=partial, today=today, default_expiry_days=default_expiry_days, is_form=_is_form(data),
-                      current_expiry=current_expiry)
+                      current_expiry=current_expiry, default_on_expiry=default_on_expiry)
     errors: dict[str, str] = {}
     out: dict[str, Any] = {}
     for field in FIELDS:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import h11
 import trio
 
+from picpeak_lite.events import outbox
 from picpeak_lite.events.bell import Bell
 from picpeak_lite.store.queries import webhooks as queries
 from picpeak_lite.targets import TargetRefused, parse_target, public_addresses, refuse_loopback_name
@@ -259,17 +260,8 @@ class WebhookSender:
         """Deliver forever. Nothing to recover first: rows claimed by a process that died come back by
         themselves when their claim runs out."""
         task_status.started()
-        while True:
-            rung = self.bell.listen()
-            claimed = await self.deliver_due()
-            if claimed >= self._concurrency:
-                continue  # a backlog: there may be more due right now
-            due = await self._db.read(queries.next_due_at)
-            delay = self._poll_seconds
-            if due is not None:
-                delay = min(delay, max(0.0, due - self._clock()))
-            with trio.move_on_after(delay):
-                await rung.wait()
+        await outbox.serve(self.bell, self.deliver_due, functools.partial(self._db.read, queries.next_due_at),
+                           self._clock, poll_seconds=self._poll_seconds, batch=self._concurrency)
 
     async def deliver_due(self) -> int:
         """One pass: claim what is due (up to ``concurrency`` rows), attempt them together, record each

@@ -8,7 +8,8 @@ The backup directory has the layout of a data directory (so restoring is copying
 2. In that copy (never in the live database), claims of photos that were ``processing`` are released to
    ``pending``, so that a restored server reprocesses them at once instead of waiting for their lease.
 3. The originals of every row in the snapshot are copied, each hashed on the way and compared with the
-   sha256 recorded at upload; the grid and view images of complete photos are copied too (they could be
+   sha256 recorded at upload (an archived gallery's originals as its one archive object, ``store/packing.py``);
+   the grid and view images of complete photos are copied too (they could be
    regenerated, but copying is faster than decoding). A row whose photo was deleted after the snapshot is
    dropped from the copy, since the live data dropped it as well.
 4. ``manifest.json`` lists every file with its size and sha256, and the database's; it is written last, so a
@@ -164,11 +165,15 @@ def _copy_files(storage: Storage, dest: Path, rows: list[dict[str, Any]], previo
     remove_quietly(dest / MANIFEST)
     files: list[dict[str, Any]] = []
     gone: list[int] = []
+    archives: dict[str, list[int]] = {}  # an archived gallery's archive object -> the photos packed in it
     for done, row in enumerate(rows, 1):
         if progress is not None:
             progress(done, len(rows), row["display_name"])
         key = row["storage_key"]
         entry = _copy_one(storage, original_name(key), dest, previous, summary)
+        if entry is None and row["archived"] and row["archive_object"] is not None:
+            archives.setdefault(row["archive_object"], []).append(row["id"])  # packed (pipeline/archive.py)
+            continue
         if entry is None:
             gone.append(row["id"])
             continue
@@ -183,6 +188,12 @@ def _copy_files(storage: Storage, dest: Path, rows: list[dict[str, Any]], previo
                 summary.missing_derivatives += 1
             else:
                 files.append({**derived, "kind": kind, "key": key, "photo_id": row["id"]})
+    for name, photo_ids in sorted(archives.items()):
+        packed = _copy_one(storage, name, dest, previous, summary)
+        if packed is None:  # restored meanwhile: confirmed against the live database like any other gone file
+            gone.extend(photo_ids)
+        else:
+            files.append({**packed, "kind": "archive"})
     return files, gone
 
 
@@ -220,7 +231,7 @@ def _copy_one(storage: Storage, relative: str, dest: Path, previous: dict[str, d
 def _remove_stale(dest: Path, keep: set[str]) -> int:
     """Files an earlier run copied for photos that are gone now (and leftovers of an interrupted run)."""
     removed = 0
-    for sub in ("originals", "derived"):
+    for sub in ("originals", "derived", "archives"):
         base = dest / sub
         if not base.exists():
             continue

@@ -44,7 +44,8 @@ def ensure_admin(settings: Settings, environ: Mapping[str, str] | None = None) -
     conn = db.connect(settings.database_path)
     try:
         with db.transaction(conn):
-            if admin_q.get_user_by_name(conn, settings.admin_username) is not None:
+            # The first start makes one owner; once any account exists (it may have been renamed), nothing.
+            if admin_q.get_user_by_name(conn, settings.admin_username) is not None or admin_q.list_users(conn):
                 return None
             given = environ.get("PICPEAK_ADMIN_PASSWORD")
             if given is not None and len(given) < security.MIN_PASSWORD_LENGTH:
@@ -59,9 +60,22 @@ def ensure_admin(settings: Settings, environ: Mapping[str, str] | None = None) -
 
 
 
-def create_api_token(conn: db.Connection, name: str, now: float) -> str:
-    """Store a new API token under ``name`` and return its value, the only time it exists in clear: only its
-    hash is kept. Raises ``db.ConstraintError`` when a token of that name exists."""
+def create_api_token(conn: db.Connection, name: str, now: float, account: str | None = None, *,
+                     owner_name: str = "admin") -> str:
+    """Store a new API token under ``name`` for ``account`` (default: the first owner) and return its value, the
+    only time it exists in clear: only its hash is kept. The token acts with the account's role and stops
+    working while the account is disabled. Raises ``db.ConstraintError`` when a token of that name exists,
+    ``ConfigError`` when there is no such account.
+
+    Before any account exists (a token made before the first start), the owner the first start would make is
+    made here, named ``owner_name``, with a random password nobody has seen: ``admin set-password`` sets one (the
+    command line prints it instead when it makes the owner itself)."""
+    user = admin_q.first_owner(conn) if account is None else admin_q.get_user_by_name(conn, account)
+    if user is None and account is None and not admin_q.list_users(conn):
+        admin_q.create_user(conn, owner_name, security.hash_password(security.generate_password()), now)
+        user = admin_q.first_owner(conn)
+    if user is None:
+        raise ConfigError(f"there is no account named {account!r}" if account else "there is no owner account")
     value = security.new_token("ppk_")
-    admin_q.create_token(conn, name, security.token_hash(value), now)
+    admin_q.create_token(conn, name, security.token_hash(value), now, user["id"])
     return value

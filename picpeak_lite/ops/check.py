@@ -49,6 +49,7 @@ class Report:
     orphans: list[PurePath] = field(default_factory=list)  # files, or objects in the bucket
     young_orphans: int = 0  # within the grace period: not a problem yet
     failed_missing: int = 0  # rows already failed because their original is gone: known, not new
+    archived: int = 0  # photos of archived galleries: their originals are in the gallery's archive object
     temp_files: int = 0
     integrity: str = "ok"
     requeued: int = 0
@@ -71,7 +72,8 @@ class Report:
         return (f"photos={self.photos} originals_checked={self.originals_checked} "
                 f"missing_original={len(self.missing_original)} sha_mismatch={len(self.sha_mismatch)} "
                 f"missing_derivatives={len(self.missing_derivatives)} orphans={len(self.orphans)} "
-                f"young_orphans={self.young_orphans} temp_files={self.temp_files} integrity={self.integrity}")
+                f"young_orphans={self.young_orphans} temp_files={self.temp_files} integrity={self.integrity}"
+                + (f" archived={self.archived}" if self.archived else ""))
 
 
 
@@ -93,6 +95,9 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
         for done, row in enumerate(rows, 1):
             if progress is not None:
                 progress(done, len(rows), row["display_name"])
+            if row["archived"]:
+                report.archived += 1  # packed away on purpose; `gallery restore` checks them against the manifest
+                continue
             name = original_name(row["storage_key"])
             if not storage.exists(name):
                 if row["status"] == PhotoStatus.FAILED:

@@ -24,10 +24,11 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import AppError, CommandFailed, ConfigError, StorageUnavailable
-from picpeak_lite.store import db
+from picpeak_lite.store import db, packing
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import COPY_CHUNK, Storage, disk_errors, key_of, open_storage, remove_quietly
 
@@ -118,6 +119,7 @@ def migrate(settings: Settings, to: str, config_file: Path | None, progress: Pro
             summary.bytes_copied += copied
         if is_original:
             copied_originals.add(key)
+    copied_originals |= _copy_archives(source, target, rows, summary)
     for row in rows:
         if row["storage_key"] not in copied_originals and row["status"] != "failed" \
                 and row["id"] not in summary.sha_mismatch:
@@ -129,6 +131,42 @@ def migrate(settings: Settings, to: str, config_file: Path | None, progress: Pro
 
 class _Mismatch(Exception):
     pass
+
+
+def _copy_archives(source: Storage, target: Storage, rows: list[Any], summary: MigrateSummary) -> set[str]:
+    """Copy each archived gallery's archive object (pipeline/archive.py) and read the copy back against its
+    manifest and the rows. Returns the keys of the originals it holds that are not loose (moved with it)."""
+    packed: dict[str, dict[str, str]] = {}
+    for row in rows:
+        if row["archived"] and row["archive_object"] is not None:
+            packed.setdefault(row["archive_object"], {})[row["storage_key"]] = row["sha256"]
+    moved: set[str] = set()
+    for name, shas in sorted(packed.items()):
+        loose = {key for key in shas if source.has_original(key)}  # copied above already, or missing
+        inside = {key: sha for key, sha in shas.items() if key not in loose}
+        try:
+            copied = _copy_one(source, target, name, None)
+            packing.read_back(target, name, inside)
+        except FileNotFoundError:
+            continue  # its photos are reported missing
+        except packing.ArchiveMismatch:
+            summary.sha_mismatch.extend(r["id"] for r in rows if r["storage_key"] in inside)
+            continue
+        except StorageUnavailable:
+            raise
+        except (OSError, AppError) as error:
+            reason = error.message if isinstance(error, AppError) else (error.strerror or str(error))
+            raise CommandFailed(f"could not copy {name} from {summary.source} to {summary.target} ({reason}); "
+                                "the storage setting was not changed: run the command again to go on from "
+                                "there") from error
+        summary.objects += 1
+        if copied is None:
+            summary.kept += 1
+        else:
+            summary.copied += 1
+            summary.bytes_copied += copied
+        moved |= set(inside)
+    return moved
 
 
 def _copy_one(source: Storage, target: Storage, name: str, sha256: str | None) -> int | None:

@@ -607,6 +607,8 @@ def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id
     gallery = authorize(conn)
     if gallery["id"] != gallery_id:
         raise NotFound(_("The gallery was removed while the photos were uploading."))
+    if gallery["archive_state"] != "active":  # checked under the lock that archiving's first step takes
+        raise Conflict(_("The gallery is archived; restore it before adding photos."))
     if lease is not None and upload_id is not None and not photo_q.renew_receiving(conn, [upload_id], now + lease):
         raise Conflict(_(ABANDONED))
     cap = gallery["photo_cap"] or default_cap

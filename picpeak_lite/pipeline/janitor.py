@@ -10,6 +10,7 @@
   taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
 * Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash); unfinished tus
   uploads past their expiry lose their bytes (``resumable.expire``, in the process that serves HTTP only).
+* Audit trail rows older than ``audit_retention_days`` are removed (with the reconciler's round).
 * The reconciler removes stored files that have no row (a crash between the rename and the commit), after a
   grace period so that an upload in the middle of committing is never touched, and fails rows whose original
   is missing.
@@ -28,6 +29,8 @@ from picpeak_lite.errors import StorageUnavailable
 from picpeak_lite.pipeline import attempts, intake, resumable, transitions
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection
+from picpeak_lite.store.queries import archive as archive_q
+from picpeak_lite.store.queries import audit as audit_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
@@ -110,6 +113,7 @@ class Janitor:
         swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds, now)
         if self.expire_tus:
             await resumable.expire(svc)
+        await svc.db.write(audit_q.prune, now - svc.settings.audit_retention_days * 86400)
         rows = await svc.db.read(photo_q.rows_with_keys)
         known = {r["storage_key"] for r in rows}
         candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, now)
@@ -140,7 +144,9 @@ class Janitor:
 
     def _rows_missing_original(self, rows: list[dict[str, Any]]) -> list[int]:
         stored = {key for key, _ in self.storage.iter_original_keys()}  # one listing, not a look-up per row
-        return [r["id"] for r in rows if r["status"] != PhotoStatus.FAILED and r["storage_key"] not in stored]
+        # An archived gallery's originals are packed away on purpose (pipeline/archive.py).
+        return [r["id"] for r in rows
+                if r["status"] != PhotoStatus.FAILED and not r["archived"] and r["storage_key"] not in stored]
 
 
 def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[str]:
@@ -157,7 +163,7 @@ def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[st
 def _fail_if_still_missing(conn: Connection, storage: Storage, endpoints: Any, photo_id: int, now: float) -> bool:
     """Checked again inside the write transaction: a delete may have raced the scan."""
     row = photo_q.get(conn, photo_id)
-    if row is None or storage.has_original(row["storage_key"]):
+    if row is None or archive_q.photo_archived(conn, photo_id) or storage.has_original(row["storage_key"]):
         return False
     return transitions.fail_missing_original(conn, endpoints, photo_id, now) is not None
 

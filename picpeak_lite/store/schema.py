@@ -469,6 +469,100 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE galleries ADD COLUMN cover_layout TEXT NOT NULL DEFAULT ''
         CHECK (cover_layout IN ('', 'full', 'split', 'minimal'));
     """,
+    # accounts with roles (issue 33): every account is an owner, an admin or an editor (the one made at first
+    # start, and any made before this step, is an owner); disabled_at ends its sessions and tokens at their next
+    # request (domain/accounts.py). An optional TOTP second factor (totp_secret, base32; totp_enabled_at set
+    # once a code from it was given; totp_last_step: the newest step used, so no code works twice) with
+    # single-use recovery codes (only their SHA-256). An editor reaches
+    # only the galleries in gallery_grants. API tokens belong to an account (those made before: the first
+    # owner's). A session whose password was right but whose second factor is still due is pending_totp.
+    # The audit trail: who did what and when, kept audit_retention_days; gallery and account names are copied,
+    # so that a row still reads after the gallery or the account is gone.
+    """
+    ALTER TABLE admin_users ADD COLUMN role TEXT NOT NULL DEFAULT 'owner' CHECK (role IN ('owner', 'admin', 'editor'));
+    ALTER TABLE admin_users ADD COLUMN disabled_at REAL;
+    ALTER TABLE admin_users ADD COLUMN totp_secret TEXT;
+    ALTER TABLE admin_users ADD COLUMN totp_enabled_at REAL;
+    ALTER TABLE admin_users ADD COLUMN totp_last_step INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE admin_sessions ADD COLUMN pending_totp INTEGER NOT NULL DEFAULT 0 CHECK (pending_totp IN (0, 1));
+    ALTER TABLE api_tokens ADD COLUMN user_id INTEGER REFERENCES admin_users(id) ON DELETE CASCADE;
+    UPDATE api_tokens SET user_id = (SELECT min(id) FROM admin_users);
+
+    CREATE TABLE recovery_codes (
+        id INTEGER PRIMARY KEY,
+        user_id INTEGER NOT NULL REFERENCES admin_users(id) ON DELETE CASCADE,
+        code_hash TEXT NOT NULL,
+        used_at REAL
+    ) STRICT;
+    CREATE INDEX recovery_codes_user ON recovery_codes(user_id);
+
+    CREATE TABLE gallery_grants (
+        user_id INTEGER NOT NULL REFERENCES admin_users(id) ON DELETE CASCADE,
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (user_id, gallery_id)
+    ) STRICT, WITHOUT ROWID;
+    CREATE INDEX gallery_grants_gallery ON gallery_grants(gallery_id);
+
+    CREATE TABLE audit_log (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        account_id INTEGER REFERENCES admin_users(id) ON DELETE SET NULL,
+        account_name TEXT NOT NULL,
+        action TEXT NOT NULL,
+        gallery_id INTEGER,
+        gallery_name TEXT,
+        ip TEXT NOT NULL DEFAULT '',
+        detail TEXT NOT NULL DEFAULT ''
+    ) STRICT;
+    CREATE INDEX audit_log_at ON audit_log(at);
+    CREATE INDEX audit_log_account ON audit_log(account_id, at);
+    CREATE INDEX audit_log_gallery ON audit_log(gallery_id, at);
+    """,
+    # email (issue 32): the outbox of messages, each stored whole (headers, parts, its Message-ID made once when it
+    # was queued), so every attempt sends the same bytes and a retry is never a second message. dedup_key names
+    # what a message is about ("reminder:<gallery>:<expiry>:client"): queuing it again is no second row.
+    # recipient is kept for the log and the SMTP envelope; gallery_id for the digest's "one per interval".
+    """
+    CREATE TABLE email_outbox (
+        id INTEGER PRIMARY KEY,
+        message_id TEXT NOT NULL UNIQUE,
+        dedup_key TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL,
+        gallery_id INTEGER REFERENCES galleries(id) ON DELETE SET NULL,
+        recipient TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        message BLOB NOT NULL,
+        created_at REAL NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'sent', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at REAL NOT NULL,
+        last_error TEXT,
+        last_reply TEXT,
+        sent_at REAL
+    ) STRICT;
+    CREATE INDEX email_outbox_due ON email_outbox(status, next_attempt_at);
+    CREATE INDEX email_outbox_sent ON email_outbox(sent_at) WHERE sent_at IS NOT NULL;
+    CREATE INDEX email_outbox_gallery ON email_outbox(gallery_id, kind, created_at);
+    """,
+    # archive and restore (issue 34): the gallery row is the state machine of pipeline/archive.py (active ->
+    # archiving -> archived -> restoring -> active; every step idempotent, resumed at start-up). on_expiry: the
+    # photographer's choice of what happens when the gallery expires ('archive' is done by the archiver task).
+    # archive_object: the storage name of the packed originals, set only once that object was read back and every
+    # original's sha256 matched; the loose originals are removed only after it is set. archive_bytes_before /
+    # _after: the gallery's stored bytes before and after archiving (the space freed is their difference).
+    # archive_error: why the last archiving or restoring stopped (shown on the admin's gallery page).
+    """
+    ALTER TABLE galleries ADD COLUMN on_expiry TEXT NOT NULL DEFAULT 'keep' CHECK (on_expiry IN ('keep', 'archive'));
+    ALTER TABLE galleries ADD COLUMN archive_state TEXT NOT NULL DEFAULT 'active'
+        CHECK (archive_state IN ('active', 'archiving', 'archived', 'restoring'));
+    ALTER TABLE galleries ADD COLUMN archive_object TEXT;
+    ALTER TABLE galleries ADD COLUMN archive_bytes_before INTEGER;
+    ALTER TABLE galleries ADD COLUMN archive_bytes_after INTEGER;
+    ALTER TABLE galleries ADD COLUMN archived_at REAL;
+    ALTER TABLE galleries ADD COLUMN archive_error TEXT;
+    CREATE INDEX galleries_archive_work ON galleries(archive_state) WHERE archive_state != 'active';
+    """,
     # Languages (issue 32): the language the photographer chose for the gallery's guests; NULL lets each guest's
     # browser decide (picpeak_lite/i18n.py choose()).
     """

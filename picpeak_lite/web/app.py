@@ -140,6 +140,14 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     from picpeak_lite.web.views import brand
 
     brand.install(app)
+    # A studio (issue 33): accounts with roles, second factors, the audit trail.
+    from picpeak_lite.web.views import accounts
+
+    app.register_blueprint(accounts.blueprint)
+    # Email (issue 32): the share button, the test message, the template editor, the guest's selection.
+    from picpeak_lite.web.views import email
+
+    app.register_blueprint(email.blueprint)
     from picpeak_lite.web.views import language
 
     app.register_blueprint(language.blueprint)

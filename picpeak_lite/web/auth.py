@@ -1,4 +1,12 @@
-"""Who is asking: the admin (by session cookie or API token) and guests (by guest session cookie).
+"""Who is asking: an account (by session cookie or API token) and guests (by guest session cookie).
+
+What an account may call is decided here by the route's category, one decorator each (``domain/accounts.py``
+has the rule): :func:`account_page` / :func:`account_api` (any account: its own password, second factor, the
+dashboard of what it may see), :func:`gallery_page` / :func:`gallery_api` (a gallery's work: owners and admins,
+and editors granted the gallery named by the route's ``gallery_id``, ``photo_id`` or ``upload_id``),
+:func:`admin_page` / :func:`admin_api` (owners and admins: all galleries; the default for a new admin route)
+and :func:`owner_page` / :func:`owner_api` (owners: accounts, settings, the audit trail). The account's row is
+read with its session or token on every request, so a disabled account is refused at its next request.
 
 Also the checks every state-changing request goes through: the request's origin (``Origin`` and
 ``Sec-Fetch-Site``) and, for cookie-authenticated requests, a CSRF token. API tokens in an ``Authorization``
@@ -16,6 +24,7 @@ from urllib.parse import urlsplit
 from quart import current_app, g, redirect, request, url_for
 
 from picpeak_lite import security
+from picpeak_lite.domain import accounts
 from picpeak_lite.errors import Forbidden, Unauthorized
 from picpeak_lite.i18n import _
 from picpeak_lite.services import Services
@@ -42,10 +51,21 @@ def limits() -> WebLimits:
 
 @dataclass(frozen=True)
 class Admin:
+    """An account making a request (any role: the name is older than the roles)."""
+
     username: str
     csrf_token: str | None  # None for API-token requests: no CSRF needed
     session_hash: str | None
     via_token: bool
+    account_id: int = 0
+    role: str = "owner"
+    galleries: frozenset[int] | None = None  # an editor's granted galleries; None: all
+
+    def may_open(self, gallery_id: int) -> bool:
+        return self.galleries is None or gallery_id in self.galleries
+
+    def actor(self, ip: str = "") -> accounts.Actor:
+        return accounts.Actor(self.account_id, self.username, ip)
 
 
 @dataclass(frozen=True)
@@ -81,22 +101,32 @@ async def admin_from_handshake(authorization: str | None, cookie: str | None) ->
 async def _load_admin(authorization: str | None, cookie: str | None) -> Admin | None:
     svc = services()
     if authorization:
-        scheme, _space, token = authorization.partition(" ")
+        scheme, _sep, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized(_("The Authorization header must be 'Bearer <token>'."))
-        row = await svc.db.read(admin_q.get_token, security.token_hash(token.strip()))
+        row, grants = await svc.db.read(_with_grants, admin_q.get_token, security.token_hash(token.strip()))
         if row is None:
-            raise Unauthorized(_("This API token is unknown or has been revoked."))
+            raise Unauthorized(_("This API token is unknown, has been revoked, or its account is disabled."))
         now = svc.clock()
         if row["last_used_at"] is None or now - row["last_used_at"] > TOKEN_TOUCH_SECONDS:
             await svc.db.write(admin_q.touch_token, row["id"], now)
-        return Admin(username=svc.settings.admin_username, csrf_token=None, session_hash=None, via_token=True)
+        return Admin(row["username"], None, None, via_token=True, account_id=row["user_id"], role=row["role"],
+                     galleries=grants)
     if cookie:
         token_hash = security.token_hash(cookie)
-        row = await svc.db.read(admin_q.get_session, token_hash, svc.clock())
+        row, grants = await svc.db.read(_with_grants, admin_q.get_session, token_hash, svc.clock())
         if row is not None:
-            return Admin(row["username"], row["csrf_token"], token_hash, via_token=False)
+            return Admin(row["username"], row["csrf_token"], token_hash, via_token=False, account_id=row["user_id"],
+                         role=row["role"], galleries=grants)
     return None
+
+
+def _with_grants(conn: Any, find: Callable[..., Any], *args: Any) -> tuple[Any, frozenset[int] | None]:
+    """The session or token row, and (for an editor) the galleries granted, in one snapshot."""
+    row = find(conn, *args)
+    if row is None or accounts.sees_all_galleries(row["role"]):
+        return row, None
+    return row, frozenset(admin_q.granted_galleries(conn, row["user_id"]))
 
 
 def check_origin() -> None:
@@ -127,34 +157,84 @@ async def check_csrf(expected: str) -> None:
         raise Forbidden(_("The form has expired or is missing its security token. Reload the page and try again."))
 
 
-def admin_page(view: F) -> F:
-    """An admin HTML page: log in first; state changes need the origin check and the CSRF token."""
-
-    @functools.wraps(view)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        admin = await current_admin()
-        if admin is None:
-            if request.method in SAFE_METHODS:
-                return redirect(url_for("admin.login", next=request.full_path.rstrip("?")))
-            raise Unauthorized(_("Your session has ended. Please log in again."))
-        await _check_state_change(admin)
-        return await view(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
+Check = Callable[["Admin", dict[str, Any]], Awaitable[None]]
 
 
-def admin_api(view: F) -> F:
-    """An admin JSON endpoint: session (with origin and CSRF checks) or API token."""
+def _guarded(check: Check, *, page: bool) -> Callable[[F], F]:
+    """A decorator for one category of admin route: log in first (a page redirects a reading request to the
+    login; an API answers 401), then ``check`` the account's role, then the origin and CSRF checks of a state
+    change."""
 
-    @functools.wraps(view)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        admin = await current_admin()
-        if admin is None:
-            raise Unauthorized(_("Log in or send 'Authorization: Bearer <token>'."))
-        await _check_state_change(admin)
-        return await view(*args, **kwargs)
+    def decorate(view: F) -> F:
+        @functools.wraps(view)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            admin = await current_admin()
+            if admin is None:
+                if page and request.method in SAFE_METHODS:
+                    return redirect(url_for("admin.login", next=request.full_path.rstrip("?")))
+                if page:
+                    raise Unauthorized(_("Your session has ended. Please log in again."))
+                raise Unauthorized(_("Log in or send 'Authorization: Bearer <token>'."))
+            await check(admin, kwargs)
+            await _check_state_change(admin)
+            return await view(*args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+async def _any_account(admin: Admin, kwargs: dict[str, Any]) -> None:
+    return None
+
+
+async def _all_galleries(admin: Admin, kwargs: dict[str, Any]) -> None:
+    if not accounts.sees_all_galleries(admin.role):
+        raise Forbidden(_("Your account's role does not allow this."))
+
+
+async def _owner(admin: Admin, kwargs: dict[str, Any]) -> None:
+    if not accounts.may_manage_accounts(admin.role):
+        raise Forbidden(_("Only an owner may do this."))
+
+
+async def _route_gallery(admin: Admin, kwargs: dict[str, Any]) -> None:
+    """An editor reaches the gallery the route names (by ``gallery_id``, ``photo_id`` or ``upload_id``) only if
+    it was granted; one that does not exist is left to the view (its own 404)."""
+    if admin.galleries is None:
+        return
+    gallery_id = await route_gallery_id(kwargs)
+    if gallery_id is not None and gallery_id not in admin.galleries:
+        raise Forbidden(_("This gallery is not one of yours."))
+
+
+async def route_gallery_id(kwargs: dict[str, Any]) -> int | None:
+    """The gallery a route's arguments name, or None when they name nothing that exists."""
+    if "gallery_id" in kwargs:
+        return int(kwargs["gallery_id"])
+    db = services().db
+    if "photo_id" in kwargs:
+        return await db.read(admin_q.gallery_of_photo, int(kwargs["photo_id"]))
+    if "upload_id" in kwargs:
+        return await db.read(admin_q.gallery_of_upload, str(kwargs["upload_id"]))
+    return None
+
+
+def require_delete(admin: Admin | None) -> None:
+    """Deleting photos or galleries: owners and admins only (domain/accounts.py)."""
+    if admin is None or not accounts.may_delete(admin.role):
+        raise Forbidden(_("Your account may not delete photos or galleries; hide them instead."))
+
+
+# The categories (module docstring). A new admin route takes one of these pairs.
+account_page = _guarded(_any_account, page=True)
+account_api = _guarded(_any_account, page=False)
+gallery_page = _guarded(_route_gallery, page=True)
+gallery_api = _guarded(_route_gallery, page=False)
+admin_page = _guarded(_all_galleries, page=True)
+admin_api = _guarded(_all_galleries, page=False)
+owner_page = _guarded(_owner, page=True)
+owner_api = _guarded(_owner, page=False)
 
 
 async def _check_state_change(admin: Admin) -> None:

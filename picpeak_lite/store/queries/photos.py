@@ -156,7 +156,8 @@ def want_previews(conn: Connection, gallery_id: int) -> int:
     """Downloads were turned off: every video of the gallery without a playable copy gets one made (guests
     play the copy, not the original). Returns how many were marked."""
     conn.execute("UPDATE photos SET preview_status = 'pending' WHERE gallery_id = ? AND media_type = 'video' "
-                 "AND preview_status IS NULL", (gallery_id,))
+                 "AND preview_status IS NULL AND (SELECT archive_object IS NULL FROM galleries WHERE id = ?)",
+                 (gallery_id, gallery_id))
     return conn.changes()
 
 
@@ -220,13 +221,15 @@ def get_visible(conn: Connection, gallery_id: int, photo_id: int) -> Row | None:
 def mark_views_stale(conn: Connection, gallery_ids: list[int]) -> int:
     """These galleries' watermark changed: their photos' images are to be made again (schema 6). A photo being
     processed may have read the old watermark, so it is marked too (complete() leaves the mark); a pending one
-    will read the new one."""
+    will read the new one. An archived gallery's photos have no images to make (their originals are packed away:
+    pipeline/archive.py); restoring makes them all again anyway."""
     if not gallery_ids:
         return 0
     marks = ", ".join("?" * len(gallery_ids))
     conn.execute(
         f"UPDATE photos SET views_stale = views_stale + 1 "
-        f"WHERE gallery_id IN ({marks}) AND status IN ('processing', 'complete')",
+        f"WHERE gallery_id IN ({marks}) AND status IN ('processing', 'complete') AND gallery_id NOT IN "
+        f"(SELECT id FROM galleries WHERE archive_object IS NOT NULL)",
         gallery_ids,
     )
     return conn.changes()
@@ -351,12 +354,18 @@ def keys_of_gallery(conn: Connection, gallery_id: int) -> list[str]:
 
 
 def rows_for_check(conn: Connection) -> list[Row]:
-    """Every photo with what ``check`` and ``backup`` verify its original against."""
-    return conn.execute("SELECT id, storage_key, sha256, status, display_name FROM photos ORDER BY id").fetchall()
+    """Every photo with what ``check`` and ``backup`` verify its original against. ``archived``: its gallery is
+    not active (pipeline/archive.py), so its original may rightly be packed away (in ``archive_object``, once
+    that is set) and its images gone."""
+    return conn.execute("SELECT p.id, p.storage_key, p.sha256, p.status, p.display_name, "
+                        "g.archive_state != 'active' AS archived, g.archive_object FROM photos p "
+                        "JOIN galleries g ON g.id = p.gallery_id ORDER BY p.id").fetchall()
 
 
 def rows_with_keys(conn: Connection) -> list[Row]:
-    return conn.execute("SELECT id, storage_key, status FROM photos").fetchall()
+    """Every photo's key (for the reconciler); ``archived`` as in :func:`rows_for_check`."""
+    return conn.execute("SELECT p.id, p.storage_key, p.status, g.archive_state != 'active' AS archived "
+                        "FROM photos p JOIN galleries g ON g.id = p.gallery_id").fetchall()
 
 
 def count_pending(conn: Connection) -> int:

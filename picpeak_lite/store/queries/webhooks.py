@@ -19,11 +19,12 @@ from typing import Any
 
 from picpeak_lite.config import WEBHOOK_EVENTS, WebhookEndpoint
 from picpeak_lite.store.db import Connection
+from picpeak_lite.store.queries import outbox
 
-# Delay before the retry that follows the n-th failed attempt. After the last one fails the delivery is given
-# up: five attempts in all, spread over about two and a half hours.
-RETRY_DELAYS: tuple[float, ...] = (60.0, 300.0, 1800.0, 7200.0)
-MAX_ATTEMPTS = len(RETRY_DELAYS) + 1
+# The retry schedule is every outbox's (store/queries/outbox.py): five attempts over about two and a half hours.
+RETRY_DELAYS = outbox.RETRY_DELAYS
+MAX_ATTEMPTS = outbox.MAX_ATTEMPTS
+TABLE = "webhook_deliveries"
 
 # The event type of a "send test" delivery from the settings page; never enqueued by a state change.
 TEST_EVENT = "webhook.test"
@@ -120,34 +121,15 @@ def enqueue_test(conn: Connection, endpoint_url: str, now: float) -> int:
 
 
 def claim_due(conn: Connection, now: float, limit: int, lease_seconds: float) -> list[dict[str, Any]]:
-    """Return up to ``limit`` pending deliveries that are due, oldest due first, and push them
-    ``lease_seconds`` into the future.
-
-    The lease keeps a second sender (another process) from posting the same row at the same time, and brings
-    the row back by itself if this process dies mid-attempt. Run it inside a write transaction.
-    """
-    rows = conn.execute(
-        """
-        SELECT * FROM webhook_deliveries
-        WHERE status = 'pending' AND next_attempt_at <= ?
-        ORDER BY next_attempt_at, id
-        LIMIT ?
-        """,
-        (now, limit),
-    ).fetchall()
-    for row in rows:
-        conn.execute(
-            "UPDATE webhook_deliveries SET next_attempt_at = ? WHERE id = ?", (now + lease_seconds, row["id"])
-        )
-    return rows
+    """Up to ``limit`` due deliveries, leased for ``lease_seconds`` (``outbox.claim_due``): the lease keeps a
+    second sender (another process) from posting the same row at the same time, and brings the row back by
+    itself if this process dies mid-attempt. Run it inside a write transaction."""
+    return outbox.claim_due(conn, TABLE, now, limit, lease_seconds)
 
 
 def next_due_at(conn: Connection) -> float | None:
     """When the next pending delivery falls due (None: nothing pending); the sender sleeps until then."""
-    row = conn.execute(
-        "SELECT min(next_attempt_at) AS due FROM webhook_deliveries WHERE status = 'pending'"
-    ).fetchall()[0]
-    return row["due"]
+    return outbox.next_due_at(conn, TABLE)
 
 
 def record_delivered(conn: Connection, delivery_id: int, status_code: int, now: float) -> None:
@@ -183,10 +165,7 @@ def record_failure(
     if not row:
         return None
     attempts = row[0]["attempts"] + 1
-    if final or attempts >= MAX_ATTEMPTS:
-        status, next_attempt_at = "failed", now
-    else:
-        status, next_attempt_at = "pending", now + RETRY_DELAYS[attempts - 1]
+    status, next_attempt_at = outbox.after_failure(attempts, now, final=final)
     return conn.execute(
         """
         UPDATE webhook_deliveries

@@ -19,10 +19,11 @@ from picpeak_lite.pipeline import transitions
 from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import admin_photos as q
 from picpeak_lite.store.queries import photos as photo_q
-from picpeak_lite.web.auth import admin_api, admin_page, services
+from picpeak_lite.web.auth import current_admin, gallery_api, gallery_page, require_delete, services
 from picpeak_lite.web.views.common import (
     action_and_ids,
     admin_image_url,
+    current_actor,
     filter_query,
     load_grid,
     photo_status,
@@ -56,7 +57,7 @@ def photo_json(row: dict[str, Any], favourited_by: list[str], cover_id: int | No
 
 
 @blueprint.get("/api/admin/galleries/<int:gallery_id>/photos")
-@admin_api
+@gallery_api
 async def list_photos(gallery_id: int) -> dict[str, Any]:
     gallery = await galleries.get_gallery(services(), gallery_id)
     rows, favs = await load_grid(gallery_id, read_filters(request.args))
@@ -64,7 +65,7 @@ async def list_photos(gallery_id: int) -> dict[str, Any]:
 
 
 @blueprint.post("/api/admin/galleries/<int:gallery_id>/photos/bulk")
-@admin_api
+@gallery_api
 async def bulk_api(gallery_id: int) -> dict[str, Any]:
     action, ids = await action_and_ids("...")
     changed = await apply_action(gallery_id, action, ids)
@@ -72,7 +73,7 @@ async def bulk_api(gallery_id: int) -> dict[str, Any]:
 
 
 @blueprint.put("/api/admin/galleries/<int:gallery_id>/cover")
-@admin_api
+@gallery_api
 async def cover_api(gallery_id: int) -> dict[str, Any]:
     data = await request.get_json(force=True, silent=True)
     photo_id = data.get("photo_id") if isinstance(data, dict) else "missing"
@@ -84,7 +85,7 @@ async def cover_api(gallery_id: int) -> dict[str, Any]:
 
 
 @blueprint.post("/admin/galleries/<int:gallery_id>/photos")
-@admin_page
+@gallery_page
 async def bulk_form(gallery_id: int) -> Any:
     form = await request.form
     action = form.get("action")
@@ -95,6 +96,8 @@ async def bulk_form(gallery_id: int) -> Any:
     except ValueError:
         raise BadRequest(_("The selection is not valid; reload the page and try again.")) from None
     back = url_for("admin.gallery", gallery_id=gallery_id, **filter_query(read_filters(request.args)))  # type: ignore[arg-type]
+    if action == "delete":
+        require_delete(await current_admin())
     if action == "delete" and form.get("confirm") != "yes":
         gallery = await galleries.get_gallery(services(), gallery_id)
         ids = await services().db.read(q.ids_in_gallery, gallery_id, ids)
@@ -106,7 +109,7 @@ async def bulk_form(gallery_id: int) -> Any:
 
 
 @blueprint.post("/admin/photos/<int:photo_id>/retry")
-@admin_page
+@gallery_page
 async def retry_form(photo_id: int) -> Any:
     svc = services()
     photo = await svc.db.read(photo_q.get, photo_id)
@@ -135,6 +138,7 @@ async def apply_action(gallery_id: int, action: Any, ids: list[int]) -> int:
         return 1
     if action in ("hide", "show"):
         return await svc.db.write(q.set_hidden, gallery_id, ids, action == "hide")
+    require_delete(await current_admin())
     return await delete_photos(gallery_id, ids)
 
 
@@ -150,13 +154,17 @@ async def delete_photos(gallery_id: int, ids: list[int]) -> int:
     svc = services()
     endpoints = svc.settings.webhooks
     now = svc.clock()
+    actor = await current_actor()
 
     def delete(conn: Any) -> list[str]:
-        keys = []
+        keys, deleted = [], []
         for photo_id in q.ids_in_gallery(conn, gallery_id, ids):
             row = transitions.delete_photo(conn, endpoints, photo_id, now)
             if row is not None:
                 keys.append(row["storage_key"])
+                deleted.append(str(photo_id))
+        if deleted:
+            actor.record(conn, now, "photos.deleted", gallery_id=gallery_id, detail="ids " + ", ".join(deleted))
         return keys
 
     keys = await svc.db.write(delete)

@@ -14,7 +14,7 @@ import trio
 from quart import Blueprint, Response, redirect, render_template, request, url_for
 
 from picpeak_lite.config import WEBHOOK_EVENTS
-from picpeak_lite.domain import admin_settings
+from picpeak_lite.domain import admin_settings, email
 from picpeak_lite.domain import brand as brand_rules
 from picpeak_lite.errors import BadRequest, NotFound
 from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, resolve_target
@@ -24,8 +24,9 @@ from picpeak_lite.store.queries import settings as settings_q
 from picpeak_lite.store.queries import webhooks as webhook_q
 from picpeak_lite.store.storage import fsync_dir, fsync_file, remove_quietly
 from picpeak_lite.targets import TargetRefused
-from picpeak_lite.web.auth import admin_page, services
+from picpeak_lite.web.auth import owner_page, services
 from picpeak_lite.web.resources import STATIC_DIR
+from picpeak_lite.web.views.common import current_actor
 
 blueprint = Blueprint("admin_settings", __name__, url_prefix="/admin/settings")
 
@@ -53,6 +54,7 @@ async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str
         return settings_q.list_endpoints(conn), webhook_q.list_deliveries(conn, limit=DELIVERY_LOG_ROWS)
 
     endpoints, deliveries = await svc.db.read(read)
+    email_section = await svc.db.read(email.page_data, svc.settings)
     form = current.as_form()
     form.update(values or {})
     html = await render_template(
@@ -61,7 +63,7 @@ async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str
         uploaded_logo=admin_settings.logo_path(svc.settings).exists(), endpoints=endpoints,
         config_endpoints=svc.settings.webhooks, deliveries=deliveries, events=WEBHOOK_EVENTS,
         new_secret=new_secret, webhook_form=webhook_form or {"events": list(WEBHOOK_EVENTS)},
-        saved=request.args.get("saved"), keys=admin_settings.KEYS,
+        saved=request.args.get("saved"), keys=admin_settings.KEYS, email=email_section,
         brand_form={**brand.form(), **(brand_values or {})}, brand_checks=brand_rules.contrast_checks(brand),
         fonts=brand_rules.font_labels(), themes=brand_rules.theme_labels(), layouts=brand_rules.layout_labels(),
         has_brand_logo=bool(brand.logo_version), css_max=brand_rules.CSS_MAX_BYTES,
@@ -70,13 +72,13 @@ async def settings_page(*, status: int = 200, section_errors: dict[str, dict[str
 
 
 @blueprint.get("/")
-@admin_page
+@owner_page
 async def page() -> tuple[str, int]:
     return await settings_page()
 
 
 @blueprint.post("/watermark")
-@admin_page
+@owner_page
 async def save_watermark() -> Any:
     svc = services()
     form = await request.form
@@ -101,9 +103,12 @@ async def save_watermark() -> Any:
         await trio.to_thread.run_sync(remove_quietly, target)
         values["watermark_use_logo"] = False
 
+    actor, now = await current_actor(), svc.clock()
+
     def save(conn: Any) -> None:
         admin_settings.save(conn, values)
         admin_settings.mark_changed_watermarks(conn, svc.settings, before)  # their view images are made again
+        actor.record(conn, now, "settings.changed", detail="watermark")
 
     await svc.db.write(save)
     svc.workers_bell.ring()
@@ -111,28 +116,28 @@ async def save_watermark() -> Any:
 
 
 @blueprint.post("/defaults")
-@admin_page
+@owner_page
 async def save_defaults() -> Any:
     values, errors = admin_settings.parse_section("defaults", await request.form)
     if errors:
         return await settings_page(status=400, section_errors={"defaults": errors}, values=values)
-    await services().db.write(admin_settings.save, values)
+    await _save_audited("defaults", admin_settings.save, values)
     return redirect(url_for("admin_settings.page", saved="defaults") + "#defaults")
 
 
 @blueprint.post("/contact")
-@admin_page
+@owner_page
 async def save_contact() -> Any:
     """The photographer's contact, shown to guests on the expired page."""
     values, errors = admin_settings.parse_section("contact", await request.form)
     if errors:
         return await settings_page(status=400, section_errors={"contact": errors}, values=values)
-    await services().db.write(admin_settings.save, values)
+    await _save_audited("contact", admin_settings.save, values)
     return redirect(url_for("admin_settings.page", saved="contact") + "#contact")
 
 
 @blueprint.post("/brand")
-@admin_page
+@owner_page
 async def save_brand() -> Any:
     """The studio's brand: name, logo, colours, fonts, default theme and cover, white label, custom CSS."""
     svc = services()
@@ -178,7 +183,7 @@ async def _studio_logo(data: bytes) -> bytes:
 
 
 @blueprint.get("/watermark-preview.jpg")
-@admin_page
+@owner_page
 async def watermark_preview() -> Response:
     """The built-in sample photo with the watermark the form currently describes (unsaved values allowed)."""
     current = await load_settings()
@@ -200,7 +205,7 @@ async def watermark_preview() -> Response:
 
 
 @blueprint.post("/webhooks")
-@admin_page
+@owner_page
 async def add_webhook() -> Any:
     svc = services()
     form = await request.form
@@ -223,10 +228,12 @@ async def add_webhook() -> Any:
     elif any(e not in WEBHOOK_EVENTS for e in events):
         errors["events"] = _("Unknown event.")
     secret = secrets.token_hex(24)
+    actor = await current_actor()
 
     def create(conn: Any) -> int | None:
         if settings_q.endpoint_url_taken(conn, url):
             return None
+        actor.record(conn, svc.clock(), "settings.changed", detail=f"webhook added: {url}")
         return settings_q.create_endpoint(conn, url, secret, events, svc.clock())
 
     if not errors:
@@ -241,24 +248,25 @@ async def add_webhook() -> Any:
 
 
 @blueprint.post("/webhooks/<int:endpoint_id>/delete")
-@admin_page
+@owner_page
 async def delete_webhook(endpoint_id: int) -> Any:
-    if not await services().db.write(settings_q.delete_endpoint, endpoint_id):
+    if not await _save_audited(f"webhook {endpoint_id} deleted", settings_q.delete_endpoint, endpoint_id):
         raise NotFound(_("There is no such webhook."))
     return redirect(url_for("admin_settings.page") + "#webhooks")
 
 
 @blueprint.post("/webhooks/<int:endpoint_id>/active")
-@admin_page
+@owner_page
 async def toggle_webhook(endpoint_id: int) -> Any:
     active = (await request.form).get("active") == "1"
-    if not await services().db.write(settings_q.set_endpoint_active, endpoint_id, active):
+    if not await _save_audited(f"webhook {endpoint_id} {'on' if active else 'off'}", settings_q.set_endpoint_active,
+                               endpoint_id, active):
         raise NotFound(_("There is no such webhook."))
     return redirect(url_for("admin_settings.page") + "#webhooks")
 
 
 @blueprint.post("/webhooks/<int:endpoint_id>/test")
-@admin_page
+@owner_page
 async def test_webhook(endpoint_id: int) -> Any:
     svc = services()
 
@@ -272,6 +280,20 @@ async def test_webhook(endpoint_id: int) -> Any:
         raise NotFound(_("There is no such webhook."))
     svc.webhooks_bell.ring()
     return redirect(url_for("admin_settings.page", saved="test") + "#deliveries")
+
+
+async def _save_audited(what: str, fn: Any, *args: Any) -> Any:
+    """``fn(conn, *args)`` and its audit row in one transaction (no row when ``fn`` found nothing to change)."""
+    svc = services()
+    actor, now = await current_actor(), svc.clock()
+
+    def save(conn: Any) -> Any:
+        result = fn(conn, *args)
+        if result is not False:
+            actor.record(conn, now, "settings.changed", detail=what)
+        return result
+
+    return await svc.db.write(save)
 
 
 def _render_preview(watermark: images.Watermark) -> bytes:

@@ -14,6 +14,7 @@ from quart import g, request, url_for
 
 from picpeak_lite.config import Settings, split_host
 from picpeak_lite.domain import access
+from picpeak_lite.domain.accounts import Actor
 from picpeak_lite.errors import BadRequest, Forbidden, NotFound
 from picpeak_lite.i18n import _
 from picpeak_lite.store.db import Connection, Row, fits_integer
@@ -22,7 +23,7 @@ from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.web import locale
-from picpeak_lite.web.auth import SAFE_METHODS, admin_from_cookie, current_guest, services
+from picpeak_lite.web.auth import SAFE_METHODS, admin_from_cookie, current_admin, current_guest, services
 from picpeak_lite.web.passwords import DEVICE_COOKIE, Device
 
 
@@ -36,6 +37,14 @@ def client_ip() -> str:
     trusted = trusted_set(services().settings.trusted_proxies)
     address = real_client(request.remote_addr or "unknown", request.headers.get("X-Forwarded-For", ""), trusted)
     return throttle_key(address)
+
+
+async def current_actor() -> Actor:
+    """The account making this request, for the audit trail (``domain/accounts.Actor``)."""
+    admin = await current_admin()
+    if admin is None:
+        return Actor(None, "(nobody)", client_ip())
+    return admin.actor(client_ip())
 
 
 def trusted_device(proof: str, password_hash: str | None) -> str | None:
@@ -179,10 +188,13 @@ async def load_gallery(slug: str) -> dict[str, Any]:
     try:
         row = await svc.db.read(access.guest_gallery, slug, guest.id if guest else None, svc.clock())
     except (NotFound, access.PasswordRequired):
-        if request.method not in SAFE_METHODS or await admin_from_cookie() is None:
+        admin = await admin_from_cookie() if request.method in SAFE_METHODS else None
+        if admin is None:
             raise
         now = svc.clock()
         row = await svc.db.read(lambda conn: access.guest_gallery(conn, slug, None, now, admin_preview=True))
+        if not admin.may_open(row["id"]):  # an editor previews only the galleries granted to them
+            raise
         g.admin_preview = True
     # The photographer's language for this gallery, unless the visitor picked one (web/locale.py).
     locale.apply(row.get("language"))

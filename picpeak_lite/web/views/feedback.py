@@ -31,7 +31,7 @@ from picpeak_lite.pipeline.intake import clean_guest_name
 from picpeak_lite.store.db import Connection, fits_integer
 from picpeak_lite.store.queries import feedback as feedback_q
 from picpeak_lite.store.queries import guests as guest_q
-from picpeak_lite.web.auth import admin_api, admin_page, check_guest_state_change, current_guest, limits, services
+from picpeak_lite.web.auth import check_guest_state_change, current_guest, gallery_api, gallery_page, limits, services
 from picpeak_lite.web.views.common import action_and_ids, load_gallery
 
 blueprint = Blueprint("feedback", __name__)
@@ -150,7 +150,7 @@ async def comment(slug: str, photo_id: int) -> tuple[dict[str, Any], int]:
 # --- the photographer --------------------------------------------------------------------------------------
 
 @blueprint.get("/api/admin/galleries/<int:gallery_id>/comments")
-@admin_api
+@gallery_api
 async def comments_api(gallery_id: int) -> dict[str, Any]:
     svc = services()
     gallery = await galleries.get_gallery(svc, gallery_id)
@@ -160,7 +160,7 @@ async def comments_api(gallery_id: int) -> dict[str, Any]:
 
 
 @blueprint.post("/api/admin/galleries/<int:gallery_id>/comments")
-@admin_api
+@gallery_api
 async def review_api(gallery_id: int) -> dict[str, Any]:
     action, ids = await action_and_ids('"approve"')
     done = await apply_review(gallery_id, action, ids)
@@ -168,7 +168,7 @@ async def review_api(gallery_id: int) -> dict[str, Any]:
 
 
 @blueprint.post("/admin/galleries/<int:gallery_id>/comments")
-@admin_page
+@gallery_page
 async def review_form(gallery_id: int) -> Any:
     form = await request.form
     raw = [request.args["only"]] if "only" in request.args else form.getlist("ids")
@@ -200,7 +200,7 @@ def _export_rows(conn: Connection, gallery_id: int) -> tuple[list[Any], list[Any
 
 
 @blueprint.get("/admin/galleries/<int:gallery_id>/feedback.<any(csv, txt):fmt>")
-@admin_page
+@gallery_page
 async def export(gallery_id: int, fmt: str) -> Response:
     svc = services()
     gallery = await galleries.get_gallery(svc, gallery_id)
@@ -216,7 +216,7 @@ async def export(gallery_id: int, fmt: str) -> Response:
 
 
 @blueprint.get("/admin/galleries/<int:gallery_id>/sidecars.zip")
-@admin_page
+@gallery_page
 async def sidecars_zip(gallery_id: int) -> Response:
     """Every photo with feedback or a favourite as ``<original stem>.xmp`` in one zip (small files: built in
     memory, in a thread)."""

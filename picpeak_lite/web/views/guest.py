@@ -16,7 +16,7 @@ from quart.blueprints import BlueprintSetupState
 from quart.json.provider import DefaultJSONProvider
 
 from picpeak_lite import i18n
-from picpeak_lite.domain import access, admin_settings
+from picpeak_lite.domain import access, admin_settings, email
 from picpeak_lite.errors import BadRequest, Forbidden
 from picpeak_lite.i18n import _
 from picpeak_lite.media import images
@@ -309,6 +309,7 @@ async def gallery(slug: str) -> Any:
         download_sizes={"original": size_label(totals["bytes"]), "web": size_label(totals["web_bytes"])},
         og_image=f"{base_url()}{cover_url}" if cover_url and row["password_hash"] is None else None,
         og_url=f"{base_url()}/g/{slug}", own_waiting=own_waiting, cover_mark=mark.position if mark else "",
+        can_send_selection=email.enabled(svc.settings),
     )
 
 

@@ -71,6 +71,10 @@ class Viewer:
     is_admin: bool
     guest_id: int | None
     wall: Wall | None = None  # a wall sees what guests see, with its own image URLs (and captions if chosen)
+    galleries: frozenset[int] | None = None  # an editor account's granted galleries; None: all
+
+    def may_open(self, gallery_id: int) -> bool:
+        return self.is_admin and (self.galleries is None or gallery_id in self.galleries)
 
 
 async def _viewer() -> Viewer | None:
@@ -80,7 +84,7 @@ async def _viewer() -> Viewer | None:
     except AppError:
         return None
     if admin is not None:
-        return Viewer(True, None)
+        return Viewer(True, None, galleries=admin.galleries)
     cookie = websocket.cookies.get(GUEST_COOKIE)
     guest = await guest_from_cookie(cookie) if cookie else None
     return Viewer(False, guest.id) if guest else None
@@ -235,6 +239,8 @@ async def upload_feed(upload_id: str) -> Response | None:
     if not viewer.is_admin and (found is None or found.upload["guest_session_id"] != viewer.guest_id):
         return _refuse("This is not your upload.")
     gallery = await svc.db.read(gallery_q.get, found.upload["gallery_id"]) if found is not None else None
+    if viewer.is_admin and gallery is not None and not viewer.may_open(gallery["id"]):
+        return _refuse("This gallery is not one of yours.")
     if not viewer.is_admin:
         # The uploader follows it only while they may still see the gallery (expired, unpublished or a changed
         # password end that), as the HTTP status route decides through the same function.
@@ -390,6 +396,9 @@ async def wall_feed(slug: str) -> Response | None:
         return _refuse("This page is from another site.")
     admin = await _viewer()
     by_admin = admin is not None and admin.is_admin
+    if admin is not None and admin.is_admin and admin.galleries is not None:  # an editor: their galleries' walls
+        row = await svc.db.read(gallery_q.get_by_slug, slug)
+        by_admin = row is not None and admin.may_open(row["id"])
     key = websocket.args.get("key") or None
     try:
         gallery = await svc.db.read(wall.wall_gallery, slug, key, by_admin, svc.clock())
@@ -411,6 +420,8 @@ async def admin_gallery_feed(gallery_id: int) -> Response | None:
     gallery = await svc.db.read(gallery_q.get, gallery_id)
     if gallery is None:
         return _refuse("There is no such gallery.", 404)
+    if not viewer.may_open(gallery_id):
+        return _refuse("This gallery is not one of yours.")
     return await _serve_gallery(gallery, viewer)
 
 

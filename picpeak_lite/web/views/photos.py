@@ -19,9 +19,16 @@ from picpeak_lite.pipeline import transitions
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import derived_name
-from picpeak_lite.web.auth import admin_api, current_guest, services
+from picpeak_lite.web.auth import admin_api, current_guest, gallery_api, services
 from picpeak_lite.web.files import send_original, send_stored
-from picpeak_lite.web.views.common import admin_image_url, guest_image_url, load_gallery, read_upload, upload_status
+from picpeak_lite.web.views.common import (
+    admin_image_url,
+    current_actor,
+    guest_image_url,
+    load_gallery,
+    read_upload,
+    upload_status,
+)
 
 blueprint = Blueprint("photos", __name__)
 
@@ -46,7 +53,7 @@ CACHE_SECONDS = {"grid": 3600, "view": 3600}
 
 
 @blueprint.get("/api/admin/uploads/<upload_id>")
-@admin_api
+@gallery_api
 async def admin_upload_status(upload_id: str) -> dict[str, Any]:
     found = await read_upload(upload_id)
     if found is None:
@@ -67,7 +74,7 @@ async def guest_upload_status(slug: str, upload_id: str) -> dict[str, Any]:
 
 
 @blueprint.post("/api/admin/photos/<int:photo_id>/retry")
-@admin_api
+@gallery_api
 async def retry(photo_id: int) -> dict[str, Any]:
     svc = services()
 
@@ -96,7 +103,15 @@ async def delete_photo(photo_id: int) -> None:
     """Delete the row (with its webhook) first, then the files: a crash in between leaves orphan files for the
     reconciler, never a row without its file."""
     svc = services()
-    row = await svc.db.write(transitions.delete_photo, svc.settings.webhooks, photo_id, svc.clock())
+    actor, now = await current_actor(), svc.clock()
+
+    def delete(conn: Any) -> Any:
+        row = transitions.delete_photo(conn, svc.settings.webhooks, photo_id, now)
+        if row is not None:
+            actor.record(conn, now, "photos.deleted", gallery_id=row["gallery_id"], detail=f"ids {photo_id}")
+        return row
+
+    row = await svc.db.write(delete)
     if row is None:
         raise NotFound(_("There is no such photo."))
     await trio.to_thread.run_sync(svc.storage.remove_photo_files, row["storage_key"])
@@ -104,7 +119,7 @@ async def delete_photo(photo_id: int) -> None:
 
 
 @blueprint.get("/api/admin/photos/<int:photo_id>/<any(grid, view, original):kind>")
-@admin_api
+@gallery_api
 async def admin_image(photo_id: int, kind: str) -> Response:
     photo = await services().db.read(photo_q.get, photo_id)
     if photo is None:

@@ -15,7 +15,7 @@ from picpeak_lite.domain import galleries, proofing
 from picpeak_lite.errors import NotFound
 from picpeak_lite.i18n import _
 from picpeak_lite.store.queries import proofing as proofing_q
-from picpeak_lite.web.auth import admin_page, services
+from picpeak_lite.web.auth import gallery_page, services
 
 blueprint = Blueprint("proofing", __name__)
 
@@ -23,7 +23,7 @@ EXTENSIONS = {"txt": "txt", "lightroom": "lightroom.txt", "captureone": "capture
 
 
 @blueprint.get("/admin/galleries/<int:gallery_id>/favourites.<any(txt, lightroom, captureone, csv):fmt>")
-@admin_page
+@gallery_page
 async def export(gallery_id: int, fmt: str) -> Response:
     svc = services()
     gallery = await galleries.get_gallery(svc, gallery_id)

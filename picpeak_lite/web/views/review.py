@@ -20,8 +20,8 @@ from picpeak_lite.i18n import _
 from picpeak_lite.pipeline import moderation
 from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import moderation as moderation_q
-from picpeak_lite.web.auth import admin_api, admin_page, services
-from picpeak_lite.web.views.common import action_and_ids, admin_image_url, photo_status
+from picpeak_lite.web.auth import current_admin, gallery_api, gallery_page, require_delete, services
+from picpeak_lite.web.views.common import action_and_ids, admin_image_url, current_actor, photo_status
 
 blueprint = Blueprint("review", __name__)
 
@@ -34,7 +34,7 @@ def queue_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @blueprint.get("/api/admin/galleries/<int:gallery_id>/review")
-@admin_api
+@gallery_api
 async def queue_api(gallery_id: int) -> dict[str, Any]:
     gallery = await galleries.get_gallery(services(), gallery_id)
     rows = await services().db.read(moderation_q.queue, gallery_id)
@@ -43,7 +43,7 @@ async def queue_api(gallery_id: int) -> dict[str, Any]:
 
 
 @blueprint.post("/api/admin/galleries/<int:gallery_id>/review")
-@admin_api
+@gallery_api
 async def review_api(gallery_id: int) -> dict[str, Any]:
     action, ids = await action_and_ids('"approve"')
     done = await apply_review(gallery_id, action, ids)
@@ -51,7 +51,7 @@ async def review_api(gallery_id: int) -> dict[str, Any]:
 
 
 @blueprint.post("/admin/galleries/<int:gallery_id>/review")
-@admin_page
+@gallery_page
 async def review_form(gallery_id: int) -> Any:
     form = await request.form
     raw = [request.args["only"]] if "only" in request.args else form.getlist("ids")
@@ -74,8 +74,19 @@ async def apply_review(gallery_id: int, action: Any, ids: list[int]) -> list[int
         raise BadRequest(_("Select at least one photo."))
     if len(ids) > MAX_IDS:
         raise BadRequest(_("At most %(MAX_IDS)s photos at once.") % {"MAX_IDS": MAX_IDS})
+    if action == "delete":
+        require_delete(await current_admin())
     await galleries.get_gallery(svc, gallery_id)
-    rows = await svc.db.write(moderation.review, svc.settings.webhooks, gallery_id, action, ids, svc.clock())
+    actor, now = await current_actor(), svc.clock()
+
+    def review(conn: Any) -> list[Any]:
+        rows = moderation.review(conn, svc.settings.webhooks, gallery_id, action, ids, now)
+        if action == "delete" and rows:
+            actor.record(conn, now, "photos.deleted", gallery_id=gallery_id,
+                         detail="ids " + ", ".join(str(row["id"]) for row in rows))
+        return rows
+
+    rows = await svc.db.write(review)
     if action == "delete" and rows:
         keys = [row["storage_key"] for row in rows]
         await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)

@@ -53,7 +53,7 @@ from picpeak_lite.pipeline.intake import Authorize, Limits
 from picpeak_lite.pipeline.resumable import Finished, OffsetMismatch, Owner
 from picpeak_lite.store.db import Row
 from picpeak_lite.store.queries import tus as tus_q
-from picpeak_lite.web.auth import SAFE_METHODS, admin_api, check_origin, current_guest, limits, services
+from picpeak_lite.web.auth import SAFE_METHODS, check_origin, current_guest, gallery_api, limits, services
 from picpeak_lite.web.views.common import admin_upload_gallery, client_ip, guest_upload_gallery
 
 blueprint = Blueprint("tus", __name__)
@@ -146,7 +146,7 @@ async def admin_options(gallery_id: int) -> Any:
 
 
 @blueprint.post("/api/admin/galleries/<int:gallery_id>/tus")
-@admin_api
+@gallery_api
 async def admin_create(gallery_id: int) -> Any:
     _check_method(("POST",))
     _check_protocol()
@@ -158,7 +158,7 @@ async def admin_create(gallery_id: int) -> Any:
 
 @blueprint.route("/api/admin/galleries/<int:gallery_id>/tus/<tus_id>", methods=["HEAD", "PATCH", "DELETE"],
                  provide_automatic_options=False)
-@admin_api
+@gallery_api
 async def admin_upload(gallery_id: int, tus_id: str) -> Any:
     _check_protocol()
     authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)

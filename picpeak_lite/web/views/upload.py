@@ -57,7 +57,7 @@ from picpeak_lite.errors import (
 from picpeak_lite.i18n import N_, _
 from picpeak_lite.pipeline.intake import Entry, FileSink, Intake, Limits, Uploader, clean_guest_name
 from picpeak_lite.store.queries import photos as photo_q
-from picpeak_lite.web.auth import admin_api, check_origin, current_admin, current_guest, limits, services
+from picpeak_lite.web.auth import check_origin, current_admin, current_guest, gallery_api, limits, services
 from picpeak_lite.web.views.common import admin_upload_gallery, client_ip, guest_upload_gallery
 
 blueprint = Blueprint("upload", __name__)
@@ -114,7 +114,7 @@ def _csrf_in_header(view: Any) -> Any:
 @blueprint.post("/api/admin/galleries/<int:gallery_id>/upload")
 @_closes_unless_drained
 @_csrf_in_header
-@admin_api
+@gallery_api
 async def admin_upload(gallery_id: int) -> Any:
     authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)
     return await _upload(authorize, Limits.admin(services().settings), uploaded_by="admin")

@@ -25,7 +25,7 @@ from picpeak_lite.i18n import N_, _
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import original_name, preview_name
-from picpeak_lite.web.auth import admin_api, services
+from picpeak_lite.web.auth import gallery_api, services
 from picpeak_lite.web.files import send_media, send_stored
 from picpeak_lite.web.playback import NO_PLAYBACK, NO_PREVIEW, PREPARING, PREVIEW_FAILED
 from picpeak_lite.web.views.common import load_gallery
@@ -36,7 +36,7 @@ NOT_A_VIDEO = N_("This is a photo, not a video.")
 
 
 @blueprint.get("/api/admin/photos/<int:photo_id>/play")
-@admin_api
+@gallery_api
 async def admin_play(photo_id: int) -> Response:
     photo = await services().db.read(photo_q.get, photo_id)
     if photo is None:

@@ -19,6 +19,7 @@ from picpeak_lite.domain import admin_settings, galleries, wall
 from picpeak_lite.errors import NotFound
 from picpeak_lite.i18n import _
 from picpeak_lite.media import images
+from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import wall as wall_q
 from picpeak_lite.store.storage import derived_name
@@ -36,7 +37,11 @@ async def _wall_gallery(slug: str) -> tuple[dict[str, Any], str | None]:
     svc = services()
     key = request.args.get("key") or None
     admin = await current_admin()
-    gallery = await svc.db.read(wall.wall_gallery, slug, key, admin is not None, svc.clock())
+    by_admin = admin is not None
+    if admin is not None and admin.galleries is not None:  # an editor: only the walls of their galleries
+        row = await svc.db.read(gallery_q.get_by_slug, slug)
+        by_admin = row is not None and admin.may_open(row["id"])
+    gallery = await svc.db.read(wall.wall_gallery, slug, key, by_admin, svc.clock())
     return gallery, key
 
 
