@@ -285,15 +285,15 @@ def _check_guest_reservations(conn: Connection, gallery_id: int, client_ip: str 
                   "cancel some of them, or wait a little and retry.") % {"count": count}))
         if announced + length > settings.tus_unfinished_mb_per_client * MB:
             raise TooManyRequests(RESERVATION_RETRY_SECONDS, (
-                _("Unfinished uploads from your network already hold %(value1)s MB of the "
+                _("Unfinished uploads from your network already hold %(held)s MB of the "
                   "%(tus_unfinished_mb_per_client)s MB allowed at once; finish some first, or wait a little and retry.")
-                % {"value1": announced // MB, "tus_unfinished_mb_per_client": settings.tus_unfinished_mb_per_client}))
+                % {"held": announced // MB, "tus_unfinished_mb_per_client": settings.tus_unfinished_mb_per_client}))
     in_gallery = tus_q.guest_unfinished_bytes_in_gallery(conn, gallery_id, now)
     if in_gallery + length > settings.tus_unfinished_mb_per_gallery * MB:
         raise TooManyRequests(RESERVATION_RETRY_SECONDS, (
-            _("Guests' unfinished uploads to this gallery already hold %(value1)s MB of the "
+            _("Guests' unfinished uploads to this gallery already hold %(held)s MB of the "
               "%(tus_unfinished_mb_per_gallery)s MB allowed at once; please wait a little and retry.")
-            % {"value1": in_gallery // MB, "tus_unfinished_mb_per_gallery": settings.tus_unfinished_mb_per_gallery}))
+            % {"held": in_gallery // MB, "tus_unfinished_mb_per_gallery": settings.tus_unfinished_mb_per_gallery}))
 
 
 # --- looking an upload up ------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ blueprint = Blueprint("guest", __name__)
 def _sort_arg() -> str:
     sort = request.args.get("sort", "taken")
     if sort not in listing.SORTS:
-        raise BadRequest(_("sort must be one of %(value1)s.") % {"value1": ', '.join(listing.SORTS)})
+        raise BadRequest(_("sort must be one of %(choices)s.") % {"choices": ', '.join(listing.SORTS)})
     return sort
 
 

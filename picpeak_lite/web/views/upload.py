@@ -152,8 +152,8 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
                                % {"FILE_FIELD": FILE_FIELD})
     if request.content_length is not None and request.content_length > limits.max_request_bytes:
         raise TooLarge(_("This upload is larger than the server accepts in one request (at most %(max_files)s files of "
-                         "%(value3)s MB).")
-                       % {"max_files": limits.max_files, "value3": limits.max_file_bytes // (1024 * 1024)})
+                         "%(mb)s MB).")
+                       % {"max_files": limits.max_files, "mb": limits.max_file_bytes // (1024 * 1024)})
     cap = gallery["photo_cap"] or svc.settings.gallery_photo_cap
     if await svc.db.read(photo_q.count_in_gallery, gallery["id"]) >= cap:
         raise Conflict(_("The gallery is full: it holds at most %(cap)s photos.") % {"cap": cap})
@@ -310,8 +310,8 @@ class _Receiver:
                 # Waiting for the end of a part's headers (or the first boundary), the decoder keeps all of
                 # it: its own bound (4 x SLICE) is far more than any form's headers need.
                 if self.decoder.state in (State.PREAMBLE, State.PART) and len(self.decoder.buffer) > HEAD_MAX:
-                    raise BadRequest(_("A part's headers in the upload are longer than %(value1)s KiB.")
-                                     % {"value1": HEAD_MAX // 1024})
+                    raise BadRequest(_("A part's headers in the upload are longer than %(num)s KiB.")
+                                     % {"num": HEAD_MAX // 1024})
                 return
             if isinstance(event, Epilogue):
                 self.done = True
