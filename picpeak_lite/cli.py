@@ -223,6 +223,38 @@ def gallery_restore(slug: str, config: str | None, data_dir: str | None) -> None
     _archive_step("restore", slug, config, data_dir)
 
 
+@cli.command(short_help="Watch a folder and add each photo written into it to a gallery.")
+@click.argument("folder", type=click.Path(file_okay=False, exists=True))
+@click.option("--gallery", "slug", required=True, help="The slug of the gallery to add the photos to.")
+@click.option("--polling", is_flag=True, default=None,
+              help="Look for new files by polling (network mounts without file events); else chosen by itself.")
+@click.option("--in-place", is_flag=True, help="Reference the originals where they are (local storage only; the "
+              "folder is never changed) instead of copying them.")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def watch(folder: str, slug: str, polling: bool | None, in_place: bool, config: str | None,
+          data_dir: str | None) -> None:
+    """Watch FOLDER and its subfolders (tethered shooting, a camera's FTP or Wi-Fi transfer) and add each photo to
+    a gallery once it is completely written, through the same checks as an upload, until interrupted. Files
+    already there are taken first; each file is taken once, also across restarts. The running server (or
+    `picpeak-lite worker`) processes them and shows them on the live wall."""
+    from picpeak_lite.ops.hotfolder import Taken, watch_folder
+
+    settings = _settings(config, data_dir=data_dir)
+    _start_logging(settings, config)
+
+    def taken(files: list[Taken]) -> None:
+        for t in files:
+            outcome = t.error or ("already in the gallery" if t.duplicate else f"photo {t.photo_id}")
+            click.echo(f"{t.path}: {outcome}")
+
+    click.echo(f"Watching {Path(folder).resolve()} for the gallery {slug} (Ctrl-C stops).")
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it stops
+        _run_trio(functools.partial(watch_folder, settings, Path(folder).resolve(), slug, polling=polling,
+                                    in_place=in_place, on_taken=taken))
+    click.echo("Stopped.")
+
+
 @cli.command(short_help="Measure photos/s, CPU per photo and memory on this machine.")
 @click.option("--photos", "count", type=click.IntRange(1, 10_000), default=50, show_default=True,
               help="How many photos to make and upload.")
@@ -307,6 +339,8 @@ def check(repair: bool, grace: float, config: str | None, data_dir: str | None) 
             click.echo(f"  photo {photo_id}: {label}", err=True)
     for path in report.orphans[:50]:
         click.echo(f"  orphan file: {path}", err=True)
+    for photo_id, source in report.vanished[:50]:
+        click.echo(f"  photo {photo_id}: its original referenced in place is gone from {source}", err=True)
     click.echo(f"check: {report.summary()}")
     if repair:
         click.echo(f"repair: requeued={report.requeued} failed={report.failed_now} "

@@ -112,6 +112,11 @@ class Settings:
         40, "Photos that may wait for a worker before uploads are read only as fast as workers take them; 0: no limit.")
     upload_chunk_mb: int = _setting(
         8, "Largest piece the upload pages send in one request, in MB: keep it under your proxy's body limit.")
+    # Hot folders (ops/hotfolder.py)
+    hot_folder_root: str = _setting(
+        "", "Folder under which a gallery's hot folder may be set on its form; empty: only `picpeak-lite watch`.")
+    hot_folder_settle_seconds: float = _setting(
+        0.5, "A file in a hot folder is taken once its size and time have not changed for this long (and it ends).")
     # Processing
     processing_enabled: bool = _setting(True, "Process photos here; off: they wait for `picpeak-lite worker`.")
     workers: int = _setting(0, "Image children (photos made at once); 0 means one per CPU core.")
@@ -381,6 +386,7 @@ def _validate(s: Settings) -> None:
     require(s.connections_per_client >= 1, "connections_per_client", "must be at least 1")
     require(s.min_body_rate_kb >= 0, "min_body_rate_kb", "must be 0 (no minimum) or more")
     require(s.body_rate_window_seconds >= 1, "body_rate_window_seconds", "must be at least 1")
+    require(0.1 <= s.hot_folder_settle_seconds <= 600, "hot_folder_settle_seconds", "must be between 0.1 and 600")
     require(s.upload_lead >= 0, "upload_lead", "must be 0 (no limit) or more")
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
     require(0 <= s.image_nice <= 19, "image_nice", "must be between 0 (the server's own priority) and 19")

@@ -3,7 +3,8 @@
 The listening socket is bound first (``bind``: the CLI does it before any first-start work, so a port in use is
 one line and not a traceback printed after the new admin password). ``run`` then does the first-start work in a
 thread (``first_start``: data directory, schema, admin account, database connections), opens our own nursery
-for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed, activity counters),
+for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed, activity counters,
+galleries' hot folders),
 starts each with ``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with
 hypercorn's serve loop (``_serve_gated``: the same, with the connection gate of ``web/gate.py`` on the listener).
 On SIGINT/SIGTERM (or ``RunningServer.stop()``) the live pages' WebSockets are closed first (1001 going away:
@@ -39,6 +40,7 @@ from picpeak_lite.events.email import EmailScheduler, EmailSender
 from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.events.webhooks import WebhookSender
 from picpeak_lite.ops import bootstrap
+from picpeak_lite.ops.hotfolder import HotFolders
 from picpeak_lite.pipeline import memory
 from picpeak_lite.pipeline.archive import Archiver
 from picpeak_lite.pipeline.janitor import Janitor
@@ -148,6 +150,7 @@ async def run(
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled, serving=True)
             await nursery.start(ChangeFeed(svc, svc.broker).run)
             await nursery.start(svc.activity.run)  # stores the last counts when the server stops
+            await nursery.start(HotFolders(svc).run)  # galleries' hot folders (ops/hotfolder.py)
             binds = await nursery.start(_serve, svc, listener, shutdown, nursery.cancel_scope)
             task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown,
                                               admin_password=password))

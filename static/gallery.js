@@ -153,7 +153,7 @@
     boxImg.removeAttribute("src");
     boxImg.width = Number(link.dataset.width);
     boxImg.height = Number(link.dataset.height);
-    boxImg.srcset = link.dataset.srcset;
+    boxImg.srcset = link.dataset.srcset || "";  // none after a replacement (see the live part below)
     boxImg.sizes = "100vw";
     boxImg.src = link.dataset.view;
     boxImg.alt = link.dataset.alt;
@@ -273,6 +273,15 @@
             if (current === tile) closeLightbox();
             tile.remove();
           }
+        } else if (delta.status === "complete" && tile) {
+          // Replaced by a new version (or reverted): its images again, past the browser's cache of the old ones.
+          const bust = (url) => url + (url.includes("?") ? "&" : "?") + "v=" + delta.seq;
+          const link = tile.querySelector(".tile-link");
+          const img = tile.querySelector("img");
+          if (delta.view_url) { link.href = bust(delta.view_url); link.dataset.view = link.href; }
+          delete link.dataset.srcset;
+          if (delta.width && delta.height) { link.dataset.width = delta.width; link.dataset.height = delta.height; }
+          if (img && delta.thumb_url) { img.removeAttribute("srcset"); img.src = bust(delta.thumb_url); }
         } else if (delta.status === "complete" && !tile) {
           newCount += 1;
           notice.querySelector(".notice-text").textContent =

@@ -111,7 +111,13 @@
 
   function add(raw, isNew) {
     const photo = { id: raw.id, url: raw.view_url, caption: raw.caption || "" };
-    if (known.has(photo.id)) { known.get(photo.id).caption = photo.caption; return; }
+    if (known.has(photo.id)) {
+      const had = known.get(photo.id);
+      had.caption = photo.caption;
+      // Complete again (a replaced photo's new version): shown from now on, past the browser's cache.
+      if (isNew && raw.seq) had.url = photo.url + (photo.url.includes("?") ? "&" : "?") + "v=" + raw.seq;
+      return;
+    }
     known.set(photo.id, photo);
     if (isNew) {
       rotation.unshift(photo);

@@ -17,6 +17,7 @@ from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries import replacement as replacement_q
 
 
 class PasswordRequired(AppError):
@@ -121,6 +122,9 @@ def is_expired(gallery: Row, now: float) -> bool:
 
 def visible_photo(conn: Connection, gallery: Row, photo_id: int) -> Row:
     photo = photo_q.get_visible(conn, gallery["id"], photo_id)
+    if photo is None:
+        # Replaced and its new version not made yet: guests keep the previous one meanwhile, never a broken image.
+        photo = replacement_q.replacing_visible(conn, gallery["id"], photo_id)
     if photo is None:
         raise NotFound(_("There is no such photo in this gallery."))
     return photo

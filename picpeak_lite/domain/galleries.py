@@ -13,7 +13,7 @@ import trio
 
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.domain.accounts import CLI, Actor
-from picpeak_lite.domain.gallery_fields import parse_gallery_input
+from picpeak_lite.domain.gallery_fields import check_hot_folder, parse_gallery_input
 from picpeak_lite.errors import NotFound
 from picpeak_lite.i18n import _
 from picpeak_lite.services import Services
@@ -48,6 +48,7 @@ async def create_gallery(svc: Services, data: dict[str, Any], actor: Actor = CLI
         _with_defaults(data, chosen), partial=False, today=_today(svc),
         default_expiry_days=chosen.default_expiry_days, default_on_expiry=svc.settings.archive_on_expiry,
     )
+    check_hot_folder(values, svc.settings.hot_folder_root)
     password_hash = await svc.hash_password(values["password"]) if "password" in values else None
 
     def insert(conn: Any) -> Row:
@@ -84,6 +85,7 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
         current_expiry=dt.date.fromisoformat(current) if current else None,
         default_on_expiry=svc.settings.archive_on_expiry,
     )
+    check_hot_folder(values, svc.settings.hot_folder_root)
     if "password" in values:
         values["password_hash"] = await svc.hash_password(values["password"])
     elif values.get("clear_password"):

@@ -12,6 +12,7 @@ import datetime as dt
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from picpeak_lite.domain.brand import COVER_LAYOUTS, THEMES
@@ -231,12 +232,45 @@ FIELDS: tuple[Field, ...] = (
     Field("theme", _look(THEMES), "The guest pages' theme: " + ", ".join(THEMES) + "; empty: the default."),
     Field("cover_layout", _look(COVER_LAYOUTS),
           "The cover's layout: " + ", ".join(COVER_LAYOUTS) + "; empty: the default."),
+    Field("hot_folder", _text_field(1000),
+          "A folder watched during the event (and its subfolders): each photo written into it joins the gallery. "
+          "Inside the server's hot_folder_root; empty: none."),
+    Field("hot_folder_in_place", _switch(False),
+          "The hot folder's originals are referenced where they are (never modified) instead of copied; local "
+          "storage only."),
     Field("password", _password, f"Guests must enter it (at least {MIN_GALLERY_PASSWORD_LENGTH} characters).",
           always=True),
     Field("clear_password", _clear_password, "Remove the password.", always=True),
     Field("language", _language, "The guests' pages' language (" + ", ".join(LANGUAGES) + "), unless a guest "
           "picks another; empty: each guest's browser decides."),
 )
+
+
+def hot_folder_path(root: str, value: str) -> Path:
+    """A gallery's hot folder as the form may set it: inside ``root`` (the server's ``hot_folder_root``),
+    resolved, so that ``..`` and links cannot lead out of it; a relative path is taken inside ``root``.
+    Raises :class:`Invalid` with a sentence for the form (also when ``root`` is empty: hot folders are off)."""
+    if not root:
+        raise Invalid(_("Hot folders are off on this server: set hot_folder_root in its configuration first."))
+    base = Path(root).resolve()
+    resolved = (base / value).resolve()  # an absolute value replaces base
+    if resolved != base and base not in resolved.parents:
+        raise Invalid(_("The folder must be inside %(root)s.") % {"root": base})
+    return resolved
+
+
+def check_hot_folder(values: dict[str, Any], root: str) -> None:
+    """After :func:`parse_gallery_input`: an empty hot folder is none (NULL), a set one is checked against
+    ``root`` and stored resolved. Raises ValidationError for the form's field."""
+    if "hot_folder" not in values:
+        return
+    if not values["hot_folder"]:
+        values["hot_folder"] = None
+        return
+    try:
+        values["hot_folder"] = str(hot_folder_path(root, values["hot_folder"]))
+    except Invalid as problem:
+        raise ValidationError({"hot_folder": str(problem)}) from None
 
 
 def parse_gallery_input(

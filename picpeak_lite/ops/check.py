@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import ConfigError
@@ -32,6 +32,7 @@ from picpeak_lite.pipeline import transitions
 from picpeak_lite.pipeline.janitor import remove_orphans
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries import replacement as replacement_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import DERIVATIVES, Storage, open_storage, original_name
 
@@ -50,6 +51,8 @@ class Report:
     young_orphans: int = 0  # within the grace period: not a problem yet
     failed_missing: int = 0  # rows already failed because their original is gone: known, not new
     archived: int = 0  # photos of archived galleries: their originals are in the gallery's archive object
+    # Originals referenced in place (a hot folder's, Storage.link_original) whose file left its folder: (photo, path).
+    vanished: list[tuple[int, Path]] = field(default_factory=list)
     temp_files: int = 0
     integrity: str = "ok"
     requeued: int = 0
@@ -73,7 +76,8 @@ class Report:
                 f"missing_original={len(self.missing_original)} sha_mismatch={len(self.sha_mismatch)} "
                 f"missing_derivatives={len(self.missing_derivatives)} orphans={len(self.orphans)} "
                 f"young_orphans={self.young_orphans} temp_files={self.temp_files} integrity={self.integrity}"
-                + (f" archived={self.archived}" if self.archived else ""))
+                + (f" archived={self.archived}" if self.archived else "")
+                + (f" vanished_in_place={len(self.vanished)}" if self.vanished else ""))
 
 
 
@@ -90,6 +94,7 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
         report.integrity = "; ".join(r["integrity_check"] for r in conn.execute("PRAGMA integrity_check"))
         with db.transaction(conn, immediate=False):
             rows = photo_q.rows_for_check(conn)
+            kept = replacement_q.previous_keys(conn)  # previous versions waiting for confirmation
         report.photos = len(rows)
         suspects: dict[str, list[int]] = {"missing": [], "sha": [], "derived": []}
         for done, row in enumerate(rows, 1):
@@ -100,6 +105,9 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
                 continue
             name = original_name(row["storage_key"])
             if not storage.exists(name):
+                source = storage.referenced_source(row["storage_key"])
+                if source is not None:
+                    report.vanished.append((row["id"], source))
                 if row["status"] == PhotoStatus.FAILED:
                     report.failed_missing += 1
                 else:
@@ -112,7 +120,7 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
                     storage.has_derivative(row["storage_key"], kind) for kind in DERIVATIVES):
                 suspects["derived"].append(row["id"])
         # Files are listed after the rows were read: a file whose row commits after that is young.
-        keys = {r["storage_key"] for r in rows}
+        keys = {r["storage_key"] for r in rows} | kept
         # Listed (a bucket page by page), not looked up one by one.
         candidates = [(key, storage.location(original_name(key)), mtime) for key, mtime in storage.iter_original_keys()]
         candidates += list(storage.iter_derived())
@@ -129,7 +137,7 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
         # Confirm each suspect against the database as it is now (the server may have moved on).
         with db.transaction(conn, immediate=False):
             current = {r["id"]: r for r in photo_q.rows_for_check(conn)}
-            live_keys = {r["storage_key"] for r in current.values()}
+            live_keys = {r["storage_key"] for r in current.values()} | replacement_q.previous_keys(conn)
         for photo_id in suspects["missing"]:
             found = current.get(photo_id)
             if found is not None and found["status"] != PhotoStatus.FAILED and not storage.has_original(

@@ -29,7 +29,7 @@ from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline.intake import MB, Entry, Intake, Limits, io_limiter
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import galleries as gallery_q
-from picpeak_lite.store.storage import open_storage
+from picpeak_lite.store.storage import file_sha256, open_storage
 
 EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".heic", ".heif", ".mp4", ".mov", ".m4v", ".webm"})
 BATCH_FILES = 50
@@ -72,6 +72,19 @@ def run_import(settings: Settings, folder: str | os.PathLike[str], slug: str,
 # (DCF's MISC), the Trash, the search index, the recycle bin, archive leftovers, thumbnails. Hidden folders
 # (a leading dot) are skipped too. Compared without case: cards are FAT.
 SYSTEM_FOLDERS = frozenset({"misc", "system volume information", "$recycle.bin", "__macosx", "@eadir"})
+
+
+def wanted(folder: Path, path: Path) -> bool:
+    """Whether :func:`find_images` would list ``path`` (a file under ``folder``): an image's extension, no
+    leading dot in its name or any folder on the way, no system folder. So temporaries such as ``IMG_1.JPG.part``,
+    FileZilla's ``.filepart``, rsync's ``.IMG_1.JPG.x7Gq`` and ProFTPD's ``.in.IMG_1.JPG.`` are never taken."""
+    try:
+        parts = path.relative_to(folder).parts
+    except ValueError:
+        return False
+    if not parts or any(p.startswith(".") for p in parts) or any(p.lower() in SYSTEM_FOLDERS for p in parts[:-1]):
+        return False
+    return Path(parts[-1]).suffix.lower() in EXTENSIONS
 
 
 def find_images(folder: Path) -> tuple[list[Path], int, list[Path]]:
@@ -124,7 +137,7 @@ async def import_folder(settings: Settings, folder: Path, slug: str, progress: P
             batch: list[tuple[Path, Entry]] = []
             batch_bytes = 0
             for done, path in enumerate(paths, 1):
-                entry = await _receive(intake, path)
+                entry = await receive_file(intake, path)
                 batch.append((path, entry))
                 batch_bytes += entry.size
                 status = "error" if entry.error else "duplicate" if entry.duplicate else "added"
@@ -146,7 +159,8 @@ def _gallery(conn: Connection, *, gallery_id: int) -> dict[str, Any]:
     return row
 
 
-async def _receive(intake: Intake, path: Path) -> Entry:
+async def receive_file(intake: Intake, path: Path) -> Entry:
+    """One file on disk through the intake (streamed, hashed, checked, stored); shared with ``ops/hotfolder.py``."""
     sink = intake.start_file(path.name)
     try:
         f = await trio.to_thread.run_sync(open, path, "rb", limiter=io_limiter())
@@ -160,6 +174,20 @@ async def _receive(intake: Intake, path: Path) -> Entry:
         return intake.add_error(path.name, f"Could not read the file: {error.strerror or error}", 400)
     entry = await intake.finish_file(sink)
     assert entry is not None  # only a nameless empty form part yields None
+    return entry
+
+
+async def refer_file(intake: Intake, path: Path) -> Entry:
+    """One file on disk through the intake's checks, referenced where it is instead of copied (a hot folder in
+    place, ``ops/hotfolder.py``): hashed by reading it, then linked; the file itself is never written."""
+    try:
+        size = (await trio.to_thread.run_sync(path.stat, limiter=io_limiter())).st_size
+        sha256 = await trio.to_thread.run_sync(file_sha256, path, limiter=io_limiter())
+    except OSError as error:
+        return intake.add_error(path.name, f"Could not read the file: {error.strerror or error}", 400)
+    sink = intake.refer_file(path.name, path, size, sha256)
+    entry = await intake.finish_file(sink)
+    assert entry is not None
     return entry
 
 

@@ -30,7 +30,8 @@ No Quart and no HTTP here: ``web/views/upload.py`` turns a multipart body into :
 :meth:`FileSink.write` / :meth:`Intake.file_arrived` calls, and stores each file that arrived
 (:meth:`Intake.store_file`, one at a time, in order) while the next one arrives; its nursery has ended before
 the intake's exit runs. ``ops/importer.py`` calls :meth:`Intake.finish_file` (both halves) for files on disk,
-and ``pipeline/resumable.py`` hands over a finished tus upload's file (:meth:`Intake.adopt_file`).
+``pipeline/resumable.py`` hands over a finished tus upload's file (:meth:`Intake.adopt_file`), and a hot folder
+that references its originals in place hands over its files to be linked, never moved (:meth:`Intake.refer_file`).
 
 Longer than 400 lines on purpose: the durable steps, the per-file commits and the take-back on every exit path
 are one protocol whose crash safety is argued above; split over files, a reader could no longer check it
@@ -197,6 +198,7 @@ class FileSink:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._received: str | None = None  # the sha256 of a file received in full elsewhere (adopt)
+        self.referenced = False  # a hot folder's file referenced in place: never moved, never removed (refer)
 
     @classmethod
     def adopt(cls, storage: Storage, raw_name: str, path: Path, size: int, sha256: str) -> FileSink:
@@ -204,6 +206,14 @@ class FileSink:
         goes through the same checks and the same move into storage as a streamed one, and nothing is written."""
         sink = cls(storage, raw_name, size)
         sink.temp, sink.size, sink._received = path, size, sha256
+        return sink
+
+    @classmethod
+    def refer(cls, storage: Storage, raw_name: str, path: Path, size: int, sha256: str) -> FileSink:
+        """A file in a hot folder that stays where it is (``ops/hotfolder.py``, in place): the same checks, then
+        a link to it instead of the move (``Storage.link_original``); nothing ever writes or removes it."""
+        sink = cls.adopt(storage, raw_name, path, size, sha256)
+        sink.referenced = True
         return sink
 
     @property
@@ -240,7 +250,8 @@ class FileSink:
         if self._file is not None:
             self._file.close()
             self._file = None
-        remove_quietly(self.temp)
+        if not self.referenced:
+            remove_quietly(self.temp)
 
 
 def _write_batch(storage: Storage, path: Path, f: BinaryIO | None, hasher: Any, chunks: list[bytes],
@@ -384,6 +395,11 @@ class Intake:
         self.files_seen += 1
         return FileSink.adopt(self.storage, raw_name, path, size, sha256)
 
+    def refer_file(self, raw_name: str, path: Path, size: int, sha256: str) -> FileSink:
+        """A file referenced in place (:meth:`FileSink.refer`), for :meth:`finish_file`."""
+        self.files_seen += 1
+        return FileSink.refer(self.storage, raw_name, path, size, sha256)
+
     def add_error(self, raw_name: str, error: str, status: int) -> Entry:
         entry = Entry(clean_filename(raw_name), error=error, status=status)
         self.entries.append(entry)
@@ -477,8 +493,11 @@ class Intake:
             entry.error, entry.status = gallery_full(self._cap), 409
             return
         entry.key = new_key()  # before the hop: if the rename half-happens, the exit removes both places
-        await trio.to_thread.run_sync(self.storage.commit_original, sink.temp, entry.key, entry.sha256,
-                                      limiter=io_limiter())
+        if sink.referenced:
+            await trio.to_thread.run_sync(self.storage.link_original, sink.temp, entry.key, limiter=io_limiter())
+        else:
+            await trio.to_thread.run_sync(self.storage.commit_original, sink.temp, entry.key, entry.sha256,
+                                          limiter=io_limiter())
         self._open.discard(sink)  # no longer a temp file: nothing may unlink its old name now
         self._stored.append(entry)
         self._seen[entry.sha256] = entry

@@ -33,6 +33,7 @@ from picpeak_lite.store.queries import archive as archive_q
 from picpeak_lite.store.queries import audit as audit_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries import replacement as replacement_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import Storage
 
@@ -115,7 +116,7 @@ class Janitor:
             await resumable.expire(svc)
         await svc.db.write(audit_q.prune, now - svc.settings.audit_retention_days * 86400)
         rows = await svc.db.read(photo_q.rows_with_keys)
-        known = {r["storage_key"] for r in rows}
+        known = {r["storage_key"] for r in rows} | await svc.db.read(replacement_q.previous_keys)
         candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, now)
         # Decided again under the write lock, which an upload's commit also holds when it checks that its files
         # are still there: either the row wins or the upload reports the file lost; never a row without a file.

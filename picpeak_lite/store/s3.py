@@ -234,6 +234,13 @@ class S3Storage(PhotoFiles):
         return f"{url.scheme}://{url.netloc}"
 
     # --- writes
+    def link_original(self, source: Path, key: str) -> None:
+        raise ConfigError("Originals can be referenced in place only with local storage; this server stores them "
+                          "in a bucket, so the hot folder copies them.")
+
+    def referenced_source(self, key: str) -> Path | None:
+        return None
+
     def commit_original(self, temp: Path, key: str, sha256: str | None = None) -> None:
         """Upload ``temp`` as the original, verified (see the module docstring); the temp file is then removed."""
         self.put_file(temp, original_name(key), sha256)

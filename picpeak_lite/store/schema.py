@@ -563,6 +563,34 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE galleries ADD COLUMN archive_error TEXT;
     CREATE INDEX galleries_archive_work ON galleries(archive_state) WHERE archive_state != 'active';
     """,
+    # hot folders (issue 34): a gallery's folder that the server watches (hot_folder, NULL: none; with
+    # hot_folder_in_place its originals are links to the folder's files instead of copies), and every file
+    # a hot folder has taken, by its path, size and modification time, so that a restart (or `picpeak-lite watch`
+    # run again) takes each file once. photo_id is the photo it became (NULL when it was refused: error says why;
+    # a photo deleted later is not brought back).
+    """
+    ALTER TABLE galleries ADD COLUMN hot_folder TEXT;
+    ALTER TABLE galleries ADD COLUMN hot_folder_in_place INTEGER NOT NULL DEFAULT 0
+        CHECK (hot_folder_in_place IN (0, 1));
+    CREATE TABLE hot_folder_files (
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        photo_id INTEGER,
+        error TEXT,
+        taken_at REAL NOT NULL,
+        PRIMARY KEY (gallery_id, path)
+    ) STRICT;
+    """,
+    # replacing a photo (issue 34): a re-edited file takes the photo's place (same id, capture time, favourites);
+    # until the photographer confirms, ``replaced`` holds what the photo was (JSON: its storage_key, sha256, size,
+    # format, dimensions and EXIF facts; queries.replacement.KEPT), its original and images still stored, so that
+    # revert brings it back at once.
+    """
+    ALTER TABLE photos ADD COLUMN replaced TEXT;
+    CREATE INDEX photos_replaced ON photos(gallery_id) WHERE replaced IS NOT NULL;
+    """,
     # Languages (issue 32): the language the photographer chose for the gallery's guests; NULL lets each guest's
     # browser decide (picpeak_lite/i18n.py choose()).
     """

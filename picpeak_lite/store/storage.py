@@ -9,6 +9,7 @@ backup, check and ``storage migrate`` copy between them name by name.
 Layout (under the data directory, or under ``s3_prefix`` in the bucket)::
 
     tmp/                      uploads in flight (removed on every error path; swept after an hour); always local
+    originals/ab/<key> -> /hot/folder/IMG_1.JPG   an original referenced in place (a hot folder's, local only)
     tmp/tus/<id>              unfinished resumable uploads (pipeline/resumable.py; they expire after a day)
     originals/ab/<key>        the uploaded bytes, byte-exact, under a key we generate (never a client name)
     derived/ab/<key>.grid.jpg
@@ -167,6 +168,11 @@ class Storage(Protocol):
     # Photo files
     def commit_original(self, temp: Path, key: str, sha256: str | None = None) -> None:
         """Make a received temp file durable as the original of ``key`` (``sha256``: what the row will say)."""
+    def link_original(self, source: Path, key: str) -> None:
+        """Make ``source`` (a file in a hot folder, never modified) the original of ``key``, referenced in place.
+        Local storage only (a link); a bucket raises ConfigError."""
+    def referenced_source(self, key: str) -> Path | None:
+        """Where the original of ``key`` is referenced in place (see link_original); None for a stored copy."""
     def has_original(self, key: str) -> bool: ...
     def has_derivative(self, key: str, kind: str) -> bool: ...
     def write_derivative(self, key: str, kind: str, data: bytes) -> None: ...
@@ -359,6 +365,27 @@ class LocalStorage(PhotoFiles):
     def ensure_space(self, incoming: int) -> None:
         """Refuse (507) to write ``incoming`` more bytes into the reserve (see RESERVE_MAX_BYTES)."""
         ensure_space(self.root, incoming)
+
+    def link_original(self, source: Path, key: str) -> None:
+        """A symbolic link at the original's place to ``source`` (absolute), made under a temp name and renamed
+        (atomic), its directory fsynced. Every read of the original (workers, downloads, zips, check, backup,
+        migrate) follows it; removing the photo removes the link, never the file it points at. A file that
+        vanishes from its folder is a missing original: ``check`` names it, the janitor fails its photo."""
+        target = self.root / original_name(key)
+        temp = self.new_temp_path()
+        with disk_errors():
+            try:
+                temp.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(Path(source).resolve(), temp)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(temp, target)
+                fsync_dir(target.parent)
+            finally:
+                remove_quietly(temp)
+
+    def referenced_source(self, key: str) -> Path | None:
+        path = self.root / original_name(key)
+        return Path(os.readlink(path)) if path.is_symlink() else None
 
     def put_bytes(self, name: str, data: bytes) -> None:
         """Write atomically (temp file, fsync, rename, fsync dir)."""

@@ -31,6 +31,7 @@ def list_photos(conn: Connection, gallery_id: int, *, status: str | None = None,
         clauses.append("EXISTS (SELECT 1 FROM favourites f WHERE f.photo_id = p.id)")
     return conn.execute(
         f"SELECT p.id, p.display_name, p.status, p.error, p.width, p.height, p.size, p.hidden, p.uploaded_by, "
+        f"p.replaced IS NOT NULL AS replaced, "
         f"p.guest_name, p.created_at, p.awaiting_approval, p.media_type, p.duration, {_FAV_COUNT} "
         f"FROM photos p WHERE {' AND '.join(clauses)} "
         f"ORDER BY {TAKEN_KEY}, p.display_name, p.id LIMIT ?",

@@ -47,7 +47,9 @@ def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any]
     """Record a finished photo, if ``token`` still holds its claim."""
     columns = ("width", "height", "taken_at", "camera_make", "camera_model", "lens", "focal_length", "aperture",
                "exposure", "iso", "has_gps", "duration", "fps", "video_codec", "audio_codec")
-    assignments = ", ".join(f"{c} = ?" for c in columns)
+    # A replaced photo (queries/replacement.py) keeps its place in capture order: its capture time stays.
+    assignments = ", ".join("taken_at = CASE WHEN replaced IS NULL THEN ? ELSE taken_at END" if c == "taken_at"
+                            else f"{c} = ?" for c in columns)
     conn.execute(
         f"UPDATE photos SET status = 'complete', claim_token = NULL, lease_until = NULL, error = NULL, "
         f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing'",

@@ -345,7 +345,11 @@ def existing_ids(conn: Connection, ids: list[int]) -> list[int]:
 
 
 def key_in_use(conn: Connection, storage_key: str) -> bool:
-    return bool(conn.execute("SELECT 1 FROM photos WHERE storage_key = ?", (storage_key,)).fetchall())
+    """A photo's files, or those of a previous version kept until a replacement is confirmed."""
+    if conn.execute("SELECT 1 FROM photos WHERE storage_key = ?", (storage_key,)).fetchall():
+        return True
+    return bool(conn.execute("SELECT 1 FROM photos WHERE replaced IS NOT NULL AND "
+                             "json_extract(replaced, '$.storage_key') = ?", (storage_key,)).fetchall())
 
 
 def keys_of_gallery(conn: Connection, gallery_id: int) -> list[str]:

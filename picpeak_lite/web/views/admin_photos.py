@@ -15,7 +15,7 @@ from quart import Blueprint, redirect, render_template, request, url_for
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest, Conflict, NotFound
 from picpeak_lite.i18n import _
-from picpeak_lite.pipeline import transitions
+from picpeak_lite.pipeline import replacement, transitions
 from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import admin_photos as q
 from picpeak_lite.store.queries import photos as photo_q
@@ -119,6 +119,23 @@ async def retry_form(photo_id: int) -> Any:
         raise Conflict(_("Only a failed photo can be retried."))
     svc.workers_bell.ring()
     return redirect(url_for("admin.gallery", gallery_id=photo["gallery_id"]) + "#photos")
+
+
+@blueprint.post("/api/admin/galleries/<int:gallery_id>/photos/<int:photo_id>/replacement/<any(confirm, revert):step>")
+@gallery_api
+async def replacement_api(gallery_id: int, photo_id: int, step: str) -> dict[str, Any]:
+    """Keep the new version of a replaced photo (its previous original is deleted), or go back to the previous."""
+    svc = services()
+    await (replacement.confirm if step == "confirm" else replacement.revert)(svc, gallery_id, photo_id)
+    row = await replacement.photo_of(svc, gallery_id, photo_id)
+    return {"id": photo_id, "status": row["status"], "sha256": row["sha256"], "replaced": False}
+
+
+@blueprint.post("/admin/galleries/<int:gallery_id>/photos/<int:photo_id>/replacement/<any(confirm, revert):step>")
+@gallery_page
+async def replacement_form(gallery_id: int, photo_id: int, step: str) -> Any:
+    await (replacement.confirm if step == "confirm" else replacement.revert)(services(), gallery_id, photo_id)
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#photos")
 
 
 async def apply_action(gallery_id: int, action: Any, ids: list[int]) -> int:

@@ -39,7 +39,7 @@ from collections.abc import AsyncIterable, Callable
 from typing import Any
 
 import trio
-from quart import Blueprint, after_this_request, g, request
+from quart import Blueprint, after_this_request, g, redirect, request, url_for
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.sansio.multipart import NEED_DATA, Data, Epilogue, Field, File, MultipartDecoder, State
 
@@ -55,6 +55,7 @@ from picpeak_lite.errors import (
     UnsupportedMedia,
 )
 from picpeak_lite.i18n import N_, _
+from picpeak_lite.pipeline import replacement
 from picpeak_lite.pipeline.intake import Entry, FileSink, Intake, Limits, Uploader, clean_guest_name
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import check_origin, current_admin, current_guest, gallery_api, limits, services
@@ -118,6 +119,50 @@ def _csrf_in_header(view: Any) -> Any:
 async def admin_upload(gallery_id: int) -> Any:
     authorize = functools.partial(admin_upload_gallery, gallery_id=gallery_id)
     return await _upload(authorize, Limits.admin(services().settings), uploaded_by="admin")
+
+
+@blueprint.post("/api/admin/galleries/<int:gallery_id>/photos/<int:photo_id>/replace")
+@_closes_unless_drained
+@_csrf_in_header
+@gallery_api
+async def replace_api(gallery_id: int, photo_id: int) -> Any:
+    """A re-edited file for a photo (multipart, one file): it keeps its id, place and favourites
+    (pipeline/replacement.py). 202: the new version is being made; the previous one waits for confirm/revert."""
+    row = await _replace(gallery_id, photo_id, form_csrf=None)
+    return {"id": row["id"], "status": row["status"], "sha256": row["sha256"], "replaced": True}, 202
+
+
+@blueprint.post("/admin/galleries/<int:gallery_id>/photos/<int:photo_id>/replace")
+@_closes_unless_drained
+async def replace_form(gallery_id: int, photo_id: int) -> Any:
+    """The gallery page's per-photo form (no script needed). Not ``admin_page``: its CSRF check would parse the
+    whole body; here the token must come as the form's first field, checked before any file byte is stored."""
+    admin = await current_admin()
+    if admin is None or admin.via_token:
+        raise Unauthorized(_("Your session has ended. Please log in again."))
+    if admin.galleries is not None and gallery_id not in admin.galleries:  # gallery_page's rule, done here
+        raise Forbidden(_("This gallery is not one of yours."))
+    check_origin()
+    assert admin.csrf_token is not None
+    await _replace(gallery_id, photo_id, form_csrf=admin.csrf_token)
+    return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#photos")
+
+
+async def _replace(gallery_id: int, photo_id: int, *, form_csrf: str | None) -> dict[str, Any]:
+    svc = services()
+    gallery = await svc.db.read(functools.partial(admin_upload_gallery, gallery_id=gallery_id))
+    await replacement.photo_of(svc, gallery_id, photo_id)  # 404 before any byte is read
+    if request.mimetype != "multipart/form-data" or not request.mimetype_params.get("boundary"):
+        raise UnsupportedMedia(_("Send the new file as multipart/form-data."))
+    boundary = request.mimetype_params["boundary"].encode("latin-1")
+    if len(boundary) > BOUNDARY_MAX:
+        raise BadRequest(_("The multipart boundary is longer than %(BOUNDARY_MAX)s characters.")
+                         % {"BOUNDARY_MAX": BOUNDARY_MAX})
+    async with replacement.open_intake(svc, gallery) as intake:
+        request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py), as for uploads
+        await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
+        g.upload_drained = True
+        return await replacement.replace(svc, intake, photo_id)
 
 
 @blueprint.post("/api/g/<slug>/upload")
