@@ -30,6 +30,8 @@ EMBEDDING_BYTES = DIMENSIONS * 4
 # Two faces of one person are within 0.6 of each other for dlib's model (its authors' threshold); a little
 # tighter keeps look-alikes in a crowd of 150 guests out. Chosen on tests/faces (see tests/test_faces.py).
 MATCH_DISTANCE = 0.55
+# "Not me": a shown face this near the refused one is the same person, and is hidden with it.
+SAME_PERSON_DISTANCE = 0.45
 # The detector's input: the view image is ~1600 px already; a selfie is shrunk to this too (a phone's 12 MP
 # would cost a second and find the same face).
 MAX_SIDE = 1600

@@ -14,9 +14,12 @@ Started by ``server.start_background`` only when the ``faces`` extra is installe
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import trio
 
+from picpeak_lite.i18n import _
+from picpeak_lite.media import faces as media_faces
 from picpeak_lite.media import images
 from picpeak_lite.pipeline import imagejobs
 from picpeak_lite.pipeline.imageprocs import ChildCrashed, ImageProcesses
@@ -86,3 +89,81 @@ class FaceIndexer:
 async def _wait_then_cancel(wakeup: trio.Event, scope: trio.CancelScope) -> None:
     await wakeup.wait()
     scope.cancel()
+
+
+@dataclass(frozen=True)
+class Match:
+    photo_id: int
+    face_id: int
+    distance: float
+
+
+class SelfieProblem(Exception):
+    """The selfie cannot be searched with; ``kind`` says why (no_face, several_faces, unreadable, too_slow), and
+    the caller words it for the guest."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+async def selfie_embedding(svc: Services, data: bytes) -> bytes:
+    """The embedding of the one face in a selfie. Its bytes go to an image child through the pipe and are
+    dropped there after the job: never a file, never a row (the caller reads the request body into memory)."""
+    processes = ImageProcesses(nice=svc.settings.image_nice, decode_bytes=svc.decode_budget.total)
+    try:
+        found = await processes.run_by(svc.settings.decode_deadline_seconds, imagejobs.selfie_faces, data)
+    except images.InvalidImage:
+        raise SelfieProblem("unreadable") from None
+    except (ChildCrashed, MemoryError):
+        raise SelfieProblem("unreadable") from None
+    if found is None:
+        raise SelfieProblem("too_slow")
+    if not found:
+        raise SelfieProblem("no_face")
+    if len(found) > 1:
+        raise SelfieProblem("several_faces")
+    return found[0]
+
+
+async def search(svc: Services, gallery_id: int, query: bytes, excluded: set[int], *,
+                 limiter: trio.CapacityLimiter) -> list[Match]:
+    """The photos of the gallery that every guest may see with a face near ``query``, best first, one entry per
+    photo (its nearest face); faces in ``excluded`` (the guest's "not me") are left out."""
+    rows = await svc.db.read(faces_q.candidates, gallery_id)
+    rows = [row for row in rows if row["id"] not in excluded]
+    near = await trio.to_thread.run_sync(media_faces.nearest, query, [row["embedding"] for row in rows],
+                                         limiter=limiter)
+    seen: set[int] = set()
+    matches = []
+    for index, distance in near:
+        row = rows[index]
+        if row["photo_id"] not in seen:
+            seen.add(row["photo_id"])
+            matches.append(Match(row["photo_id"], row["id"], distance))
+    return matches
+
+
+async def like_refused(svc: Services, gallery_id: int, refused: int, shown: list[int]) -> list[int]:
+    """Of the faces ``shown`` to a guest, those so near the face they said was not them that they are the same
+    person (the "not me" refinement): all of them are hidden, the refused one included."""
+    rows = await svc.db.read(faces_q.embeddings_of, gallery_id, [refused, *shown])
+    by_id = {row["id"]: row["embedding"] for row in rows}
+    if refused not in by_id:
+        return []
+    others = [face_id for face_id in shown if face_id in by_id and face_id != refused]
+    near = media_faces.nearest(by_id[refused], [by_id[face_id] for face_id in others],
+                               limit=media_faces.SAME_PERSON_DISTANCE)
+    return [refused, *(others[index] for index, _ in near)]
+
+
+def how_to_enable() -> str:
+    """What the pages say while the ``faces`` extra is not installed."""
+    return _("\"Find me\" needs the faces extra on the server: pip install 'picpeak-lite[faces]', then restart.")
+
+
+async def progress(svc: Services, gallery_id: int) -> dict[str, int | bool]:
+    """The gallery page's "Find me" part: whether the extra is installed, and the index's progress."""
+    row = await svc.db.read(faces_q.progress, gallery_id)
+    return {"available": media_faces.available(), "photos": row["photos"], "scanned": row["scanned"],
+            "failed": row["failed"], "faces": row["faces"]}
