@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from quart import Blueprint, redirect, render_template, request, url_for
+from quart import Blueprint, current_app, redirect, render_template, request, url_for
+from quart.blueprints import BlueprintSetupState
 
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest, NotFound, TooLarge, TooManyRequests, Unprocessable, UnsupportedMedia
@@ -32,10 +33,36 @@ blueprint = Blueprint("findme", __name__)
 
 MAX_SELFIE = 12 * 1024 * 1024
 MAX_SHOWN = 1000
-# "Not me" is remembered per guest session and gallery, in this process only, for the most recent sessions.
+# "Not me" is remembered per guest session and gallery, in this app's memory only, for the most recent sessions.
 MAX_SESSIONS = 10_000
 MAX_EXCLUDED = 2000
-_excluded: OrderedDict[tuple[int, int], set[int]] = OrderedDict()
+
+
+class NotMe:
+    """The faces each guest said were not them, per (guest session, gallery); bounded (the stalest go)."""
+
+    def __init__(self) -> None:
+        self._faces: OrderedDict[tuple[int, int], set[int]] = OrderedDict()
+
+    def of(self, guest_id: int, gallery_id: int) -> set[int]:
+        return self._faces.get((guest_id, gallery_id), set())
+
+    def add(self, guest_id: int, gallery_id: int, face_ids: list[int]) -> None:
+        key = (guest_id, gallery_id)
+        refused = self._faces.setdefault(key, set())
+        refused.update(face_ids[: max(0, MAX_EXCLUDED - len(refused))])
+        self._faces.move_to_end(key)
+        while len(self._faces) > MAX_SESSIONS:
+            self._faces.popitem(last=False)
+
+
+@blueprint.record_once
+def _add_not_me(state: BlueprintSetupState) -> None:
+    state.app.extensions["picpeak_findme_not_me"] = NotMe()
+
+
+def _not_me() -> NotMe:
+    return current_app.extensions["picpeak_findme_not_me"]
 
 
 def _problem(kind: str) -> str:
@@ -45,19 +72,6 @@ def _problem(kind: str) -> str:
         "unreadable": _("This picture could not be read. Try a JPEG, PNG or HEIC photo."),
         "too_slow": _("Looking at this picture took too long. Try a smaller one."),
     }[kind]
-
-
-def excluded_for(guest_id: int, gallery_id: int) -> set[int]:
-    return _excluded.get((guest_id, gallery_id), set())
-
-
-def _exclude(guest_id: int, gallery_id: int, face_ids: list[int]) -> None:
-    key = (guest_id, gallery_id)
-    faces_out = _excluded.setdefault(key, set())
-    faces_out.update(face_ids[: max(0, MAX_EXCLUDED - len(faces_out))])
-    _excluded.move_to_end(key)
-    while len(_excluded) > MAX_SESSIONS:
-        _excluded.popitem(last=False)
 
 
 async def _gallery_with_find_me(slug: str) -> dict[str, Any]:
@@ -112,7 +126,7 @@ async def search(slug: str) -> dict[str, Any]:
         raise Unprocessable(_problem(problem.kind), kind=problem.kind) from None
     finally:
         del data
-    matches = await faces.search(svc, gallery["id"], query, excluded_for(guest.id, gallery["id"]),
+    matches = await faces.search(svc, gallery["id"], query, _not_me().of(guest.id, gallery["id"]),
                                  limiter=limits().findme_compare)
     return {"matches": [_match_json(gallery["slug"], match) for match in matches], "message": _found(len(matches))}
 
@@ -143,7 +157,7 @@ async def not_me(slug: str) -> dict[str, Any]:
     hide = await faces.like_refused(services(), gallery["id"], refused, shown)
     if not hide:
         raise NotFound(_("That face is not in this gallery."))
-    _exclude(guest.id, gallery["id"], hide)
+    _not_me().add(guest.id, gallery["id"], hide)
     return {"hide": hide, "message": _found(len(set(shown) - set(hide)))}
 
 
