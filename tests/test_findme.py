@@ -228,6 +228,26 @@ async def test_search_finds_only_what_this_guest_may_see_and_not_me_refines(
     assert response.status_code == 403
 
 
+def _scan(roots: list[tuple[Any, float]], needles: list[bytes]) -> tuple[int, list[str]]:
+    """(files read, those holding a needle) under each root, of the files modified since its time."""
+    scanned, holding = 0, []
+    for root, since in roots:
+        for folder, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(folder, name)
+                try:
+                    info = os.stat(path)
+                    if info.st_mtime < since or info.st_size > 200_000_000:
+                        continue
+                    content = Path(path).read_bytes()
+                except OSError:
+                    continue
+                scanned += 1
+                if any(needle in content for needle in needles):
+                    holding.append(path)
+    return scanned, holding
+
+
 @needs_faces
 async def test_a_selfie_leaves_no_bytes_on_disk_or_in_the_database(guest: Any, admin: AuthActions,
                                                                     services: Services) -> None:
@@ -245,19 +265,8 @@ async def test_a_selfie_leaves_no_bytes_on_disk_or_in_the_database(guest: Any, a
     # database, its WAL, temp folders, storage) and every file of the system's temp folder written since the
     # test began (it is shared with other programs).
     needles = [selfie[i:i + 48] for i in (len(selfie) // 4, len(selfie) // 2, 3 * len(selfie) // 4)]
-    scanned = 0
-    for root, since in ((services.settings.data_dir, 0.0), (tempfile.gettempdir(), began)):
-        for folder, _, names in os.walk(root):
-            for name in names:
-                try:
-                    info = os.stat(os.path.join(folder, name))
-                    if info.st_mtime < since or info.st_size > 200_000_000:
-                        continue
-                    content = Path(folder, name).read_bytes()
-                except OSError:
-                    continue
-                scanned += 1
-                assert not any(needle in content for needle in needles), os.path.join(folder, name)
+    scanned, holding = _scan([(services.settings.data_dir, 0.0), (tempfile.gettempdir(), began)], needles)
+    assert holding == []
     assert scanned > 3
     print(f"\nfindme_privacy: files_scanned={scanned} selfie_bytes_found=0")
 
