@@ -27,7 +27,7 @@
 
   const show = (matches) => {
     results.replaceChildren();
-    shown = matches.map((match) => match.face_id);
+    shown = matches.map((match) => ({ face: match.face_id, distance: match.distance }));
     matches.forEach((match, index) => {
       const item = template.content.firstElementChild.cloneNode(true);
       item.dataset.face = match.face_id;
@@ -73,7 +73,7 @@
     results.querySelectorAll(".findme-result").forEach((item) => {
       if (hide.has(Number(item.dataset.face))) item.remove();
     });
-    shown = shown.filter((id) => !hide.has(id));
+    shown = shown.filter((item) => !hide.has(item.face));
     say(answer.data.message);
   };
 

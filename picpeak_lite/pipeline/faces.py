@@ -144,9 +144,11 @@ async def search(svc: Services, gallery_id: int, query: bytes, excluded: set[int
     return matches
 
 
-async def like_refused(svc: Services, gallery_id: int, refused: int, shown: list[int]) -> list[int]:
-    """Of the faces ``shown`` to a guest, those so near the face they said was not them that they are the same
-    person (the "not me" refinement): all of them are hidden, the refused one included."""
+async def like_refused(svc: Services, gallery_id: int, refused: int, shown: dict[int, float]) -> list[int]:
+    """The "not me" refinement: the refused face, and of the faces ``shown`` to the guest (face id -> its
+    distance from the selfie, as the search answered) those more like the refused face than like the selfie,
+    and like it as the same person is: the look-alike's other photos go, the guest's own stay. Only faces of
+    this gallery count; none when the refused face is not one of them."""
     rows = await svc.db.read(faces_q.embeddings_of, gallery_id, [refused, *shown])
     by_id = {row["id"]: row["embedding"] for row in rows}
     if refused not in by_id:
@@ -154,7 +156,7 @@ async def like_refused(svc: Services, gallery_id: int, refused: int, shown: list
     others = [face_id for face_id in shown if face_id in by_id and face_id != refused]
     near = media_faces.nearest(by_id[refused], [by_id[face_id] for face_id in others],
                                limit=media_faces.SAME_PERSON_DISTANCE)
-    return [refused, *(others[index] for index, _ in near)]
+    return [refused, *(others[index] for index, distance in near if distance < shown[others[index]])]
 
 
 def how_to_enable() -> str:

@@ -3,8 +3,9 @@
 Guests: ``GET /g/<slug>/findme`` (the consent notice, then the camera or a chosen photo), ``POST
 /api/g/<slug>/findme`` with the picture as the raw body (``image/*``, at most ``MAX_SELFIE``), answered with the
 photos that match (ids, image URLs, how near; never an embedding), ``POST /api/g/<slug>/findme/not-me``
-(``{"face": id, "shown": [ids]}``) which remembers, for this guest session, that the face is not them and says
-which of the shown faces to hide with it. The selfie is read into memory (never a multipart form, whose parser
+(``{"face": id, "shown": [{"face": id, "distance": d}, ...]}``: the results on the guest's screen) which
+remembers, for this guest session, that the face is not them and says which of the shown faces to hide with it
+(``pipeline/faces.like_refused``). The selfie is read into memory (never a multipart form, whose parser
 spools big files to disk), embedded in an image child and dropped: no file, no row, no log line holds it.
 
 The photographer (the gallery guard): ``POST /admin/galleries/<id>/findme`` (switch, and whether guests' own
@@ -150,15 +151,28 @@ async def not_me(slug: str) -> dict[str, Any]:
     data = await request.get_json(force=True, silent=True)
     if not isinstance(data, dict):
         raise BadRequest(_("Send a JSON object."))
-    refused, shown = data.get("face"), data.get("shown", [])
-    if (not isinstance(refused, int) or not fits_integer(refused) or not isinstance(shown, list)
-            or len(shown) > MAX_SHOWN or not all(isinstance(i, int) and fits_integer(i) for i in shown)):
+    refused, shown = data.get("face"), _shown(data.get("shown", []))
+    if not isinstance(refused, int) or not fits_integer(refused) or shown is None:
         raise BadRequest(_("Say which face is not you (its number) and which faces are shown."))
     hide = await faces.like_refused(services(), gallery["id"], refused, shown)
     if not hide:
         raise NotFound(_("That face is not in this gallery."))
     _not_me().add(guest.id, gallery["id"], hide)
     return {"hide": hide, "message": _found(len(set(shown) - set(hide)))}
+
+
+def _shown(value: Any) -> dict[int, float] | None:
+    """``[{"face": id, "distance": d}, ...]`` as {id: d}, or None when it is not that."""
+    if not isinstance(value, list) or len(value) > MAX_SHOWN:
+        return None
+    shown = {}
+    for item in value:
+        face, distance = (item.get("face"), item.get("distance")) if isinstance(item, dict) else (None, None)
+        if (not isinstance(face, int) or isinstance(face, bool) or not fits_integer(face)
+                or not isinstance(distance, int | float) or isinstance(distance, bool) or not 0 <= distance <= 4):
+            return None
+        shown[face] = float(distance)
+    return shown
 
 
 @blueprint.post("/admin/galleries/<int:gallery_id>/findme")
