@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from picpeak_lite.media import faces
+from picpeak_lite.pipeline import faces as faces_lane
 from picpeak_lite.pipeline.faces import FaceIndexer
 from picpeak_lite.services import Services
 
@@ -333,3 +334,30 @@ async def test_a_photo_whose_faces_cannot_be_read_is_counted_not_retried(admin: 
     page = await (await admin.client.get(f"/admin/galleries/{gallery['id']}")).get_data(as_text=True)
     assert "1 photo could not be read" in page
 
+
+
+@needs_faces
+async def test_the_lane_wakes_when_switched_on_and_resumes_where_it_stopped(admin: AuthActions,
+                                                                           services: Services) -> None:
+    import trio
+
+    gallery = await published(admin, name="A")
+    for name in ("obama", "obama1", "biden"):
+        add_photo(services, gallery["id"], data=picture(name))
+    await _switch(admin, gallery["id"], find_me="on")
+    assert await FaceIndexer(services).index_one()  # one photo, then the process "dies"
+    progress = await faces_lane.progress(services, gallery["id"])
+    assert (progress["photos"], progress["scanned"]) == (3, 1)
+
+    async with trio.open_nursery() as nursery:  # a new process's lane, with a poll far beyond the test
+        await nursery.start(FaceIndexer(services, poll_seconds=3600).run)
+        while (await faces_lane.progress(services, gallery["id"]))["scanned"] < 3:
+            await trio.sleep(0.05)
+        # Switched on for another gallery with photos: the bell wakes the idle lane at once.
+        other = await published(admin, name="B")
+        add_photo(services, other["id"], data=picture("obama2"))
+        await _switch(admin, other["id"], find_me="on")
+        while (await faces_lane.progress(services, other["id"]))["scanned"] < 1:
+            await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    assert (await faces_lane.progress(services, gallery["id"]))["faces"] == 3
