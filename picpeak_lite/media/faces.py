@@ -36,6 +36,7 @@ SAME_PERSON_DISTANCE = 0.45
 # would cost a second and find the same face).
 MAX_SIDE = 1600
 SELFIE_MAX_PIXELS = 50_000_000
+VIEW_MAX_PIXELS = 25_000_000  # a view image is ~1600 px; anything far bigger is not one of ours
 # Faces smaller than this (pixels of the box's side) are not described: the embedding of a 40-px face is noise.
 MIN_FACE = 48
 
@@ -106,7 +107,7 @@ def find(source: images.Source, *, max_pixels: int = SELFIE_MAX_PIXELS, upsample
 
 def find_in_photo(path: str) -> list[tuple[tuple[int, int, int, int], bytes]]:
     """A photo's faces from its view image, as plain tuples (what crosses the pipe from the child)."""
-    return [(face.box, face.embedding) for face in find(path, max_pixels=images.LOGO_MAX_PIXELS)]
+    return [(face.box, face.embedding) for face in find(path, max_pixels=VIEW_MAX_PIXELS)]
 
 
 def find_in_selfie(data: bytes) -> list[bytes]:
