@@ -332,6 +332,8 @@ async def test_index_follows_the_gallery_guest_photos_deletions(guest: Any, admi
     assert response.status_code == 302
     assert await rows(services, "SELECT id FROM faces") == [] and await _index_all(services) == 0
     assert (await rows(services, "SELECT find_me FROM galleries WHERE id = ?", gid))[0]["find_me"] == 0
+    trail = await rows(services, "SELECT detail FROM audit_log WHERE gallery_id = ? ORDER BY id DESC LIMIT 1", gid)
+    assert trail == [{"detail": "find me off, face index deleted (1 faces)"}]
 
     # Deleting the gallery deletes its faces.
     await _switch(admin, gid, find_me="on")

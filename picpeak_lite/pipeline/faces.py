@@ -47,14 +47,17 @@ class FaceIndexer:
         while True:
             wakeup_photos = self.svc.workers_bell.listen()
             wakeup_faces = self.svc.faces_bell.listen()
-            if await self.photos_first.photos_waiting():
-                await self.photos_first.idle()
-                continue
-            if not await self.index_one():
-                with trio.move_on_after(self.poll_seconds):
-                    async with trio.open_nursery() as nursery:
-                        for bell in (wakeup_photos, wakeup_faces):
-                            nursery.start_soon(_wait_then_cancel, bell, nursery.cancel_scope)
+            if await self.svc.db.read(faces_q.next_to_index) is not None:
+                # Work to do, but photos first: wait (a count every half second) while any is being processed.
+                if await self.photos_first.photos_waiting():
+                    await self.photos_first.idle()
+                    continue
+                if await self.index_one():
+                    continue
+            with trio.move_on_after(self.poll_seconds):
+                async with trio.open_nursery() as nursery:
+                    for bell in (wakeup_photos, wakeup_faces):
+                        nursery.start_soon(_wait_then_cancel, bell, nursery.cancel_scope)
 
     async def index_one(self) -> bool:
         """Look at the next photo still to index; False when there was none."""

@@ -25,10 +25,17 @@ from picpeak_lite.errors import BadRequest, NotFound, TooLarge, TooManyRequests,
 from picpeak_lite.i18n import _, ngettext
 from picpeak_lite.media import faces as media_faces
 from picpeak_lite.pipeline import faces
-from picpeak_lite.store.db import fits_integer
+from picpeak_lite.store.db import Connection, fits_integer
 from picpeak_lite.store.queries import faces as faces_q
-from picpeak_lite.web.auth import Guest, check_guest_state_change, current_guest, gallery_page, limits, services
-from picpeak_lite.web.views.common import load_gallery
+from picpeak_lite.web.auth import (
+    Guest,
+    check_guest_state_change,
+    current_guest,
+    gallery_page,
+    limits,
+    services,
+)
+from picpeak_lite.web.views.common import current_actor, load_gallery
 
 blueprint = Blueprint("findme", __name__)
 
@@ -184,7 +191,14 @@ async def switch(gallery_id: int) -> Any:
     on = form.get("find_me") == "on"
     if on and not media_faces.available():
         raise Unprocessable(faces.how_to_enable())
-    await svc.db.write(faces_q.set_find_me, gallery_id, on, form.get("find_me_guest_uploads") == "on", svc.clock())
+    guest_uploads, actor, now = form.get("find_me_guest_uploads") == "on", await current_actor(), svc.clock()
+
+    def switch_and_record(conn: Connection) -> None:
+        faces_q.set_find_me(conn, gallery_id, on, guest_uploads, now)
+        actor.record(conn, now, "gallery.updated", gallery_id=gallery_id,
+                     detail=f"find me {'on' if on else 'off'}, guests' photos {'on' if guest_uploads else 'off'}")
+
+    await svc.db.write(switch_and_record)
     if on:
         svc.faces_bell.ring()
     return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#findme")
@@ -195,5 +209,12 @@ async def switch(gallery_id: int) -> Any:
 async def delete_index(gallery_id: int) -> Any:
     svc = services()
     await galleries.get_gallery(svc, gallery_id)
-    await svc.db.write(faces_q.delete_index, gallery_id, svc.clock())
+    actor, now = await current_actor(), svc.clock()
+
+    def delete_and_record(conn: Connection) -> None:
+        deleted = faces_q.delete_index(conn, gallery_id, now)
+        actor.record(conn, now, "gallery.updated", gallery_id=gallery_id,
+                     detail=f"find me off, face index deleted ({deleted} faces)")
+
+    await svc.db.write(delete_and_record)
     return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#findme")
