@@ -320,6 +320,13 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     # Accounts (issue 33): the accounts page and the audit trail are the owners'; each account's second factor
     # is its own. The QR code exists while an enrolment is under way (409 otherwise; the start, earlier in the
     # walk, begins one for every account); the confirmation without a right code is 400.
+    # "Find me" (issue 36): a guest route like the others; "Find me" is off in the matrix's galleries, so whoever
+    # gets past the gallery's checks is told 404 (its sentence). test_findme covers the searches themselves.
+    "findme.page": ("guest", {"guest_access": {404}, "admin": {404}}),
+    "findme.search": ("guest", {"guest_access": {404}}),
+    "findme.not_me": ("guest", {"guest_access": {404}}),
+    "findme.switch": ("gallery_page", {}),
+    "findme.delete_index": ("gallery_page", {}),
     "accounts.accounts_page": ("owner_page", {}),
     "accounts.add_account": ("owner_page", {}),
     "accounts.set_role": ("owner_page", {}),

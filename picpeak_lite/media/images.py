@@ -407,6 +407,28 @@ def studio_logo(source: Source, *, max_side: int, max_pixels: int) -> bytes:
     return out.getvalue()
 
 
+def face_pixels(source: Source, *, max_side: int, max_pixels: int) -> tuple[int, int, bytes]:
+    """(width, height, RGB bytes) of an image, upright and at most ``max_side`` on its long edge: what the face
+    detector reads (``media/faces.py``). Checked as every upload is (format by its bytes, pixel limit, scans); a
+    JPEG is decoded at the smallest DCT scale that still covers ``max_side``."""
+    with _open(source, max_pixels) as (im, fmt):
+        try:
+            if fmt == "jpeg":
+                im.draft("RGB", (max_side, max_side))
+            im.load()
+        except InvalidImage:
+            raise
+        except Exception as exc:  # only Pillow decoders run here
+            raise InvalidImage(CORRUPT, f"{type(exc).__name__}: {exc}") from exc
+        orientation = read_orientation(_exif(im))
+        image = im.convert("RGB")
+    if max(image.size) > max_side:
+        image = _shrink(image, max_side)
+    if orientation in ORIENT:
+        image = image.transpose(ORIENT[orientation])
+    return image.width, image.height, image.tobytes()
+
+
 def web_copy(source: Source, watermark: Watermark | None, *, quality: int = 88,
              max_pixels: int = 150_000_000) -> bytes:
     """The "web size" download: upright, ~2048 px on the long edge (never enlarged), watermarked when given,

@@ -151,6 +151,10 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     from picpeak_lite.web.views import language
 
     app.register_blueprint(language.blueprint)
+    # "Find me" (issue 36): the guests' selfie search, the photographer's switch and face index.
+    from picpeak_lite.web.views import findme
+
+    app.register_blueprint(findme.blueprint)
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)

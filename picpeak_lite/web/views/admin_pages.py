@@ -20,7 +20,7 @@ from picpeak_lite.domain.gallery_fields import EVENT_TYPES
 from picpeak_lite.errors import Conflict, NotFound, Unauthorized, ValidationError
 from picpeak_lite.events import activity
 from picpeak_lite.i18n import _, ngettext
-from picpeak_lite.pipeline import archive
+from picpeak_lite.pipeline import archive, faces
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import feedback as feedback_q
@@ -265,8 +265,10 @@ async def render_gallery_page(gallery_id: int, **extra: Any) -> str:
         moderation_q.queue(conn, gallery_id), proofing_q.guests(conn, gallery_id),
         feedback_q.gallery_comments(conn, gallery_id, limit=200), feedback_q.per_photo(conn, gallery_id)))
     link = share_url(row["slug"])
+    findme = await faces.progress(svc, gallery_id)
     return await render_template(
-        "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
+        "admin/gallery.html", findme=findme, findme_how_to=faces.how_to_enable(),
+        gallery=row, share_url=link, upload_url=link + "/upload",
         expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
         image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), review=review,
         choosers=choosers, upload_chunk_mb=svc.settings.upload_chunk_mb, size=human_size, comments=comments,
