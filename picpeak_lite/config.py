@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from picpeak_lite.errors import ConfigError
+from picpeak_lite.i18n import LANGUAGES
 from picpeak_lite.targets import TargetRefused, check_target_offline
 
 ENV_PREFIX = "PICPEAK_"
@@ -84,6 +85,10 @@ class Settings:
         "archive (thumbnails removed, originals packed into one archive object, restorable).")
     archive_check_seconds: int = _setting(
         300, "How often the server looks for expired galleries to archive, in seconds.")
+    # Languages
+    default_language: str = _setting(
+        "en", "The pages' language when neither the visitor, the gallery nor the browser names one we have: "
+        "en, de, nl, pt, ru, fr, es or it.")
     # Uploads
     admin_max_file_mb: int = _setting(2048, "Largest file an admin may upload, in MB.")
     admin_max_files: int = _setting(500, "Most files in one admin upload request.")
@@ -380,6 +385,7 @@ def _validate(s: Settings) -> None:
             "must be empty (SQLite in data_dir) or a postgresql:// URL")
     require(s.archive_on_expiry in ("keep", "archive"), "archive_on_expiry", 'must be "keep" or "archive"')
     require(s.archive_check_seconds >= 1, "archive_check_seconds", "must be at least 1")
+    require(s.default_language in LANGUAGES, "default_language", "must be one of " + ", ".join(LANGUAGES))
     for key in ("admin_max_file_mb", "admin_max_files", "guest_max_file_mb", "guest_max_files", "guest_max_video_mb",
                 "guest_max_video_seconds",
                 "gallery_photo_cap", "max_attempts", "session_days", "login_attempts", "login_window_seconds",

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from picpeak_lite.i18n import N_, _, ngettext
+
 
 class AppError(Exception):
     status = 500
-    title = "Something went wrong"
+    title = N_("Something went wrong")
     #: The template of this error's HTML page. A page whose form posts needs the guest session that holds its
     #: CSRF token, so the handler makes one first when ``needs_guest_session`` is set.
     page = "error.html"
     needs_guest_session = False
 
     def __init__(self, message: str | None = None, **extra: Any) -> None:
-        super().__init__(message or self.title)
-        self.message = message or self.title
+        # The title is translated here, when the error is raised for one reader, not where it is defined.
+        super().__init__(message or _(self.title))
+        self.message = message or _(self.title)
         self.extra = extra
 
     def headers(self) -> dict[str, str]:
@@ -37,13 +40,13 @@ class AppError(Exception):
 
 class BadRequest(AppError):
     status = 400
-    title = "Bad request"
+    title = N_("Bad request")
 
 
 class ValidationError(BadRequest):
     """Per-field messages: ``{"name": "Please give the gallery a name."}``."""
 
-    title = "Please correct the highlighted fields."
+    title = N_("Please correct the highlighted fields.")
 
     def __init__(self, fields: dict[str, str], message: str | None = None) -> None:
         super().__init__(message, fields=fields)
@@ -52,57 +55,60 @@ class ValidationError(BadRequest):
 
 class Unauthorized(AppError):
     status = 401
-    title = "Please log in"
+    title = N_("Please log in")
 
 
 class Forbidden(AppError):
     status = 403
-    title = "Forbidden"
+    title = N_("Forbidden")
 
 
 class NotFound(AppError):
     status = 404
-    title = "Not found"
+    title = N_("Not found")
 
 
 class RequestTimeout(AppError):
     """A request body that arrived slower than ``min_body_rate_kb``: the connection is closed after the answer."""
 
     status = 408
-    title = "The upload was too slow"
+    title = N_("The upload was too slow")
 
 
 class Conflict(AppError):
     status = 409
-    title = "Conflict"
+    title = N_("Conflict")
 
 
 class Gone(AppError):
     status = 410
-    title = "This gallery has expired"
+    title = N_("This gallery has expired")
 
 
 class TooLarge(AppError):
     status = 413
-    title = "Too large"
+    title = N_("Too large")
 
 
 class UnsupportedMedia(AppError):
     status = 415
-    title = "Unsupported file type"
+    title = N_("Unsupported file type")
 
 
 class Unprocessable(AppError):
     status = 422
-    title = "Could not process"
+    title = N_("Could not process")
 
 
 class TooManyRequests(AppError):
     status = 429
-    title = "Too many attempts"
+    title = N_("Too many attempts")
 
     def __init__(self, retry_after: int, message: str | None = None) -> None:
-        super().__init__(message or f"Too many attempts. Try again in {max(1, retry_after // 60)} minutes.")
+        minutes = max(1, retry_after // 60)
+        super().__init__(message or ngettext("Too many attempts. Try again in %(num)d minute.",
+                                             "Too many attempts. Try again in %(num)d minutes.", minutes)
+                         % {"num": minutes})
         self.retry_after = max(1, int(retry_after))
 
     def headers(self) -> dict[str, str]:
@@ -113,7 +119,7 @@ class NotReady(AppError):
     """A photo that is still waiting or processing."""
 
     status = 503
-    title = "Not ready yet"
+    title = N_("Not ready yet")
 
     def __init__(self, message: str | None = None, retry_after: int = 5) -> None:
         super().__init__(message)
@@ -125,7 +131,7 @@ class NotReady(AppError):
 
 class InsufficientStorage(AppError):
     status = 507
-    title = "The server's disk is full"
+    title = N_("The server's disk is full")
 
 
 class StorageUnavailable(AppError):
@@ -134,11 +140,11 @@ class StorageUnavailable(AppError):
     as an attempt."""
 
     status = 503
-    title = "The photo storage is not reachable"
+    title = N_("The photo storage is not reachable")
 
     def __init__(self, message: str | None = None, retry_after: int = 30) -> None:
-        super().__init__(message or "The photo storage is not reachable just now; nothing was saved. "
-                         "Please try again in a minute.")
+        super().__init__(message or _("The photo storage is not reachable just now; nothing was saved. "
+                                      "Please try again in a minute."))
         self.retry_after = retry_after
 
     def headers(self) -> dict[str, str]:
@@ -147,7 +153,7 @@ class StorageUnavailable(AppError):
 
 class DatabaseError(AppError):
     status = 500
-    title = "Database error"
+    title = N_("Database error")
 
 
 class CommandFailed(Exception):

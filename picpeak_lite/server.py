@@ -39,10 +39,12 @@ from picpeak_lite.errors import ConfigError
 from picpeak_lite.events.email import EmailScheduler, EmailSender
 from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.events.webhooks import WebhookSender
+from picpeak_lite.media import faces
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.ops.hotfolder import HotFolders
 from picpeak_lite.pipeline import memory
 from picpeak_lite.pipeline.archive import Archiver
+from picpeak_lite.pipeline.faces import FaceIndexer
 from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.pipeline.resumable import Finisher
 from picpeak_lite.pipeline.video_previews import PreviewLane
@@ -184,6 +186,8 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
         await nursery.start(WorkerPool(svc).run)
         if svc.settings.video_previews:
             await nursery.start(PreviewLane(svc).run)
+        if faces.available():
+            await nursery.start(FaceIndexer(svc).run)
 
 
 async def run_workers(settings: Settings, *, task_status: trio.TaskStatus[Services] = trio.TASK_STATUS_IGNORED

@@ -43,6 +43,7 @@ class Services:
     email_bell: Bell = field(default_factory=Bell)  # a message was queued in the email outbox
     finisher_bell: Bell = field(default_factory=Bell)  # complete tus uploads whose photo is not made yet
     archive_bell: Bell = field(default_factory=Bell)  # a gallery was set to archiving or restoring
+    faces_bell: Bell = field(default_factory=Bell)  # "Find me" was switched on for a gallery (pipeline/faces.py)
     broker: Broker = field(default_factory=Broker)
     # The URL the server listens on: from the settings until server.run binds (port 0 resolved), then the real
     # one. Share links fall back to it when a request's Host is not trusted (web/views/common.py).

@@ -11,15 +11,17 @@
 (() => {
   const section = document.getElementById("upload");
   if (!section) return;
+  const _ = window.PicpeakHttp.t;
+  const ngettext = window.PicpeakHttp.nt;
 
   const BATCH_FILES = 20;
   const BATCH_BYTES = 200 * 1024 * 1024;
   const PARALLEL = 3;
   const IMAGE_NAME = /\.(jpe?g|png|webp|heic|heif|mp4|mov|m4v|webm)$/i;
   const LABELS = {
-    queued: "Queued", waiting: "Waiting", pending: "Sent · waiting to be processed", processing: "Processing…",
-    complete: "Ready", failed: "Failed", duplicate: "Already in the gallery", refused: "Refused",
-    unsent: "Not sent", lost: "Progress unknown",
+    queued: _("Queued"), waiting: _("Waiting"), pending: _("Sent · waiting to be processed"),
+    processing: _("Processing…"), complete: _("Ready"), failed: _("Failed"), duplicate: _("Already in the gallery"),
+    refused: _("Refused"), unsent: _("Not sent"), lost: _("Progress unknown"),
   };
 
   const PROBLEMS = new Set(["failed", "refused", "unsent", "lost"]);
@@ -49,9 +51,10 @@
     const left = unfinished.filter((u) => !queue.items.some((item) => item.name === u.name && item.size === u.size));
     unfinishedNote.hidden = left.length === 0;
     if (!left.length) return;
-    const files = left.map((u) => `${u.name} (${Math.floor(100 * u.sent)} % sent)`).join(", ");
-    unfinishedNote.textContent = `${left.length} unfinished upload${left.length === 1 ? "" : "s"}: `
-      + `choose the file${left.length === 1 ? "" : "s"} again to resume. ${files}`;
+    const files = left.map((u) => _("%(name)s (%(percent)s %% sent)", { name: u.name, percent: Math.floor(100 * u.sent) }))
+      .join(", ");
+    unfinishedNote.textContent = ngettext("%(num)d unfinished upload: choose the file again to resume. %(files)s",
+      "%(num)d unfinished uploads: choose the files again to resume. %(files)s", left.length, { files });
   };
   if (section.dataset.tusUrl) {
     window.PicpeakUploadQueue.unfinished(section.dataset.tusUrl).then((found) => { unfinished = found; drawUnfinished(); });
@@ -156,14 +159,19 @@
 
   function rowLabel(item) {
     // Queued: not being sent yet (a file is "Sending" only while its own bytes go up, three at a time).
-    if (item.state === "queued" && item.sent > 0) return `Queued · ${Math.round(100 * item.sent)} % sent earlier`;
+    if (item.state === "queued" && item.sent > 0) {
+      return _("Queued · %(percent)s %% sent earlier", { percent: Math.round(100 * item.sent) });
+    }
     if (item.state === "sending") {
-      const sending = `Sending ${Math.round(100 * item.sent)} %`;
+      const sending = _("Sending %(percent)s %%", { percent: Math.round(100 * item.sent) });
       return item.paused && item.error ? `${sending} · ${item.error}` : sending;
     }
-    if (item.state === "refused") return `Refused: ${item.error || "the server did not accept this file."}`;
+    if (item.state === "refused") {
+      return _("Refused: %(reason)s", { reason: item.error || _("the server did not accept this file.") });
+    }
     const label = LABELS[item.state] || item.state;
-    return item.retries && item.state !== "complete" ? `${label} (retry ${item.retries})` : label;
+    return item.retries && item.state !== "complete"
+      ? _("%(state)s (retry %(num)s)", { state: label, num: item.retries }) : label;
   }
 
   function drawRow(item) {
@@ -180,7 +188,7 @@
     const canRetry = queue.canRetry(item);
     if (canRetry && !button) {
       button = document.createElement("button");
-      button.type = "button"; button.className = "retry-one small"; button.textContent = "Retry";
+      button.type = "button"; button.className = "retry-one small"; button.textContent = _("Retry");
       button.dataset.index = String(item.index);
       row.appendChild(button);
     } else if (!canRetry && button) {
@@ -200,11 +208,12 @@
     // photo is ready.
     const share = s.photos ? s.processed / s.photos : 0;
     els["up-progress"].value = share;
-    els["up-percent"].textContent = `${Math.floor(100 * share)} %`;
-    els["up-photos"].textContent = `${s.processed} of ${s.photos} photo${s.photos === 1 ? "" : "s"}`;
+    els["up-percent"].textContent = _("%(percent)s %%", { percent: Math.floor(100 * share) });
+    els["up-photos"].textContent = ngettext("%(done)s of %(num)d photo", "%(done)s of %(num)d photos", s.photos,
+      { done: s.processed });
     const problems = s.failed + s.unsent + s.refused;
     els["up-problems"].hidden = problems === 0;
-    const problemText = problems === 1 ? "1 file needs attention" : `${problems} files need attention`;
+    const problemText = ngettext("%(num)d file needs attention", "%(num)d files need attention", problems);
     if (els["up-problems-link"].textContent !== problemText) els["up-problems-link"].textContent = problemText;
     els["retry-all"].hidden = s.retryable === 0;
     els["clear-finished"].hidden = s.clearable === 0;

@@ -4,6 +4,8 @@
 "use strict";
 
 (() => {
+  const _ = window.PicpeakHttp.t;
+  const ngettext = window.PicpeakHttp.nt;
 
   // --- copy buttons -------------------------------------------------------------------------------------
   document.addEventListener("click", async (event) => {
@@ -12,7 +14,7 @@
     try {
       await navigator.clipboard.writeText(button.dataset.copy);
       const label = button.textContent;
-      button.textContent = "Copied";
+      button.textContent = _("Copied");
       setTimeout(() => { button.textContent = label; }, 1500);
     } catch {
       const input = button.parentElement && button.parentElement.querySelector("[readonly]");
@@ -41,10 +43,10 @@
   document.addEventListener("error", (event) => {
     const img = event.target;
     if (!(img instanceof HTMLImageElement) || img.dataset.fallback) return;
-    if (img.id === "watermark-preview") { img.dataset.fallback = "1"; img.alt = "The preview could not be made with these values."; return; }
+    if (img.id === "watermark-preview") { img.dataset.fallback = "1"; img.alt = _("The preview could not be made with these values."); return; }
     const holder = document.createElement("div");
     holder.className = "ph ph-waiting";
-    holder.textContent = "Image not available yet";
+    holder.textContent = _("Image not available yet");
     const target = img.closest("a.thumb-link") || img;
     target.replaceWith(holder);
   }, true);
@@ -63,7 +65,7 @@
     function updateSelection() {
       const boxes = grid.querySelectorAll("input[name=ids]");
       const checked = grid.querySelectorAll("input[name=ids]:checked").length;
-      countEl.textContent = `${checked} selected`;
+      countEl.textContent = ngettext("%(num)d selected", "%(num)d selected", checked);
       if (selectAll) selectAll.checked = checked > 0 && checked === boxes.length;
     }
     form.addEventListener("change", (event) => {
@@ -86,8 +88,8 @@
       const tile = button.closest("li[data-id]");
       const retries = Number(tile.dataset.retries || 0) + 1;
       tile.dataset.retries = String(retries);
-      button.textContent = "Retrying…";
-      setNote(tile, `Retry ${retries}: sending…`);
+      button.textContent = _("Retrying…");
+      setNote(tile, _("Retry %(num)s: sending…", { num: retries }));
       const id = button.dataset.photoId;
       const answer = await window.PicpeakHttp.json(`/api/admin/photos/${id}/retry`, { method: "POST" });
       if (answer.ok) {
@@ -97,8 +99,8 @@
         tile.dataset.retries = String(retries - 1);
         delete button.dataset.busy;
         button.disabled = false;
-        button.textContent = "Retry";
-        setNote(tile, answer.data.error || "The photo could not be retried.");
+        button.textContent = _("Retry");
+        setNote(tile, answer.data.error || _("The photo could not be retried."));
       }
     });
 
@@ -146,10 +148,10 @@
     }
     function countsText(c) {
       // The same words as the server's template (admin/gallery.html).
-      let text = `${c.complete} ready`;
-      if (c.waiting) text += `, ${c.waiting} waiting`;
-      if (c.failed) text += `, ${c.failed} failed`;
-      if (c.guest) text += `, ${c.guest} from guests`;
+      let text = _("%(num)s ready", { num: c.complete });
+      if (c.waiting) text += ", " + _("%(num)s waiting", { num: c.waiting });
+      if (c.failed) text += ", " + _("%(num)s failed", { num: c.failed });
+      if (c.guest) text += ", " + _("%(num)s from guests", { num: c.guest });
       return text;
     }
     const byName = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
@@ -163,7 +165,7 @@
         tile.innerHTML = '<label class="pick"><input type="checkbox" name="ids"><span class="visually-hidden"></span></label>' +
           '<div class="body"></div><div class="meta"><span class="name"></span></div>';
         tile.querySelector("input").value = String(p.id);
-        tile.querySelector(".visually-hidden").textContent = `Select ${p.filename || "photo"}`;
+        tile.querySelector(".visually-hidden").textContent = p.filename ? _("Select %(name)s", { name: p.filename }) : _("Select photo");
         tile.querySelector(".name").textContent = p.filename || "";
         // The grid is in capture order, then by name (store/queries/admin_photos.py); a new photo's capture time
         // is not known before it is processed, so a live tile goes in by its name (IMG_0001 before IMG_0021,
@@ -186,10 +188,10 @@
     function setHiddenBadge(tile, hidden) {
       const meta = tile.querySelector(".meta");
       if (!meta) return;
-      const badge = [...meta.querySelectorAll(".badge")].find((b) => b.textContent === "Hidden");
+      const badge = [...meta.querySelectorAll(".badge")].find((b) => b.textContent === _("Hidden"));
       if (hidden && !badge) {
         const added = document.createElement("span");
-        added.className = "badge"; added.textContent = "Hidden";
+        added.className = "badge"; added.textContent = _("Hidden");
         const name = meta.querySelector(".name");
         meta.insertBefore(added, name ? name.nextSibling : meta.firstChild);
       } else if (!hidden && badge) {
@@ -210,22 +212,26 @@
       const box = document.createElement("div");
       if (p.status === "failed") {
         box.className = "ph ph-failed";
-        const strong = document.createElement("strong"); strong.textContent = "Failed";
+        const strong = document.createElement("strong"); strong.textContent = _("Failed");
         const reason = document.createElement("span"); reason.className = "reason"; reason.textContent = p.error || "";
         const retry = document.createElement("button");
-        retry.type = "submit"; retry.className = "retry"; retry.dataset.photoId = String(p.id); retry.textContent = "Retry";
+        retry.type = "submit"; retry.className = "retry"; retry.dataset.photoId = String(p.id); retry.textContent = _("Retry");
         retry.setAttribute("formaction", `/admin/photos/${p.id}/retry`);
         box.append(strong, reason, retry);
         if (retries) {
           const note = document.createElement("span");
           note.className = "retry-note small";
-          note.textContent = `Failed again after ${retries} ${retries === 1 ? "retry" : "retries"}`;
+          note.textContent = ngettext("Failed again after %(num)d retry", "Failed again after %(num)d retries", retries);
           box.append(note);
         }
       } else {
         box.className = "ph ph-waiting"; box.setAttribute("role", "status");
-        const state = p.status === "processing" ? "Processing…" : "Waiting…";
-        box.textContent = retries ? `Retry ${retries}: ${state.toLowerCase()}` : state;
+        if (retries) {
+          box.textContent = p.status === "processing" ? _("Retry %(num)s: processing…", { num: retries })
+            : _("Retry %(num)s: waiting…", { num: retries });
+        } else {
+          box.textContent = p.status === "processing" ? _("Processing…") : _("Waiting…");
+        }
       }
       return box;
     }

@@ -3,6 +3,8 @@
 (function () {
   "use strict";
 
+  const _ = window.PicpeakHttp.t;
+  const ngettext = window.PicpeakHttp.nt;
   const grid = document.getElementById("grid");
   if (!grid) return;
   const more = document.getElementById("more");
@@ -92,7 +94,7 @@
   function setFavourite(id, on) {
     const tile = grid.querySelector('.tile[data-id="' + id + '"]');
     return window.PicpeakHttp.json(grid.dataset.favouriteUrl + id, {method: on ? "PUT" : "DELETE"}).then(function (r) {
-      sayRefusal(r.ok ? "" : (r.data && r.data.error) || "Your favourite could not be saved. Please try again.");
+      sayRefusal(r.ok ? "" : (r.data && r.data.error) || _("Your favourite could not be saved. Please try again."));
       if (!r.ok) throw new Error("HTTP " + r.status);
       return r.data;
     }).then(function (result) {
@@ -129,8 +131,8 @@
       const body = {name: nameForm.elements.name.value};
       window.PicpeakHttp.json(nameForm.getAttribute("action"), {method: "POST", body: body})
         .then(function (r) { return r.ok ? r.data : Promise.reject(r); })
-        .then(function () { status.textContent = "Saved."; })
-        .catch(function () { status.textContent = "Could not save your name. Please try again."; });
+        .then(function () { status.textContent = _("Saved."); })
+        .catch(function () { status.textContent = _("Could not save your name. Please try again."); });
     });
   }
 
@@ -283,7 +285,7 @@
         } else if (delta.status === "complete" && !tile) {
           newCount += 1;
           notice.querySelector(".notice-text").textContent =
-            newCount === 1 ? "1 new photo" : newCount + " new photos";
+            ngettext("%(num)d new photo", "%(num)d new photos", newCount);
           notice.hidden = false;
         }
       },
@@ -291,7 +293,7 @@
         box.dispatchEvent(new CustomEvent("picpeak:feedback", {detail: msg}));
       },
       onResync: function () {
-        notice.querySelector(".notice-text").textContent = "The gallery has changed.";
+        notice.querySelector(".notice-text").textContent = _("The gallery has changed.");
         notice.hidden = false;
       }
     });

@@ -7,6 +7,8 @@
 "use strict";
 
 (() => {
+  const _ = window.PicpeakHttp.t;
+  const ngettext = window.PicpeakHttp.nt;
   const form = document.getElementById("upload-form");
   if (!form) return;
 
@@ -37,23 +39,23 @@
         note.setAttribute("role", "alert");
         summary.after(note);
       }
-      note.textContent = `${reason} Reload the page to see where things stand.`;
+      note.textContent = _("%(reason)s Reload the page to see where things stand.", { reason });
     },
   });
 
   function statusText(item) {
     switch (item.state) {
-      case "queued": return item.retries ? "Waiting to send again…" : "Waiting…";
-      case "waiting": return `Waiting: ${item.error}`;
+      case "queued": return item.retries ? _("Waiting to send again…") : _("Waiting…");
+      case "waiting": return _("Waiting: %(reason)s", { reason: item.error });
       case "sending": {
-        const sending = `Uploading… ${Math.round(100 * item.sent)} %`;
+        const sending = _("Uploading… %(percent)s %%", { percent: Math.round(100 * item.sent) });
         return item.paused && item.error ? `${sending} · ${item.error}` : sending;
       }
-      case "pending": return "Uploaded · processing…";
-      case "processing": return "Processing…";
-      case "complete": return item.photo && item.photo.awaiting_approval ? "Done · waiting for approval" : "Done";
-      case "duplicate": return "Already in the gallery.";
-      case "refused": return `Refused: ${item.error}`;
+      case "pending": return _("Uploaded · processing…");
+      case "processing": return _("Processing…");
+      case "complete": return item.photo && item.photo.awaiting_approval ? _("Done · waiting for approval") : _("Done");
+      case "duplicate": return _("Already in the gallery.");
+      case "refused": return _("Refused: %(reason)s", { reason: item.error });
       default: return item.error || item.state;
     }
   }
@@ -86,8 +88,9 @@
       }
     }
     const failed = s.failed + s.refused + s.unsent;
-    const parts = [`${s.complete + s.duplicates} of ${s.total} done`];
-    if (failed) parts.push(`${failed} failed`);
+    const parts = [ngettext("%(done)s of %(num)d done", "%(done)s of %(num)d done", s.total,
+      { done: s.complete + s.duplicates })];
+    if (failed) parts.push(_("%(num)s failed", { num: failed }));
     summary.textContent = s.total ? parts.join(" · ") : "";
     if (s.complete + s.duplicates) viewGallery.hidden = false;
   }

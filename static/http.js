@@ -3,6 +3,13 @@
 //   PicpeakHttp.csrfToken() -> the token of <meta name="csrf-token"> ("" when the page has none)
 //   PicpeakHttp.json(url, {method, body, headers}) -> Promise<{ok, status, data, headers}>
 //   PicpeakHttp.upload(url, formData, {onProgress(fraction)}) -> Promise<{ok, status, data, headers}>
+//   PicpeakHttp.t("Saved %(name)s", {name}) -> the message in the page's language, placeholders filled
+//   PicpeakHttp.nt("%(num)d photo", "%(num)d photos", n, {...}) -> the plural form for n (num is n)
+//
+// The translations come from the page itself: <script type="application/json" id="i18n"> (rendered by the server
+// for the scripts the page loads, picpeak_lite/web/locale.py), read once. Each script calls them as _() and
+// ngettext() so that `pybabel extract` finds its strings (babel.cfg). A message missing there is shown in
+// English, the source language.
 //
 // Why one module: the token lookup, same-origin credentials and "Accept: application/json" (which makes the
 // server answer errors as {"error": ...} instead of an HTML page) were written out by every page's script.
@@ -55,5 +62,35 @@
     xhr.send(form);
   });
 
-  window.PicpeakHttp = { csrfToken, json, upload };
+  let catalog = null;
+  const loadCatalog = () => {
+    if (catalog) return catalog;
+    const block = document.getElementById("i18n");
+    let data = {};
+    try { data = block ? JSON.parse(block.textContent) : {}; } catch { data = {}; }
+    let rules = null;
+    try { rules = new Intl.PluralRules(data.lang || document.documentElement.lang || "en"); } catch { rules = null; }
+    catalog = { strings: data.strings || {}, plural: data.plural || {}, rules };
+    return catalog;
+  };
+  const fill = (text, values) => text.replace(/%\((\w+)\)[sd]|%%/g, (whole, name) => {
+    if (whole === "%%") return "%";
+    return values && Object.prototype.hasOwnProperty.call(values, name) ? String(values[name]) : whole;
+  });
+  const t = (message, values) => {
+    const found = loadCatalog().strings[message];
+    return fill(typeof found === "string" && found ? found : message, values);
+  };
+  const nt = (singular, plural, n, values) => {
+    const { strings, plural: categories, rules } = loadCatalog();
+    const forms = strings[singular];
+    let text = n === 1 ? singular : plural;
+    if (Array.isArray(forms) && forms.length && rules) {
+      const index = categories[rules.select(n)];
+      if (index !== undefined && forms[index]) text = forms[index];
+    }
+    return fill(text, { num: n, ...values });
+  };
+
+  window.PicpeakHttp = { csrfToken, json, upload, t, nt };
 })();

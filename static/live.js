@@ -12,6 +12,7 @@
 "use strict";
 
 (function () {
+  const _ = window.PicpeakHttp.t;
   const MAX_BACKOFF_MS = 15000;
   const POLL_MS = 2000;
   const FAILURES_BEFORE_POLLING = 4;
@@ -111,8 +112,8 @@
         if (answer.data.done) { options.onDone && options.onDone(answer.data); return; }
       } else if ([401, 403, 404, 410].includes(answer.status)) {
         // Gone for good (unknown upload, gallery unpublished or expired, session ended): stop, say why.
-        options.onError && options.onError(answer.data.error || (answer.status === 404 ? "This upload is unknown."
-                                                                  : "This gallery is no longer available."));
+        options.onError && options.onError(answer.data.error || (answer.status === 404 ? _("This upload is unknown.")
+                                                                  : _("This gallery is no longer available.")));
         return;
       }
       setTimeout(tick, POLL_MS);

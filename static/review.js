@@ -5,6 +5,8 @@
 "use strict";
 
 (() => {
+  const _ = window.PicpeakHttp.t;
+  const ngettext = window.PicpeakHttp.nt;
   const section = document.getElementById("review");
   if (!section) return;
   const list = document.getElementById("review-list");
@@ -30,7 +32,7 @@
     }
     const box = document.createElement("div");
     box.className = "ph ph-waiting"; box.setAttribute("role", "status");
-    box.textContent = p.status === "failed" ? "Failed" : "Processing…";
+    box.textContent = p.status === "failed" ? _("Failed") : _("Processing…");
     return box;
   }
 
@@ -52,10 +54,11 @@
       pick.append(box);
       const meta = document.createElement("div"); meta.className = "meta";
       const name = document.createElement("span"); name.className = "name"; name.textContent = p.filename || "";
-      const who = document.createElement("span"); who.className = "badge guest-name"; who.textContent = p.guest_name || "a guest";
+      const who = document.createElement("span"); who.className = "badge guest-name"; who.textContent = p.guest_name || _("a guest");
       meta.append(name, who);
       const actions = document.createElement("div"); actions.className = "review-actions";
-      actions.append(button("approve", "Approve", p.id), button("hide", "Hide", p.id), button("delete", "Delete", p.id));
+      actions.append(button("approve", _("Approve"), p.id), button("hide", _("Hide"), p.id),
+                     button("delete", _("Delete"), p.id));
       li.append(pick, body(p), meta, actions);
       list.append(li);
     } else if (li.dataset.status !== p.status) {
@@ -81,7 +84,7 @@
     if (!ids.length) return;
     const answer = await window.PicpeakHttp.json(section.dataset.api, { method: "POST", body: { action, ids } });
     if (answer.ok) (answer.data.ids || []).forEach(remove);
-    else window.alert(answer.data.error || "The photos could not be reviewed.");
+    else window.alert(answer.data.error || _("The photos could not be reviewed."));
   }
 
   function targets(from) {
@@ -97,7 +100,7 @@
     event.preventDefault();
     const li = submitter.closest("li.review-item");
     const ids = li ? [Number(li.dataset.id)] : targets(null);
-    if (submitter.value === "delete" && ids.length > 1 && !window.confirm(`Delete ${ids.length} photos for good?`)) return;
+    if (submitter.value === "delete" && ids.length > 1 && !window.confirm(ngettext("Delete %(num)d photo for good?", "Delete %(num)d photos for good?", ids.length))) return;
     act(submitter.value, ids);
   });
 
@@ -115,7 +118,7 @@
     if (!action) return;
     event.preventDefault();
     const ids = targets(li);
-    if (action === "delete" && ids.length > 1 && !window.confirm(`Delete ${ids.length} photos for good?`)) return;
+    if (action === "delete" && ids.length > 1 && !window.confirm(ngettext("Delete %(num)d photo for good?", "Delete %(num)d photos for good?", ids.length))) return;
     act(action, ids);
   });
 

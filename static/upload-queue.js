@@ -43,6 +43,8 @@
 "use strict";
 
 (() => {
+  const _ = window.PicpeakHttp.t;
+  const ngettext = window.PicpeakHttp.nt;
   const RETRYABLE = new Set(["unsent"]);
   const SENDING = new Set(["queued", "waiting", "sending"]);
   const FOLLOWING = new Set(["pending", "processing"]);
@@ -53,15 +55,15 @@
   // Why a whole request failed, for the files of it the answer did not name.
   const requestFailure = (status, data) => {
     if (status === 0) {
-      return { state: "unsent", error: "The transfer was interrupted. Check your connection and retry." };
+      return { state: "unsent", error: _("The transfer was interrupted. Check your connection and retry.") };
     }
     if (status === 401) {
-      return { state: "unsent", error: data.error || "Your session has ended; log in again, then retry." };
+      return { state: "unsent", error: data.error || _("Your session has ended; log in again, then retry.") };
     }
     if (status >= 500 || status === 423) {  // 423: every byte arrived, the server is still storing the photo
-      return { state: "unsent", error: data.error || "The server could not take this photo right now. Please retry." };
+      return { state: "unsent", error: data.error || _("The server could not take this photo right now. Please retry.") };
     }
-    return { state: "refused", error: data.error || `The server refused this file (error ${status}).` };
+    return { state: "refused", error: data.error || _("The server refused this file (error %(status)s).", { status }) };
   };
 
   // --- tus: the resumable protocol (the server side is web/views/tus.py) --------------------------------------
@@ -203,7 +205,7 @@
         items.push(item);
         if (opts.maxFileBytes && file.size > opts.maxFileBytes) {
           const mb = Math.round(opts.maxFileBytes / (1024 * 1024));
-          touch(item, { state: "refused", error: `Too large: the limit is ${mb} MB per photo.` });
+          touch(item, { state: "refused", error: _("Too large: the limit is %(num)s MB per photo.", { num: mb }) });
           continue;
         }
         queue.push(item);
@@ -280,15 +282,15 @@
     const pause = async (item, failures, answer) => {
       const later = answer ? askLater(answer) : 0;
       if (!navigator.onLine) {
-        touch(item, { paused: true, error: "Offline: the upload goes on by itself when the connection is back." });
+        touch(item, { paused: true, error: _("Offline: the upload goes on by itself when the connection is back.") });
         await onceOnline();
       } else if (later) {
         touch(item, { paused: true,
-                      error: told(answer) || `The server is busy; asking again in ${Math.ceil(later)} s…` });
+                      error: told(answer) || _("The server is busy; asking again in %(num)s s…", { num: Math.ceil(later) }) });
         await sleep(later * 1000);
       } else {
         const seconds = Math.min(30, 2 ** (failures - 1));
-        touch(item, { paused: true, error: `Connection lost; trying again in ${seconds} s…` });
+        touch(item, { paused: true, error: _("Connection lost; trying again in %(num)s s…", { num: seconds }) });
         await sleep(seconds * 1000);
       }
       touch(item, { paused: false, error: null });
@@ -340,8 +342,8 @@
       store.remove(item.tusKey);
       item.restarts = (item.restarts || 0) + 1;
       if (item.restarts > MAX_RESTARTS) {
-        touch(item, { state: "unsent", paused: false, error: `The server lost this upload again after ${MAX_RESTARTS} `
-                      + "fresh starts. Retry to send it again." });
+        touch(item, { state: "unsent", paused: false, error: _("The server lost this upload again after %(num)s fresh starts. Retry to send it again.",
+                                                      { num: MAX_RESTARTS }) });
         return false;
       }
       touch(item, { sent: 0, resumed: false, paused: false, error: null });
@@ -454,7 +456,7 @@
       }
       refuseNamed(match, data.errors);
       for (const item of batch) {
-        if (item.state === "sending") touch(item, { state: "refused", error: "The server did not list this file." });
+        if (item.state === "sending") touch(item, { state: "refused", error: _("The server did not list this file.") });
       }
       if (data.upload_id) watch(data.upload_id);
       document.dispatchEvent(new CustomEvent("picpeak:uploaded", { detail: data }));
@@ -469,9 +471,13 @@
 
     const slowDown = (batch, seconds) => {
       resumeAt = Math.max(resumeAt, Date.now() + Math.max(1, seconds) * 1000);
-      const wait = seconds > 90 ? `about ${Math.ceil(seconds / 60)} minutes` : `${seconds} seconds`;
+      const error = seconds > 90
+        ? ngettext("The server asked to slow down. Sending again in about %(num)d minute…",
+                   "The server asked to slow down. Sending again in about %(num)d minutes…", Math.ceil(seconds / 60))
+        : ngettext("The server asked to slow down. Sending again in %(num)d second…",
+                   "The server asked to slow down. Sending again in %(num)d seconds…", seconds);
       for (const item of batch) {
-        touch(item, { state: "waiting", sent: 0, error: `The server asked to slow down. Sending again in ${wait}…` });
+        touch(item, { state: "waiting", sent: 0, error });
       }
       queue.unshift(...batch);
     };
@@ -483,7 +489,7 @@
       if (!item && p.id) { early.set(p.id, p); return; }
       if (!item || !p.status || p.status === "deleted" || item.state === "lost") return;
       if (item.state === p.status && item.state !== "failed") return;
-      const error = p.status === "failed" ? (p.error || "This photo could not be processed.") : null;
+      const error = p.status === "failed" ? (p.error || _("This photo could not be processed.")) : null;
       touch(item, { state: p.status, error, photo: { ...(item.photo || {}), ...p } });
     };
 
@@ -503,7 +509,7 @@
         onDone: (status) => { (status.photos || []).forEach(applyPhoto); setTimeout(stop, 0); },
         onError: (reason) => {
           setTimeout(stop, 0);
-          lose(uploadId, reason || "This upload can no longer be followed.");
+          lose(uploadId, reason || _("This upload can no longer be followed."));
         },
       });
       watches.set(uploadId, watcher);
@@ -540,7 +546,7 @@
       touch(item, { state: "pending", error: null, retries: item.retries + 1 });
       const answer = await window.PicpeakHttp.json(url, { method: "POST" });
       if (!answer.ok) {
-        touch(item, { state: "failed", error: answer.data.error || "The retry was not accepted." });
+        touch(item, { state: "failed", error: answer.data.error || _("The retry was not accepted.") });
         return;
       }
       watch(item.uploadId);

@@ -10,6 +10,7 @@
 "use strict";
 
 (() => {
+  const _ = window.PicpeakHttp.t;
   const body = document.getElementById("wall");
   if (!body) return;
   const layers = [document.getElementById("wall-a"), document.getElementById("wall-b")];
@@ -166,7 +167,7 @@
     },
     onResync: () => load(),
     onDisconnect: (code) => {
-      setState("Reconnecting…");
+      setState(_("Reconnecting…"));
       if (code === 4403) load();  // no longer allowed (expired, unpublished, the link replaced): say why
     },
   });
@@ -178,7 +179,7 @@
     if (event.key === " " || event.key === "Spacebar") {
       event.preventDefault();
       paused = !paused;
-      setState(paused ? "Paused" : null);
+      setState(paused ? _("Paused") : null);
       if (paused) clearTimeout(timer); else schedule(0);
     } else if (event.key === "ArrowRight" || event.key === "ArrowDown") {
       event.preventDefault();

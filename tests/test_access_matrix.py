@@ -162,6 +162,8 @@ CATEGORIES: dict[str, Callable[[str, str], dict[str, set[int]]]] = {
     "wall": _wall,
     "live_wall": _live_wall,
     "tus_other": lambda method, variant: _all({405}),
+    # The language picker: sets its cookie and sends anyone back, whatever they may see.
+    "language": lambda method, variant: _all({302}),
 }
 GUEST_CATEGORIES = ("guest", "guest_upload", "password_form", "live", "live_guest", "live_admin", "wall",
                     "live_wall")
@@ -191,6 +193,7 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     "static": ("public", {}),
     "favicon": ("public", {}),
     "health.healthz": ("public", {}),
+    "language.choose": ("language", {}),
     "admin.login": ("login_page", {}),
     "admin.login_submit": ("login_submit", {}),
     "admin.login_code": ("login_submit", {}),  # no password step before it: no pending login
@@ -317,6 +320,13 @@ ROUTES: dict[str, tuple[Any, ...]] = {
     # Accounts (issue 33): the accounts page and the audit trail are the owners'; each account's second factor
     # is its own. The QR code exists while an enrolment is under way (409 otherwise; the start, earlier in the
     # walk, begins one for every account); the confirmation without a right code is 400.
+    # "Find me" (issue 36): a guest route like the others; "Find me" is off in the matrix's galleries, so whoever
+    # gets past the gallery's checks is told 404 (its sentence). test_findme covers the searches themselves.
+    "findme.page": ("guest", {"guest_access": {404}, "admin": {404}}),
+    "findme.search": ("guest", {"guest_access": {404}}),
+    "findme.not_me": ("guest", {"guest_access": {404}}),
+    "findme.switch": ("gallery_page", {}),
+    "findme.delete_index": ("gallery_page", {}),
     "accounts.accounts_page": ("owner_page", {}),
     "accounts.add_account": ("owner_page", {}),
     "accounts.set_role": ("owner_page", {}),
@@ -420,7 +430,7 @@ async def build_world(app: Any, services: Any, admin: AuthActions) -> World:
             "slug": gallery["slug"], "gallery_id": gallery["id"], "photo_id": uploads[variant]["photo_ids"][0],
             "upload_id": uploads[variant]["upload_id"], "endpoint_id": MISSING, "account_id": MISSING,
             "filename": "app.css",
-            "tus_id": "0" * 32,
+            "tus_id": "0" * 32, "code": "en",
             "kind": "grid", "target": "gallery", "fmt": "txt", "step": "revert",
         }
     return world

@@ -294,5 +294,5 @@ async def test_web_size_downloads_single_and_zipped(guest: Any, admin: AuthActio
     web_estimate = len(data) * s * s * (images.WEB_SCALED_BASE + images.WEB_SCALED_SLOPE * s)
     assert (f'id="download-all-size">1 photo: {size_label(len(data))} (web size about {size_label(web_estimate)})'
             in page)
-    assert [size_label(n) for n in (800, 3.64e6, 48e6, 1.23e9)] == ["1 KB", "3.6 MB", "48 MB", "1.2 GB"]
+    assert [size_label(n) for n in (800, 3.64e6, 48e6, 1.23e9)] == ["1\xa0kB", "3.6\xa0MB", "48\xa0MB", "1.2\xa0GB"]
     assert 'id="download-all-web"' in page and "size=web" in page

@@ -462,9 +462,9 @@ def test_the_clients_language_is_the_gallerys() -> None:
     """A ``language`` on the gallery (when the gallery has one) is the client's; else the install's default. The
     photographer always gets the install's default."""
     row = {"customer_email": CLIENT, "customer_name": "Anna", "language": "de"}
-    assert email_domain.client_of(row) == email_domain.Recipient(CLIENT, "Anna", "de", "client")
-    assert email_domain.client_of({**row, "language": None}).language == "en"
-    assert email_domain.client_of({"customer_email": ""}) is None
+    assert email_domain.client_of(row, "it") == email_domain.Recipient(CLIENT, "Anna", "de", "client")
+    assert email_domain.client_of({**row, "language": None}, "it").language == "it"  # the install's default_language
+    assert email_domain.client_of({"customer_email": ""}, "it") is None
     seen: list[str] = []
     templates = {"subject": "{{ lang() }}", "text": "t", "html": "h"}
     rendered = email_domain.render(templates, {"lang": lambda: seen.append(i18n.current_locale()) or "x"}, "de")

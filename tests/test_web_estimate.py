@@ -31,14 +31,14 @@ async def test_the_web_size_estimate_is_near_the_real_zip(guest: Any, admin: Aut
                 "UPDATE photos SET width = ?, height = ? WHERE id = ?", (w, h, p)))
             originals += len(data)
     page = await (await guest.get(f"/g/{gallery['slug']}")).get_data(as_text=True)
-    shown = re.search(r"\(web size about ([\d.]+) (KB|MB|GB)\)", page)
+    shown = re.search(r"\(web size about ([\d.]+)[ \xa0](kB|MB|GB)\)", page)
     assert shown, "the gallery page shows the web size's estimate"
     zipped = await guest.get(f"/g/{gallery['slug']}/download?size=web")
     assert zipped.status_code == 200
     body = await zipped.get_data()
     with zipfile.ZipFile(io.BytesIO(body)) as archive:
         assert len(archive.namelist()) == 8
-    estimate = float(shown.group(1)) * {"KB": 1e3, "MB": 1e6, "GB": 1e9}[shown.group(2)]
+    estimate = float(shown.group(1)) * {"kB": 1e3, "MB": 1e6, "GB": 1e9}[shown.group(2)]
     print(f"\noriginals {size_label(originals)}, web zip {len(body) / 1e6:.2f} MB, shown 'about "
           f"{shown.group(1)} {shown.group(2)}' ({estimate / len(body):.2f} of the zip)")
     assert 0.8 <= estimate / len(body) <= 1.2

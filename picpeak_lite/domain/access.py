@@ -11,7 +11,7 @@ from typing import Any
 
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.errors import AppError, Gone, NotFound
-from picpeak_lite.i18n import _
+from picpeak_lite.i18n import N_, _
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import guests as guest_q
@@ -25,14 +25,15 @@ class PasswordRequired(AppError):
     one): the page is the password form, whatever address the guest asked for."""
 
     status = 401
-    title = "This gallery is protected by a password"
+    title = N_("This gallery is protected by a password")
     page = "guest/password.html"
     needs_guest_session = True
-    WRONG_PASSWORD = "That password is not right. Please try again."
+    WRONG_PASSWORD = N_("That password is not right. Please try again.")
 
     def __init__(self, gallery: Row, *, wrong_password: bool = False, return_to: str | None = None) -> None:
-        super().__init__(self.WRONG_PASSWORD if wrong_password else None)
+        super().__init__(_(self.WRONG_PASSWORD) if wrong_password else None)
         self.gallery = gallery
+        self.language: str | None = gallery.get("language")
         self.wrong_password = wrong_password
         # The gallery page the guest asked for, to go back to once the password is right (the form sends it
         # along; None: the page this form answers for, e.g. the guest upload page a QR code on a table opens).
@@ -48,11 +49,12 @@ class GalleryExpired(Gone):
     settings) so that the guest has somewhere to turn."""
 
     page = "guest/expired.html"
-    MESSAGE = "This gallery has expired. Please contact your photographer."
+    MESSAGE = N_("This gallery has expired. Please contact your photographer.")
 
-    def __init__(self, contact: dict[str, str] | None = None) -> None:
-        super().__init__(self.MESSAGE)
+    def __init__(self, contact: dict[str, str] | None = None, language: str | None = None) -> None:
+        super().__init__(_(self.MESSAGE))
         self.contact = contact or {}
+        self.language = language
 
     def page_context(self) -> dict[str, Any]:
         return {"error": self, "contact": self.contact}
@@ -89,10 +91,10 @@ def guest_gallery(conn: Connection, slug: str, guest_session_id: int | None, now
     """
     gallery = gallery_q.get_by_slug(conn, slug)
     if gallery is None or (gallery["is_draft"] and not admin_preview):
-        raise NotFound("There is no gallery at this address.")
+        raise NotFound(_("There is no gallery at this address."))
     _check_archived(conn, gallery)
     if is_expired(gallery, now):
-        raise GalleryExpired(admin_settings.contact(conn))
+        raise GalleryExpired(admin_settings.contact(conn), gallery["language"])
     if admin_preview:
         return gallery
     if gallery["password_hash"] is not None and not (
@@ -107,10 +109,10 @@ def gallery_for_password_form(conn: Connection, slug: str, now: float) -> Row:
     """The gallery a password form posts to: same rules as above, short of the password itself."""
     gallery = gallery_q.get_by_slug(conn, slug)
     if gallery is None or gallery["is_draft"]:
-        raise NotFound("There is no gallery at this address.")
+        raise NotFound(_("There is no gallery at this address."))
     _check_archived(conn, gallery)
     if is_expired(gallery, now):
-        raise GalleryExpired(admin_settings.contact(conn))
+        raise GalleryExpired(admin_settings.contact(conn), gallery["language"])
     return gallery
 
 
@@ -124,7 +126,7 @@ def visible_photo(conn: Connection, gallery: Row, photo_id: int) -> Row:
         # Replaced and its new version not made yet: guests keep the previous one meanwhile, never a broken image.
         photo = replacement_q.replacing_visible(conn, gallery["id"], photo_id)
     if photo is None:
-        raise NotFound("There is no such photo in this gallery.")
+        raise NotFound(_("There is no such photo in this gallery."))
     return photo
 
 
@@ -135,5 +137,5 @@ def own_awaiting_photo(conn: Connection, gallery: Row, photo_id: int, guest_sess
     if guest_session_id is not None:
         photo = moderation_q.own_awaiting(conn, gallery["id"], photo_id, guest_session_id)
     if photo is None:
-        raise NotFound("There is no such photo in this gallery.")
+        raise NotFound(_("There is no such photo in this gallery."))
     return photo

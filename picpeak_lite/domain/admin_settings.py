@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from picpeak_lite.config import WATERMARK_POSITIONS, Settings
+from picpeak_lite.i18n import _, ngettext
 from picpeak_lite.media import images
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -218,6 +219,10 @@ def parse_section(section: str, form: Mapping[str, Any]) -> tuple[dict[str, Any]
     return values, errors
 
 
+def _bounds(key: Key) -> dict[str, str]:
+    return {"low": f"{key.low:g}", "high": f"{key.high:g}"}
+
+
 def _parse(key: Key, raw: Any) -> Any:
     if key.kind == "bool":
         return raw is not None and str(raw).lower() in ("1", "on", "true", "yes")
@@ -225,13 +230,14 @@ def _parse(key: Key, raw: Any) -> Any:
     if key.kind in ("str", "email"):
         text = " ".join(text.split())
         if len(text) > key.max_length:
-            raise ValueError(f"At most {key.max_length} characters.")
+            raise ValueError(ngettext("At most %(num)d character.", "At most %(num)d characters.", key.max_length)
+                             % {"num": key.max_length})
         if key.kind == "email" and text and not EMAIL.fullmatch(text):
-            raise ValueError("An email address like name@example.com, or empty.")
+            raise ValueError(_("An email address like name@example.com, or empty."))
         return text
     if key.kind == "choice":
         if text not in key.choices:
-            raise ValueError("Choose one of: " + ", ".join(key.choices) + ".")
+            raise ValueError(_("Choose one of: %(choices)s.") % {"choices": ", ".join(key.choices)})
         return text
     if key.kind == "optional_int" and text == "":
         return None
@@ -239,17 +245,17 @@ def _parse(key: Key, raw: Any) -> Any:
         try:
             number: float = int(text)
         except ValueError:
-            raise ValueError(f"A whole number from {key.low:g} to {key.high:g}.") from None
+            raise ValueError(_("A whole number from %(low)s to %(high)s.") % _bounds(key)) from None
     else:
         try:
             number = float(text)
         except ValueError:
-            raise ValueError(f"A number from {key.low:g} to {key.high:g}.") from None
+            raise ValueError(_("A number from %(low)s to %(high)s.") % _bounds(key)) from None
         if number != number:  # NaN
-            raise ValueError(f"A number from {key.low:g} to {key.high:g}.")
+            raise ValueError(_("A number from %(low)s to %(high)s.") % _bounds(key))
     assert key.low is not None and key.high is not None
     if not key.low <= number <= key.high:
-        raise ValueError(f"From {key.low:g} to {key.high:g}, please.")
+        raise ValueError(_("From %(low)s to %(high)s, please.") % _bounds(key))
     return number
 
 

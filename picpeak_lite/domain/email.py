@@ -278,22 +278,23 @@ def _queue(conn: Connection, settings: Settings, kind: str, recipient: Recipient
                            recipient=recipient.address, subject=rendered.subject, message=data, now=now)
 
 
-def client_of(gallery: Mapping[str, Any]) -> Recipient | None:
-    """The gallery's client, as the photographer entered them; None without an address."""
+def client_of(gallery: Mapping[str, Any], default_language: str) -> Recipient | None:
+    """The gallery's client, as the photographer entered them; None without an address. Their language is the
+    gallery's, else the install's ``default_language``."""
     address = (gallery.get("customer_email") or "").strip()
     if not address:
         return None
-    language = gallery.get("language") or i18n.DEFAULT_LOCALE
+    language = gallery.get("language") or default_language
     return Recipient(address, (gallery.get("customer_name") or "").strip(), language, "client")
 
 
-def photographer(conn: Connection) -> Recipient | None:
+def photographer(conn: Connection, default_language: str) -> Recipient | None:
     """The photographer: the contact email of the settings page; None when it is not set."""
     contact = admin_settings.contact(conn)
     address = contact.get("email")
     if not address:
         return None
-    return Recipient(address, contact.get("name", ""), i18n.DEFAULT_LOCALE, "photographer")
+    return Recipient(address, contact.get("name", ""), default_language, "photographer")
 
 
 def _signature(conn: Connection) -> str:
@@ -344,7 +345,7 @@ def queue_share(conn: Connection, settings: Settings, gallery: Mapping[str, Any]
     its QR code inline. Never the password: only that there is one. Returns the row id (a second click within
     ``SHARE_WINDOW`` is the same message)."""
     require_enabled(settings)
-    recipient = client_of(gallery)
+    recipient = client_of(gallery, settings.default_language)
     if recipient is None:
         raise BadRequest(i18n._("Enter the client's email address on the gallery first."))
     if gallery.get("is_draft"):
@@ -368,7 +369,7 @@ def queue_favourites(conn: Connection, settings: Settings, gallery: Mapping[str,
     """A guest's favourites to the photographer (only ever the photographer's own address). The same selection
     sent again is the same message. Returns whether a new message was queued."""
     require_enabled(settings)
-    recipient = photographer(conn)
+    recipient = photographer(conn, settings.default_language)
     if recipient is None:
         raise NotConfigured(i18n._("The photographer has not set up an email address."))
     names, guest_name = email_q.session_favourites(conn, guest_session_id, gallery["id"])
@@ -388,7 +389,7 @@ def queue_favourites(conn: Connection, settings: Settings, gallery: Mapping[str,
 def queue_test(conn: Connection, settings: Settings, address: str, *, now: float) -> int:
     """The settings page's test message, to the address the photographer typed there."""
     require_enabled(settings)
-    recipient = Recipient(check_address(address.strip()), "", i18n.DEFAULT_LOCALE, "photographer")
+    recipient = Recipient(check_address(address.strip()), "", settings.default_language, "photographer")
     row = _queue(conn, settings, "test", recipient, {"smtp_host": settings.smtp_host},
                  dedup_key=f"test:{secrets.token_hex(8)}", gallery_id=None, now=now)
     assert row is not None
@@ -398,7 +399,7 @@ def queue_test(conn: Connection, settings: Settings, address: str, *, now: float
 def test_message(settings: Settings, address: str, *, now: float) -> tuple[str, bytes]:
     """The CLI's test message (not queued): its Message-ID and bytes."""
     require_enabled(settings)
-    recipient = Recipient(check_address(address.strip()), "", i18n.DEFAULT_LOCALE, "photographer")
+    recipient = Recipient(check_address(address.strip()), "", settings.default_language, "photographer")
     templates = {part: default_template("test", part) for part in PARTS}
     rendered = render(templates, {"smtp_host": settings.smtp_host}, recipient.language)
     return make_message(settings, recipient, rendered, now=now)
@@ -410,13 +411,13 @@ def queue_due(conn: Connection, settings: Settings, *, base_url: str, now: float
     if not enabled(settings):
         return 0
     queued = 0
-    owner = photographer(conn)
+    owner = photographer(conn, settings.default_language)
     reminder_until = now + settings.email_reminder_days * 86400.0
     for kind, rows in (("expiry_reminder", email_q.galleries_expiring(conn, now, reminder_until)),
                        ("gallery_expired", email_q.galleries_expired(conn, now - EXPIRED_LOOKBACK, now))):
         for gallery in rows:
             context = _gallery_context(conn, gallery, base_url, now)
-            for recipient in (client_of(gallery), owner):
+            for recipient in (client_of(gallery, settings.default_language), owner):
                 if recipient is None:
                     continue
                 dedup = f"{kind}:{gallery['id']}:{gallery['expires_at']!r}:{recipient.role}"

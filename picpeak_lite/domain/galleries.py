@@ -15,6 +15,7 @@ from picpeak_lite.domain import admin_settings
 from picpeak_lite.domain.accounts import CLI, Actor
 from picpeak_lite.domain.gallery_fields import check_hot_folder, parse_gallery_input
 from picpeak_lite.errors import NotFound
+from picpeak_lite.i18n import _
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Row
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -112,7 +113,7 @@ async def update_gallery(svc: Services, gallery_id: int, data: dict[str, Any], *
 def _row_if(changed: bool, conn: Any, gallery_id: int) -> Row:
     """The gallery as it is now, after a change that found it; NotFound when the change found nothing."""
     if not changed:
-        raise NotFound("There is no such gallery.")
+        raise NotFound(_("There is no such gallery."))
     row = gallery_q.get(conn, gallery_id)
     assert row is not None
     return row
@@ -121,7 +122,7 @@ def _row_if(changed: bool, conn: Any, gallery_id: int) -> Row:
 async def get_gallery(svc: Services, gallery_id: int) -> Row:
     row = await svc.db.read(gallery_q.get, gallery_id)
     if row is None:
-        raise NotFound("There is no such gallery.")
+        raise NotFound(_("There is no such gallery."))
     return row
 
 
@@ -151,7 +152,7 @@ async def delete_gallery(svc: Services, gallery_id: int, actor: Actor = CLI) -> 
 
     deleted = await svc.db.write(delete)
     if deleted is None:
-        raise NotFound("There is no such gallery.")
+        raise NotFound(_("There is no such gallery."))
     keys, archive = deleted
     await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
     if archive is not None:  # an archived gallery's originals: deleting the gallery is the photographer's choice
@@ -196,6 +197,7 @@ def to_json(row: Row, share_url: str) -> dict[str, Any]:
         "hold_comments": bool(row["hold_comments"]),
         "on_expiry": row["on_expiry"],
         "archive": archive_json(row),
+        "language": row["language"],
         "share_url": share_url,
         "counts": {
             "complete": row.get("complete_count", 0),

@@ -17,18 +17,22 @@ from typing import Any
 
 from picpeak_lite.domain.brand import COVER_LAYOUTS, THEMES
 from picpeak_lite.errors import ValidationError
-from picpeak_lite.i18n import _
+from picpeak_lite.i18n import LANGUAGES, N_, _, ngettext
 from picpeak_lite.security import MIN_GALLERY_PASSWORD_LENGTH
 from picpeak_lite.store.db import fits_integer
 
 EVENT_TYPES = ("wedding", "birthday", "party", "corporate", "portrait", "family", "other")
+#: What each type is called on the pages (translated where shown: the ``event_type`` template filter).
+EVENT_TYPE_LABELS = {"wedding": N_("Wedding"), "birthday": N_("Birthday"), "party": N_("Party"),
+                     "corporate": N_("Corporate"), "portrait": N_("Portrait"), "family": N_("Family"),
+                     "other": N_("Other")}
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_DATE_HINT = "Use a date like 2026-06-20."
+_DATE_HINT = N_("Use a date like 2026-06-20.")
 # The one rule for the admin form and the JSON API (POST, PUT and PATCH alike): a gallery is not given a last day
 # that has already gone by. The date an expired gallery already has is kept as it is, so its other fields can
 # still be edited (the form sends every field back) without the admin having to revive it.
-PAST_EXPIRY = "The expiry date is in the past: choose today or a later day, or leave it empty for never."
+PAST_EXPIRY = N_("The expiry date is in the past: choose today or a later day, or leave it empty for never.")
 
 
 class Invalid(Exception):
@@ -74,11 +78,12 @@ def _text_field(limit: int, *, keep_newlines: bool = False, required: str | None
     def parse(value: Any, missing: bool, context: Context) -> str:
         text = _text(value, keep_newlines=keep_newlines)
         if required and not text:
-            raise Invalid(required)
+            raise Invalid(_(required))
         if pattern and text and not pattern[0].match(text):
-            raise Invalid(pattern[1])
+            raise Invalid(_(pattern[1]))
         if len(text) > limit:
-            raise Invalid(f"At most {limit} characters, please.")
+            raise Invalid(ngettext("At most %(num)d character, please.", "At most %(num)d characters, please.", limit)
+                          % {"num": limit})
         return text
 
     return parse
@@ -87,7 +92,7 @@ def _text_field(limit: int, *, keep_newlines: bool = False, required: str | None
 def _event_type(value: Any, missing: bool, context: Context) -> str:
     event_type = _text(value) or "other"
     if event_type not in EVENT_TYPES:
-        raise Invalid("Choose one of: " + ", ".join(EVENT_TYPES) + ".")
+        raise Invalid(_("Choose one of: %(choices)s.") % {"choices": ", ".join(EVENT_TYPES)})
     return event_type
 
 
@@ -98,7 +103,7 @@ def _event_date(value: Any, missing: bool, context: Context) -> str | None:
     try:
         return dt.date.fromisoformat(raw).isoformat()
     except ValueError:
-        raise Invalid(_DATE_HINT) from None
+        raise Invalid(_(_DATE_HINT)) from None
 
 
 def _expiry(value: Any, missing: bool, context: Context) -> float | None:
@@ -111,11 +116,11 @@ def _expiry(value: Any, missing: bool, context: Context) -> float | None:
     try:
         expires_on = dt.date.fromisoformat(raw)
     except ValueError:
-        raise Invalid(_DATE_HINT) from None
+        raise Invalid(_(_DATE_HINT)) from None
     if expires_on < context.today and expires_on != context.current_expiry:
-        raise Invalid(PAST_EXPIRY)
+        raise Invalid(_(PAST_EXPIRY))
     if expires_on > context.today + dt.timedelta(days=3650):
-        raise Invalid("At most ten years ahead.")
+        raise Invalid(_("At most ten years ahead."))
     return _end_of_day(expires_on)
 
 
@@ -136,7 +141,7 @@ def _photo_cap(value: Any, missing: bool, context: Context) -> int | None:
     except (TypeError, ValueError):
         cap = 0
     if cap < 1 or isinstance(value, bool) or not fits_integer(cap):
-        raise Invalid("A whole number of photos, at least 1, or empty for the default.")
+        raise Invalid(_("A whole number of photos, at least 1, or empty for the default."))
     return cap
 
 
@@ -148,7 +153,7 @@ def _favourite_limit(value: Any, missing: bool, context: Context) -> int | None:
     except (TypeError, ValueError):
         limit = 0
     if limit < 1 or isinstance(value, bool) or not fits_integer(limit):
-        raise Invalid("A whole number of favourites, at least 1, or empty for no limit.")
+        raise Invalid(_("A whole number of favourites, at least 1, or empty for no limit."))
     return limit
 
 
@@ -180,10 +185,21 @@ def _password(value: Any, missing: bool, context: Context) -> str | Omit:
     if value in (None, ""):
         return OMIT
     if not isinstance(value, str) or len(value) < MIN_GALLERY_PASSWORD_LENGTH:
-        raise Invalid(f"At least {MIN_GALLERY_PASSWORD_LENGTH} characters.")
+        raise Invalid(ngettext("At least %(num)d character.", "At least %(num)d characters.",
+                               MIN_GALLERY_PASSWORD_LENGTH) % {"num": MIN_GALLERY_PASSWORD_LENGTH})
     if len(value) > 200:
-        raise Invalid("At most 200 characters.")
+        raise Invalid(ngettext("At most %(num)d character.", "At most %(num)d characters.", 200) % {"num": 200})
     return value
+
+
+def _language(value: Any, missing: bool, context: Context) -> str | None:
+    """Empty: each guest's browser decides. Otherwise one of the languages the pages are translated into."""
+    code = _text(value)
+    if not code:
+        return None
+    if code not in LANGUAGES:
+        raise Invalid(_("Choose one of: %(choices)s.") % {"choices": ", ".join(LANGUAGES)})
+    return code
 
 
 def _clear_password(value: Any, missing: bool, context: Context) -> bool | Omit:
@@ -191,10 +207,10 @@ def _clear_password(value: Any, missing: bool, context: Context) -> bool | Omit:
 
 
 FIELDS: tuple[Field, ...] = (
-    Field("name", _text_field(200, required="Please give the gallery a name."),
+    Field("name", _text_field(200, required=N_("Please give the gallery a name.")),
           "The gallery's title, shown to guests."),
     Field("customer_name", _text_field(200), "Who the photos are for; shown on the admin pages only."),
-    Field("customer_email", _text_field(254, pattern=(_EMAIL, "This does not look like an email address.")),
+    Field("customer_email", _text_field(254, pattern=(_EMAIL, N_("This does not look like an email address."))),
           "The client's address, for the photographer's records."),
     Field("welcome_message", _text_field(5000, keep_newlines=True), "Shown above the photos; line breaks are kept."),
     Field("event_type", _event_type, "One of " + ", ".join(EVENT_TYPES) + "; empty means other."),
@@ -225,6 +241,8 @@ FIELDS: tuple[Field, ...] = (
     Field("password", _password, f"Guests must enter it (at least {MIN_GALLERY_PASSWORD_LENGTH} characters).",
           always=True),
     Field("clear_password", _clear_password, "Remove the password.", always=True),
+    Field("language", _language, "The guests' pages' language (" + ", ".join(LANGUAGES) + "), unless a guest "
+          "picks another; empty: each guest's browser decides."),
 )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import PurePath
 
 from picpeak_lite.errors import Conflict
+from picpeak_lite.i18n import ngettext
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import proofing as proofing_q
@@ -32,8 +33,9 @@ class FavouriteLimitReached(Conflict):
 
 
 def limit_sentence(limit: int) -> str:
-    return (f"You can choose up to {limit} favourites in this gallery. Remove one of your favourites to choose "
-            "another.")
+    return ngettext("You can choose up to %(num)d favourite in this gallery. Remove it to choose another.",
+                    "You can choose up to %(num)d favourites in this gallery. Remove one of your favourites to "
+                    "choose another.", limit) % {"num": limit}
 
 
 def check_favourite_limit(conn: Connection, gallery: Row, guest_session_id: int, photo_id: int) -> None:

@@ -15,10 +15,12 @@ import secrets
 
 from picpeak_lite.domain import access
 from picpeak_lite.errors import Forbidden, NotFound
+from picpeak_lite.i18n import N_, _
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import galleries as gallery_q
 
-BAD_LINK = "This wall link is not valid (it may have been replaced or removed). Ask the photographer for the new one."
+BAD_LINK = N_("This wall link is not valid (it may have been replaced or removed). Ask the photographer for the new "
+              "one.")
 
 
 def new_token() -> str:
@@ -36,10 +38,10 @@ def wall_gallery(conn: Connection, slug: str, key: str | None, is_admin: bool, n
     if is_admin:
         gallery = gallery_q.get_by_slug(conn, slug)
         if gallery is None:
-            raise NotFound("There is no gallery at this address.")
+            raise NotFound(_("There is no gallery at this address."))
         return gallery
     gallery = access.gallery_for_password_form(conn, slug, now)  # the page's rules short of the password
     token = gallery["wall_token"]
     if not key or token is None or not secrets.compare_digest(key.encode(), token.encode()):
-        raise Forbidden(BAD_LINK)
+        raise Forbidden(_(BAD_LINK))
     return gallery

@@ -68,8 +68,16 @@ FORMATS = {
     "heif": ("HEIF", "image/heic"),
 }
 HEIF_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs", b"mif1", b"msf1"}
-UNSUPPORTED = "Not a supported image (JPEG, PNG, WebP or HEIC)"
-CORRUPT = "The image file is truncated or corrupt"
+
+
+def N_(message: str) -> str:
+    """Marks a fixed refusal for translation where it reaches a person (pipeline/intake.py); the image children
+    this module runs in do not load the translation machinery."""
+    return message
+
+
+UNSUPPORTED = N_("Not a supported image (JPEG, PNG, WebP or HEIC)")
+CORRUPT = N_("The image file is truncated or corrupt")
 POSITIONS = ("top-left", "top-right", "bottom-left", "bottom-right", "center")
 # EXIF orientation -> the transpose that shows the photo upright (the same table as ImageOps.exif_transpose).
 ORIENT = {
@@ -397,6 +405,28 @@ def studio_logo(source: Source, *, max_side: int, max_pixels: int) -> bytes:
     image.info = {}
     image.save(out, "PNG", optimize=True)
     return out.getvalue()
+
+
+def face_pixels(source: Source, *, max_side: int, max_pixels: int) -> tuple[int, int, bytes]:
+    """(width, height, RGB bytes) of an image, upright and at most ``max_side`` on its long edge: what the face
+    detector reads (``media/faces.py``). Checked as every upload is (format by its bytes, pixel limit, scans); a
+    JPEG is decoded at the smallest DCT scale that still covers ``max_side``."""
+    with _open(source, max_pixels) as (im, fmt):
+        try:
+            if fmt == "jpeg":
+                im.draft("RGB", (max_side, max_side))
+            im.load()
+        except InvalidImage:
+            raise
+        except Exception as exc:  # only Pillow decoders run here
+            raise InvalidImage(CORRUPT, f"{type(exc).__name__}: {exc}") from exc
+        orientation = read_orientation(_exif(im))
+        image = im.convert("RGB")
+    if max(image.size) > max_side:
+        image = _shrink(image, max_side)
+    if orientation in ORIENT:
+        image = image.transpose(ORIENT[orientation])
+    return image.width, image.height, image.tobytes()
 
 
 def web_copy(source: Source, watermark: Watermark | None, *, quality: int = 88,
@@ -792,7 +822,7 @@ def _file_size(fp: BinaryIO) -> int:
 
 def _format(head: bytes) -> str:
     if not head:
-        raise InvalidImage("The file is empty")
+        raise InvalidImage(N_("The file is empty"))
     if head.startswith(b"\xff\xd8\xff"):
         return "jpeg"
     if head.startswith(b"\x89PNG\r\n\x1a\n"):

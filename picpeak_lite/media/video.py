@@ -54,10 +54,16 @@ MAX_POSTER_FRAMES = 120  # frames decoded after the seek at most, to reach the p
 KEY_FRAME_LOOKAHEAD = 2.0
 MAX_FRAME_PIXELS = 8192 * 8192  # a frame larger than 8K on a side is a header made to exhaust memory
 
-UNSUPPORTED = "Not a supported video (MP4, MOV, M4V or WebM)"
-CORRUPT = "The video file is truncated or corrupt"
-NO_VIDEO = "The file has no video track (is it audio only?)"
-NO_FRAMES = "The video has no frame that could be decoded: the file is truncated, empty or corrupt"
+def N_(message: str) -> str:
+    """Marks a fixed refusal for translation where it reaches a person (pipeline/video_intake.py); the child
+    process this module runs as does not load the translation machinery."""
+    return message
+
+
+UNSUPPORTED = N_("Not a supported video (MP4, MOV, M4V or WebM)")
+CORRUPT = N_("The video file is truncated or corrupt")
+NO_VIDEO = N_("The file has no video track (is it audio only?)")
+NO_FRAMES = N_("The video has no frame that could be decoded: the file is truncated, empty or corrupt")
 INDEX_CLAIMS = "The video's index claims {count:,} frames in a {size:,}-byte file; it is damaged."
 INDEX_TABLE = "The video's index is damaged: its {box} table claims {count:,} entries in {room:,} bytes."
 

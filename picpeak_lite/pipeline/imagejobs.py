@@ -91,3 +91,17 @@ def poster(decode: Callable[[], images.Decoded], spec: images.RenderSpec) -> tup
     """(view JPEG, grid JPEG) of a video's poster frame (``decode``: a partial of :func:`images.from_rgb`)."""
     _, view_jpeg, grid_jpeg = images.derivatives(decode, spec)
     return view_jpeg, grid_jpeg
+
+
+def photo_faces(path: Path) -> list[tuple[tuple[int, int, int, int], bytes]]:
+    """The faces of a photo's view image ("Find me"; the models load in this child on its first face job)."""
+    from picpeak_lite.media import faces
+
+    return faces.find_in_photo(str(path))
+
+
+def selfie_faces(data: bytes) -> list[bytes]:
+    """The embeddings of a selfie's faces; its bytes came through the pipe and are never written anywhere."""
+    from picpeak_lite.media import faces
+
+    return faces.find_in_selfie(data)

@@ -54,7 +54,7 @@ import trio
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import Conflict, NotFound, TooLarge
-from picpeak_lite.i18n import _
+from picpeak_lite.i18n import N_, _
 from picpeak_lite.media import images, video
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import attempts, transitions, video_intake
@@ -74,9 +74,9 @@ BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u
 
 log = logging.getLogger(__name__)
 
-LOST = "The file was lost before it could be saved; please upload it again."
-ABANDONED = ("The upload took longer than the server waits between signs of life and was given up; "
-             "please send it again.")
+LOST = N_("The file was lost before it could be saved; please upload it again.")
+ABANDONED = N_("The upload took longer than the server waits between signs of life and was given up; "
+               "please send it again.")
 DELETED = "The photo was deleted while the upload was still arriving."
 
 _IO_LIMITER = PerRun("picpeak_intake_io", lambda: trio.CapacityLimiter(8))
@@ -381,8 +381,8 @@ class Intake:
         at once, so that no part a client sends is free (each would cost an entry and a line of the answer)."""
         self.files_seen += 1
         if self.limits.max_files is not None and self.files_seen > self.limits.max_files:
-            raise TooLarge(f"Too many files in one upload (at most {self.limits.max_files}); nothing was saved, "
-                           "please send them in smaller batches.")
+            raise TooLarge(_("Too many files in one upload (at most %(max_files)s); nothing was saved, please send "
+                             "them in smaller batches.") % {"max_files": self.limits.max_files})
 
     def start_file(self, raw_name: str) -> FileSink:
         self.count_file()
@@ -426,7 +426,7 @@ class Intake:
         self.entries.append(entry)
         if sink.too_large:
             self._drop(sink)
-            entry.error = f"The file is larger than the limit of {self.limits.sink_bytes // MB} MB."
+            entry.error = _("The file is larger than the limit of %(num)s MB.") % {"num": self.limits.sink_bytes // MB}
             entry.status = 413
         return entry
 
@@ -473,7 +473,8 @@ class Intake:
                 return
         elif sink.size > self.limits.max_file_bytes:
             self._drop(sink)
-            entry.error = f"The file is larger than the limit of {self.limits.max_file_bytes // MB} MB."
+            entry.error = (_("The file is larger than the limit of %(num)s MB.")
+                           % {"num": self.limits.max_file_bytes // MB})
             entry.status = 413
             return
         else:
@@ -483,7 +484,7 @@ class Intake:
                 entry.header = await trio.to_thread.run_sync(check, limiter=io_limiter())
             except images.InvalidImage as error:
                 self._drop(sink)
-                entry.error = error.reason
+                entry.error = _(error.reason)  # a fixed sentence is translated; a measured one stays as is
                 entry.status = 415 if error.reason == images.UNSUPPORTED else 413 if error.too_large else 400
                 return
         if self._room is None:
@@ -616,7 +617,7 @@ class Intake:
 
 
 def gallery_full(cap: int) -> str:
-    return f"The gallery is full: it holds at most {cap} photos."
+    return _("The gallery is full: it holds at most %(cap)s photos.") % {"cap": cap}
 
 
 def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id: int, rows: list[tuple[Any, ...]],
@@ -626,11 +627,11 @@ def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id
     locks.hold(conn, locks.PHOTO_ROWS)
     gallery = authorize(conn)
     if gallery["id"] != gallery_id:
-        raise NotFound("The gallery was removed while the photos were uploading.")
+        raise NotFound(_("The gallery was removed while the photos were uploading."))
     if gallery["archive_state"] != "active":  # checked under the lock that archiving's first step takes
         raise Conflict(_("The gallery is archived; restore it before adding photos."))
     if lease is not None and upload_id is not None and not photo_q.renew_receiving(conn, [upload_id], now + lease):
-        raise Conflict(ABANDONED)
+        raise Conflict(_(ABANDONED))
     cap = gallery["photo_cap"] or default_cap
     count = photo_q.count_in_gallery(conn, gallery_id)
     outcomes: list[Outcome] = []
@@ -671,11 +672,11 @@ def _close(conn: Connection, authorize: Authorize, gallery_id: int, upload_id: s
     """:meth:`Intake.finish`'s transaction. Returns (accepted photo ids that are gone, upload completed)."""
     gallery = authorize(conn)
     if gallery["id"] != gallery_id:
-        raise NotFound("The gallery was removed while the photos were uploading.")
+        raise NotFound(_("The gallery was removed while the photos were uploading."))
     kept: set[int] = set()
     if upload_id is not None:
         if not photo_q.close_receiving(conn, upload_id):
-            raise Conflict(ABANDONED)
+            raise Conflict(_(ABANDONED))
         kept = photo_q.keep_upload_photos(conn, upload_id)
         if guest_name is not None:
             photo_q.set_upload_guest_name(conn, upload_id, guest_name)

@@ -72,6 +72,7 @@ from picpeak_lite.errors import (
     TooManyRequests,
     UnsupportedMedia,
 )
+from picpeak_lite.i18n import N_, _
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import transitions, video_intake
 from picpeak_lite.pipeline.intake import (
@@ -98,7 +99,7 @@ TUS_DIR = "tus"
 ORPHAN_GRACE_SECONDS = 600.0  # a file is created just before its row: younger files without one are left alone
 CHECKSUMS = {"sha1": hashlib.sha1, "sha256": hashlib.sha256}
 GROUP_KEY = re.compile(r"[A-Za-z0-9._~-]{1,64}")
-LOST = "The bytes of this upload were lost on the server; please send the file again."
+LOST = N_("The bytes of this upload were lost on the server; please send the file again.")
 REFUSALS: dict[int, type[AppError]] = {413: TooLarge, 415: UnsupportedMedia, 409: Conflict}
 METADATA_MAX = 4096  # Upload-Metadata, as sent: a file name, a type, a guest name and a group key need far less
 CLIENT_FILES_PER_SESSION_CAP = 5  # one address's unfinished uploads: as many as 5 sessions', as its budgets are
@@ -161,16 +162,18 @@ def parse_metadata(header: str | None) -> dict[str, bytes]:
     if not header or not header.strip():
         return pairs
     if len(header) > METADATA_MAX:
-        raise BadRequest(f"Upload-Metadata may be at most {METADATA_MAX // 1024} KB; send a shorter file name.")
+        raise BadRequest(_("Upload-Metadata may be at most %(num)s KB; send a shorter file name.")
+                         % {"num": METADATA_MAX // 1024})
     for item in header.split(","):
         parts = item.strip().split(" ")
         key = parts[0]
         if not key or len(parts) > 2 or key in pairs or any(ord(c) < 33 or ord(c) > 126 for c in key):
-            raise BadRequest("Upload-Metadata must be comma-separated pairs of a key and a base64 value.")
+            raise BadRequest(_("Upload-Metadata must be comma-separated pairs of a key and a base64 value."))
         try:
             pairs[key] = base64.b64decode(parts[1], validate=True) if len(parts) == 2 else b""
         except ValueError:
-            raise BadRequest(f"The Upload-Metadata value of {key[:40]!r} is not valid base64.") from None
+            raise BadRequest(_("The Upload-Metadata value of %(key)r is not valid base64.")
+                             % {"key": key[:40]}) from None
     return pairs
 
 
@@ -178,13 +181,13 @@ def parse_checksum(header: str | None) -> tuple[str, bytes] | None:
     """``Upload-Checksum: <algorithm> <base64 digest>``; an algorithm we do not offer is a 400 (tus)."""
     if header is None:
         return None
-    algorithm, _, value = header.strip().partition(" ")
+    algorithm, _space, value = header.strip().partition(" ")
     if algorithm not in CHECKSUMS:
-        raise BadRequest("Upload-Checksum: this server checks sha1 or sha256 only.")
+        raise BadRequest(_("Upload-Checksum: this server checks sha1 or sha256 only."))
     try:
         return algorithm, base64.b64decode(value.strip(), validate=True)
     except ValueError:
-        raise BadRequest("Upload-Checksum: the digest is not valid base64.") from None
+        raise BadRequest(_("Upload-Checksum: the digest is not valid base64.")) from None
 
 
 def text(meta: dict[str, bytes], *keys: str) -> str | None:
@@ -205,10 +208,10 @@ async def create(svc: Services, *, authorize: Authorize, owner: Owner, limits: L
     # Whether it is a video is known from its first bytes only: up to the larger (video) limit now, and a
     # photo is held to its own limit once they arrive (check_kind), as a multipart file is when it has arrived.
     if length > limits.sink_bytes:
-        raise TooLarge(f"The file is larger than the limit of {limits.sink_bytes // MB} MB.")
+        raise TooLarge(_("The file is larger than the limit of %(num)s MB.") % {"num": limits.sink_bytes // MB})
     group_key = text(meta, "upload_group")
     if group_key is not None and not GROUP_KEY.fullmatch(group_key):
-        raise BadRequest("The upload_group metadata must be 1 to 64 letters, digits or ._~- characters.")
+        raise BadRequest(_("The upload_group metadata must be 1 to 64 letters, digits or ._~- characters."))
     filename = clean_filename(text(meta, "filename", "name") or "")
     guest_name = owner.guest_name
     if owner.uploaded_by == "guest":
@@ -246,8 +249,8 @@ def _create_row(conn: Connection, authorize: Authorize, owner: Owner, limits: Li
     unfinished = tus_q.unfinished_of_owner(conn, gallery["id"], owner.uploaded_by, owner.guest_session_id, now)
     most = limits.max_files or 1
     if unfinished >= most:
-        raise Conflict(f"You have {unfinished} unfinished uploads in this gallery, the most allowed at once; "
-                       "finish or cancel some of them first.")
+        raise Conflict(_("You have %(unfinished)s unfinished uploads in this gallery, the most allowed at once; finish "
+                         "or cancel some of them first.") % {"unfinished": unfinished})
     if owner.uploaded_by == "guest":
         _check_guest_reservations(conn, gallery["id"], client_ip, length, settings, now)
     upload_id = None
@@ -278,18 +281,19 @@ def _check_guest_reservations(conn: Connection, gallery_id: int, client_ip: str 
         count, announced = tus_q.guest_unfinished_of_client(conn, client_ip, now)
         if count >= CLIENT_FILES_PER_SESSION_CAP * settings.guest_max_files:
             raise TooManyRequests(RESERVATION_RETRY_SECONDS, (
-                f"There are {count} unfinished uploads from your network, the most allowed at once; "
-                "finish or cancel some of them, or wait a little and retry."))
+                _("There are %(count)s unfinished uploads from your network, the most allowed at once; finish or "
+                  "cancel some of them, or wait a little and retry.") % {"count": count}))
         if announced + length > settings.tus_unfinished_mb_per_client * MB:
             raise TooManyRequests(RESERVATION_RETRY_SECONDS, (
-                f"Unfinished uploads from your network already hold {announced // MB} MB of the "
-                f"{settings.tus_unfinished_mb_per_client} MB allowed at once; finish some first, "
-                "or wait a little and retry."))
+                _("Unfinished uploads from your network already hold %(held)s MB of the "
+                  "%(tus_unfinished_mb_per_client)s MB allowed at once; finish some first, or wait a little and retry.")
+                % {"held": announced // MB, "tus_unfinished_mb_per_client": settings.tus_unfinished_mb_per_client}))
     in_gallery = tus_q.guest_unfinished_bytes_in_gallery(conn, gallery_id, now)
     if in_gallery + length > settings.tus_unfinished_mb_per_gallery * MB:
         raise TooManyRequests(RESERVATION_RETRY_SECONDS, (
-            f"Guests' unfinished uploads to this gallery already hold {in_gallery // MB} MB of the "
-            f"{settings.tus_unfinished_mb_per_gallery} MB allowed at once; please wait a little and retry."))
+            _("Guests' unfinished uploads to this gallery already hold %(held)s MB of the "
+              "%(tus_unfinished_mb_per_gallery)s MB allowed at once; please wait a little and retry.")
+            % {"held": in_gallery // MB, "tus_unfinished_mb_per_gallery": settings.tus_unfinished_mb_per_gallery}))
 
 
 # --- looking an upload up ------------------------------------------------------------------------------------
@@ -298,13 +302,13 @@ async def find(svc: Services, tus_id: str, gallery_id: int, owner: Owner) -> Row
     """The upload, if it is this owner's in this gallery: otherwise 404, whether or not it exists (an id is
     never confirmed to someone else). 410 once it has expired."""
     if len(tus_id) != 32 or any(c not in "0123456789abcdef" for c in tus_id):
-        raise NotFound("There is no such upload.")
+        raise NotFound(_("There is no such upload."))
     row = await svc.db.read(tus_q.get, tus_id)
     if row is None or row["gallery_id"] != gallery_id or not owner.owns(row):
-        raise NotFound("There is no such upload.")
+        raise NotFound(_("There is no such upload."))
     unfinished = row["state"] == tus_q.RECEIVING and not is_finishing(row)  # a complete one never expires
     if row["state"] == tus_q.EXPIRED or (unfinished and row["expires_at"] < svc.clock()):
-        raise Gone("This upload has expired; please send the file again.")
+        raise Gone(_("This upload has expired; please send the file again."))
     return row
 
 
@@ -363,12 +367,12 @@ async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[
     tus_id = row["id"]
     remaining = row["upload_length"] - offset
     if content_length is not None and content_length > remaining:
-        raise TooLarge("This chunk goes past the upload's Upload-Length; nothing of it was kept.")
+        raise TooLarge(_("This chunk goes past the upload's Upload-Length; nothing of it was kept."))
     writer = await _take_over(tus_id)
     try:
         current = await svc.db.read(tus_q.get, tus_id)
         if current is None or current["state"] == tus_q.EXPIRED:
-            raise NotFound("There is no such upload.")
+            raise NotFound(_("There is no such upload."))
         if current["upload_offset"] != offset or current["state"] != tus_q.RECEIVING:
             raise OffsetMismatch(current["upload_offset"])
         chunk = _Chunk(svc, partial_path(svc.storage, tus_id), offset, remaining, checksum)
@@ -376,7 +380,7 @@ async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[
             with writer.scope:
                 await chunk.receive(body)
             if writer.scope.cancelled_caught:
-                raise Conflict("A newer request for this upload took over; ask for its offset again.")
+                raise Conflict(_("A newer request for this upload took over; ask for its offset again."))
         finally:
             with trio.CancelScope(shield=True):
                 new_offset = await chunk.settle()
@@ -388,7 +392,7 @@ async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[
                     # ends before it asks (the client went after its last byte, a newer request took over).
                     svc.finisher_bell.ring()
         if not recorded:  # the upload ended meanwhile (expired, deleted): its bytes are not kept
-            raise NotFound("There is no such upload.")
+            raise NotFound(_("There is no such upload."))
         return new_offset
     finally:
         _release(tus_id, writer)
@@ -437,7 +441,7 @@ class _Chunk:
         async for data in body:
             self.received += len(data)
             if self.received > self.remaining:
-                raise TooLarge("This chunk goes past the upload's Upload-Length; nothing of it was kept.")
+                raise TooLarge(_("This chunk goes past the upload's Upload-Length; nothing of it was kept."))
             self.pending += data
             if len(self.pending) >= WRITE_BATCH:
                 await self._flush()
@@ -467,7 +471,7 @@ class _Chunk:
         await trio.to_thread.run_sync(_close_at, self.file, self.path, end, limiter=io_limiter())
         self.file = None
         if self.mismatch:
-            raise ChecksumMismatch("The chunk does not match its Upload-Checksum; it was not kept.")
+            raise ChecksumMismatch(_("The chunk does not match its Upload-Checksum; it was not kept."))
         return end
 
 
@@ -475,7 +479,7 @@ def _open_at(path: Path, offset: int) -> BinaryIO:
     try:
         f = open(path, "r+b")  # noqa: SIM115  # held across the chunk's thread hops, closed by _close_at
     except FileNotFoundError:
-        raise NotFound(LOST) from None
+        raise NotFound(_(LOST)) from None
     # Bytes past the recorded offset were written but never recorded (a crash, a cut-off chunk): cut them off.
     f.truncate(offset)
     f.seek(offset)
@@ -548,8 +552,8 @@ def finish_delay(attempts: int) -> float:
 def pending_error(svc: Services, row: Row) -> NotFinishedYet:
     """What a client is told while the photo of a complete upload is not made yet."""
     wait = max(0.0, (row["finish_after"] or 0.0) - svc.clock())
-    return NotFinishedYet("Every byte of this file arrived; the server is still storing it as a photo. "
-                          "Ask again in a moment.", wait or 1.0)
+    return NotFinishedYet(_("Every byte of this file arrived; the server is still storing it as a photo. "
+                          "Ask again in a moment."), wait or 1.0)
 
 
 def refusal(row: Row) -> AppError:
@@ -577,7 +581,7 @@ async def complete(svc: Services, tus_id: str) -> Finished:
         async with _finishing(tus_id):
             row = await svc.db.read(tus_q.get, tus_id)
             if row is None:
-                raise NotFound("There is no such upload.")
+                raise NotFound(_("There is no such upload."))
             if row["state"] == tus_q.DONE:
                 settled = True
                 return await finished(svc, row)
@@ -630,7 +634,7 @@ async def _try_finish(svc: Services, row: Row) -> Finished:
             # another try may not meet; only the tus file's own loss makes the bytes gone.
             raise await _failed_try(svc, row, error.strerror or str(error)) from error
         await _refuse(svc, row, LOST, 410)
-        raise Gone(LOST) from None
+        raise Gone(_(LOST)) from None
     except AppError as error:
         if error.status >= 500:  # its title: its message speaks of a request ("nothing was saved")
             raise await _failed_try(svc, row, error.title) from error
@@ -687,11 +691,11 @@ def upload_gallery(conn: Connection, *, row: Row, clock: Any) -> Row:
     photos (``web/views/common.py`` asks the same at the request)."""
     gallery = gallery_q.get(conn, row["gallery_id"])
     if gallery is None:
-        raise NotFound("The gallery was removed while the photos were uploading.")
+        raise NotFound(_("The gallery was removed while the photos were uploading."))
     if row["uploaded_by"] == "guest":
         gallery = access.guest_gallery(conn, gallery["slug"], row["guest_session_id"], clock())
         if not gallery["allow_guest_uploads"]:
-            raise Forbidden("This gallery does not accept photos from guests.")
+            raise Forbidden(_("This gallery does not accept photos from guests."))
     return gallery
 
 
@@ -724,8 +728,9 @@ async def _failed_try(svc: Services, row: Row, reason: str) -> AppError:
                        now + delay + svc.settings.tus_idle_minutes * 60.0)
     log.warning("tus %s: could not make its photo (try %d, %s); trying again in %.0f s", row["id"], attempts,
                 reason, delay)
-    return NotFinishedYet(f"Every byte of this file arrived, but the server could not store it yet ({reason}); "
-                          f"it tries again by itself in {delay:.0f} s.", delay)
+    return NotFinishedYet(_("Every byte of this file arrived, but the server could not store it yet (%(reason)s); it "
+                            "tries again by itself in %(delay)s s.")
+                          % {"reason": reason, "delay": format(delay, '.0f')}, delay)
 
 
 def _record_failure(conn: Connection, tus_id: str, upload_id: str | None, attempts: int, finish_after: float,

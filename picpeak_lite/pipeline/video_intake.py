@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from picpeak_lite.config import Settings
+from picpeak_lite.i18n import _
 from picpeak_lite.media import images, video
 from picpeak_lite.pipeline import video_jobs
 
@@ -42,7 +43,7 @@ async def check(path: Path, size: int, *, settings: Settings, max_bytes: int, ma
                                       places=settings.media_children)
     except video.InvalidVideo as error:
         status = 413 if error.too_large else 415 if error.reason in (video.UNSUPPORTED, video.NO_VIDEO) else 400
-        raise Refused(error.reason, status) from error
+        raise Refused(_(error.reason), status) from error
     if max_seconds is not None and info.duration > max_seconds:
         raise Refused(f"The video is {_minutes(info.duration)} long; guests may upload videos of at most "
                       f"{_minutes(max_seconds)}.", 413)

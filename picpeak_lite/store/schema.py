@@ -591,6 +591,41 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE photos ADD COLUMN replaced TEXT;
     CREATE INDEX photos_replaced ON photos(gallery_id) WHERE replaced IS NOT NULL;
     """,
+    # Languages (issue 32): the language the photographer chose for the gallery's guests; NULL lets each guest's
+    # browser decide (picpeak_lite/i18n.py choose()).
+    """
+    ALTER TABLE galleries ADD COLUMN language TEXT CHECK (language IS NULL OR length(language) BETWEEN 2 AND 10);
+    """,
+    # "Find me" (issue 36): a gallery's opt-in (find_me) and whether guests' own photos are indexed too
+    # (find_me_guest_uploads). faces: each face found in a photo's view image, only its box and its embedding
+    # (128 float32, 512 bytes; media/faces.py), never a picture. face_scans: one row per photo looked at (its
+    # faces stored in the same transaction), so the index is its own queue: a photo without a row is still to
+    # do, after a crash too. Both go with their photo or gallery (ON DELETE CASCADE).
+    """
+    ALTER TABLE galleries ADD COLUMN find_me INTEGER NOT NULL DEFAULT 0 CHECK (find_me IN (0, 1));
+    ALTER TABLE galleries ADD COLUMN find_me_guest_uploads INTEGER NOT NULL DEFAULT 0
+        CHECK (find_me_guest_uploads IN (0, 1));
+    CREATE TABLE face_scans (
+        photo_id INTEGER PRIMARY KEY REFERENCES photos(id) ON DELETE CASCADE,
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        faces INTEGER NOT NULL,
+        error TEXT,
+        scanned_at REAL NOT NULL
+    ) STRICT;
+    CREATE INDEX face_scans_gallery ON face_scans(gallery_id);
+    CREATE TABLE faces (
+        id INTEGER PRIMARY KEY,
+        photo_id INTEGER NOT NULL REFERENCES face_scans(photo_id) ON DELETE CASCADE,
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        box_left INTEGER NOT NULL,
+        box_top INTEGER NOT NULL,
+        box_right INTEGER NOT NULL,
+        box_bottom INTEGER NOT NULL,
+        embedding BLOB NOT NULL CHECK (length(embedding) = 512)
+    ) STRICT;
+    CREATE INDEX faces_gallery ON faces(gallery_id);
+    CREATE INDEX faces_photo ON faces(photo_id);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

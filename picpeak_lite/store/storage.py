@@ -40,6 +40,7 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from picpeak_lite.errors import InsufficientStorage
+from picpeak_lite.i18n import N_, _
 
 if TYPE_CHECKING:
     from picpeak_lite.config import Settings
@@ -53,7 +54,7 @@ COPY_CHUNK = 1024 * 1024
 # (1000 pages) between checkpoints. min(64 MiB, a quarter of the filesystem).
 RESERVE_MAX_BYTES = 64 * 1024 * 1024
 RESERVE_SHARE = 0.25
-DISK_FULL = "The server's disk is full; the photo was not saved."
+DISK_FULL = N_("The server's disk is full; the photo was not saved.")
 
 
 def new_key() -> str:
@@ -449,7 +450,7 @@ def ensure_space(root: Path, incoming: int) -> None:
     stat = os.statvfs(root)
     reserve = min(RESERVE_MAX_BYTES, int(stat.f_blocks * stat.f_frsize * RESERVE_SHARE))
     if stat.f_bavail * stat.f_frsize - incoming < reserve:
-        raise InsufficientStorage(DISK_FULL)
+        raise InsufficientStorage(_(DISK_FULL))
 
 
 def sweep_temp(tmp_dir: Path, max_age: float, now: float | None = None) -> int:
@@ -504,7 +505,7 @@ def disk_errors() -> Iterator[None]:
         yield
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InsufficientStorage(DISK_FULL) from error
+            raise InsufficientStorage(_(DISK_FULL)) from error
         raise
 
 

@@ -3,7 +3,6 @@ headers and cookies."""
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import logging
 from pathlib import Path
@@ -17,7 +16,7 @@ from werkzeug.routing import IntegerConverter
 from picpeak_lite import i18n
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import INTEGER_MAX
-from picpeak_lite.web import errors
+from picpeak_lite.web import errors, locale
 from picpeak_lite.web.accesslog import AccessLog
 from picpeak_lite.web.asgi import BackpressureHTTPConnection, BoundedRequest
 from picpeak_lite.web.auth import ADMIN_COOKIE, GUEST_COOKIE, services
@@ -149,13 +148,30 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     from picpeak_lite.web.views import email
 
     app.register_blueprint(email.blueprint)
+    from picpeak_lite.web.views import language
+
+    app.register_blueprint(language.blueprint)
+    # "Find me" (issue 36): the guests' selfie search, the photographer's switch and face index.
+    from picpeak_lite.web.views import findme
+
+    app.register_blueprint(findme.blueprint)
 
     app.add_url_rule("/favicon.ico", "favicon", _favicon)
     errors.install(app)
     csp = content_security_policy(svc.storage.presigned_origin())  # once: the bucket is fixed at start
     app.after_request(functools.partial(_after_request, csp=csp))
     app.jinja_env.globals["csrf_field"] = _csrf_field
-    app.jinja_env.filters["datetime"] = _format_timestamp
+    # The request's language (web/locale.py), then dates, numbers and sizes written as that language writes them.
+    app.before_request(_choose_language)
+    app.before_websocket(_choose_language)
+    app.jinja_env.globals["current_locale"] = i18n.current_locale
+    app.jinja_env.globals["languages"] = i18n.LANGUAGES
+    app.jinja_env.globals["script_strings"] = locale.script_strings
+    app.jinja_env.filters["datetime"] = i18n.format_timestamp
+    app.jinja_env.filters["date"] = i18n.format_date
+    app.jinja_env.filters["number"] = i18n.format_number
+    app.jinja_env.filters["size"] = i18n.format_size
+    app.jinja_env.filters["event_type"] = _event_type_label
     # Templates translate with {{ _("...") }} and {{ ngettext(...) }} (picpeak_lite/i18n.py). New-style gettext
     # escapes the message and fills %(name)s placeholders itself, so a translated string cannot break the markup.
     app.jinja_env.add_extension("jinja2.ext.i18n")
@@ -208,7 +224,12 @@ def _csrf_field() -> str:
     return Markup(f'<input type="hidden" name="csrf_token" value="{escape(token)}">')
 
 
-def _format_timestamp(value: float | None) -> str:
-    if value is None:
-        return ""
-    return dt.datetime.fromtimestamp(value, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+def _event_type_label(event_type: str) -> str:
+    from picpeak_lite.domain.gallery_fields import EVENT_TYPE_LABELS
+
+    label = EVENT_TYPE_LABELS.get(event_type)
+    return i18n.gettext(label) if label else event_type
+
+
+async def _choose_language() -> None:
+    locale.apply()

@@ -37,6 +37,7 @@ from quart_trio.wrappers.request import TrioBody, TrioRequest
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from picpeak_lite.errors import RequestTimeout
+from picpeak_lite.i18n import _
 from picpeak_lite.perrun import PerRun
 
 # What waits for the app per connection. With 200 guests uploading at once, 64 KiB (instead of 256) took the
@@ -158,7 +159,7 @@ class BoundedBody(TrioBody):
     def too_slow(self) -> None:
         """End the body with a 408 for whoever reads it (see :class:`BodyRate`)."""
         self._must_raise = RequestTimeout(
-            "The upload arrived too slowly and was stopped; please try again on a better connection.")
+            _("The upload arrived too slowly and was stopped; please try again on a better connection."))
         self.clear()
         self.set_complete()
 

@@ -103,7 +103,7 @@ async def _load_admin(authorization: str | None, cookie: str | None) -> Admin | 
     if authorization:
         scheme, _sep, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthorized("The Authorization header must be 'Bearer <token>'.")
+            raise Unauthorized(_("The Authorization header must be 'Bearer <token>'."))
         row, grants = await svc.db.read(_with_grants, admin_q.get_token, security.token_hash(token.strip()))
         if row is None:
             raise Unauthorized(_("This API token is unknown, has been revoked, or its account is disabled."))
@@ -134,10 +134,10 @@ def check_origin() -> None:
     if request.method in SAFE_METHODS:
         return
     if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
-        raise Forbidden("Cross-site requests are not allowed.")
+        raise Forbidden(_("Cross-site requests are not allowed."))
     origin = request.headers.get("Origin")
     if origin is not None and not origin_allowed(origin, request.host, services().settings.public_url):
-        raise Forbidden("This request came from another site and was refused.")
+        raise Forbidden(_("This request came from another site and was refused."))
 
 
 def origin_allowed(origin: str, host: str, public_url: str) -> bool:
@@ -154,7 +154,7 @@ async def check_csrf(expected: str) -> None:
     if sent is None and request.mimetype in ("application/x-www-form-urlencoded", "multipart/form-data"):
         sent = (await request.form).get("csrf_token")
     if not sent or not security.tokens_equal(sent, expected):
-        raise Forbidden("The form has expired or is missing its security token. Reload the page and try again.")
+        raise Forbidden(_("The form has expired or is missing its security token. Reload the page and try again."))
 
 
 Check = Callable[["Admin", dict[str, Any]], Awaitable[None]]
@@ -273,5 +273,5 @@ async def check_guest_state_change(guest: Guest | None) -> None:
     """Guest forms and uploads: same-origin and the guest's CSRF token."""
     check_origin()
     if guest is None:
-        raise Forbidden("Your browser session has ended. Reload the page and try again.")
+        raise Forbidden(_("Your browser session has ended. Reload the page and try again."))
     await check_csrf(guest.csrf_token)

@@ -18,6 +18,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from picpeak_lite.errors import AppError, TooLarge
+from picpeak_lite.i18n import _
+from picpeak_lite.web import locale
 from picpeak_lite.web.auth import admin_from_cookie, current_guest
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,8 @@ async def render_error(error: AppError) -> Response:
     elif wants_json():
         response = Response(json_dumps(error.to_json()), status=error.status, content_type="application/json")
     else:
+        if getattr(error, "language", None):
+            locale.apply(error.language)  # type: ignore[attr-defined]
         if error.needs_guest_session:
             await current_guest(create=True)
         context = error.page_context()
@@ -75,35 +79,36 @@ async def _way_on() -> dict[str, str | None]:
     except Exception:  # the database cannot answer (the error may be that): no session is assumed
         admin = None
     if admin is not None:
-        return {"href": "/admin/", "label": "Back to your galleries", "hint": None}
+        return {"href": "/admin/", "label": _("Back to your galleries"), "hint": None}
     if request.path == "/admin" or request.path.startswith("/admin/"):
-        return {"href": "/admin/login", "label": "Log in as the photographer", "hint": None}
+        return {"href": "/admin/login", "label": _("Log in as the photographer"), "hint": None}
     referrer = urlsplit(request.referrer or "")
     came_from = (referrer.netloc == request.host and referrer.scheme in ("http", "https")
                  and referrer.path.startswith("/") and not referrer.path.startswith("//")
                  and referrer.path != request.path)
     return {
         "href": urlunsplit(("", "", referrer.path, referrer.query, "")) if came_from else None,
-        "label": "Back to the previous page",
-        "hint": "Please check that the link is complete, exactly as your photographer sent it, or ask them for "
-                "it again.",
+        "label": _("Back to the previous page"),
+        "hint": _("Please check that the link is complete, exactly as your photographer sent it, or ask them "
+                  "for it again."),
     }
 
 
 async def _render_http_exception(error: HTTPException) -> Response:
     code = error.code or 500
     if code == 413:
-        return await render_error(TooLarge("The request is too large."))
+        return await render_error(TooLarge(_("The request is too large.")))
     generic = AppError(error.description if code < 500 else None)
     generic.status = code
-    generic.message = {404: "Not found", 405: "Method not allowed"}.get(code, error.name)
+    generic.message = {400: _("Bad request"), 403: _("Forbidden"), 404: _("Not found"),
+                       405: _("Method not allowed")}.get(code, error.name)
     return await render_error(generic)
 
 
 async def _render_unexpected(error: Exception) -> Response:
     where = ("WebSocket", websocket.path) if has_websocket_context() else (request.method, request.path)
     log.exception("unexpected error on %s %s", *where, exc_info=error)
-    return await render_error(AppError("Something went wrong on our side. Please try again."))
+    return await render_error(AppError(_("Something went wrong on our side. Please try again.")))
 
 
 def json_dumps(data: Any) -> str:

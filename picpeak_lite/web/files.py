@@ -26,6 +26,7 @@ from quart.wrappers.response import ResponseBody
 from werkzeug.http import http_date, parse_range_header
 
 from picpeak_lite.errors import NotFound
+from picpeak_lite.i18n import _
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import Storage, original_name
@@ -216,7 +217,7 @@ async def send_original(photo: dict[str, Any]) -> Response:
         response = await send_stored(original_name(photo["storage_key"]), MIME[photo["format"]],
                                      disposition=disposition)
     except FileNotFoundError:
-        raise NotFound(photo_q.ORIGINAL_MISSING) from None
+        raise NotFound(_(photo_q.ORIGINAL_MISSING)) from None
     if response.status_code == 302:
         return response
     response.headers["Content-Disposition"] = disposition

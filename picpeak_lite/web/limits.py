@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -67,6 +67,12 @@ class WebLimits:
     websockets: trio.CapacityLimiter
     # The open feeds, closed first (1001) when the server stops.
     feeds: LiveFeeds
+    # "Find me" searches, per guest session: 5 at once, then one each 10 s (each costs a face detection, ~0.2 s
+    # of a core in an image child); at most two selfies looked at at once in the whole server, and two
+    # comparisons with a gallery's faces (threads: a matrix product over at most a few MB).
+    findme_rate_limit: RateLimit = field(default_factory=lambda: RateLimit(5, 0.1))
+    findme_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
+    findme_compare: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
 
     @classmethod
     def for_settings(cls, settings: Settings, monotonic: Callable[[], float]) -> WebLimits:
@@ -80,4 +86,7 @@ class WebLimits:
             download_limiter=trio.CapacityLimiter(4),
             websockets=trio.CapacityLimiter(settings.max_websockets or math.inf),
             feeds=LiveFeeds(),
+            findme_rate_limit=RateLimit(5, 0.1, clock=monotonic),
+            findme_limiter=trio.CapacityLimiter(2),
+            findme_compare=trio.CapacityLimiter(2),
         )

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from picpeak_lite.i18n import N_, _
 from picpeak_lite.store.queries.photos import BROWSER_CODECS
 
-NO_PREVIEW = ("This video's format does not play in every browser; a playable copy is being made. "
-              "Until then you can download it.")
-PREVIEW_FAILED = "This video's format does not play in this browser, and no playable copy could be made."
+# Marked here, translated where they are shown (video_fields and the play route), in the reader's language.
+NO_PREVIEW = N_("This video's format does not play in every browser; a playable copy is being made. "
+                "Until then you can download it.")
+PREVIEW_FAILED = N_("This video's format does not play in this browser, and no playable copy could be made.")
 # Downloads off: guests play a copy made for watching (H.264, at most 1080p), never the original file.
-PREPARING = "This video is being prepared for playback; it will play here in a few minutes."
-NO_PLAYBACK = "This video could not be prepared for playback here."
+PREPARING = N_("This video is being prepared for playback; it will play here in a few minutes.")
+NO_PLAYBACK = N_("This video could not be prepared for playback here.")
 
 
 def duration_label(seconds: float | None) -> str:
@@ -38,4 +40,4 @@ def video_fields(photo: dict[str, Any], play_url: str, *, originals: bool = True
     else:
         note = {"complete": "", "failed": NO_PLAYBACK}.get(preview, PREPARING)
     return {"play_url": None if note else play_url, "duration": duration_label(photo.get("duration")),
-            "play_note": note}
+            "play_note": _(note) if note else ""}

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from picpeak_lite.errors import TooManyRequests
+from picpeak_lite.i18n import N_, _
 
 MAX_KEYS = 50_000
-SLOW_DOWN = "Slow down a little, please: too many changes at once."
+SLOW_DOWN = N_("Slow down a little, please: too many changes at once.")
 
 
 class RateLimit:
@@ -41,7 +42,7 @@ class RateLimit:
         again) while it holds less than one. ``take(key, 0)`` only checks."""
         tokens, now = self._tokens(key)
         if tokens < 1:
-            raise TooManyRequests(math.ceil((1 - tokens) / self.per_second), self.message)
+            raise TooManyRequests(math.ceil((1 - tokens) / self.per_second), _(self.message))
         self._store(key, tokens - amount, now)
 
     def charge(self, key: Any, amount: float) -> None:
@@ -71,7 +72,7 @@ GUEST_UPLOADS_PER_SESSION = (60, 1.0)
 GUEST_UPLOADS_PER_IP = (300, 5.0)
 GUEST_BYTES_PER_SESSION = (1 * GiB, 1 * GiB / 3600)
 GUEST_BYTES_PER_IP = (5 * GiB, 5 * GiB / 3600)
-UPLOAD_SLOW_DOWN = "You are sending photos faster than this server accepts. Please wait a little and retry."
+UPLOAD_SLOW_DOWN = N_("You are sending photos faster than this server accepts. Please wait a little and retry.")
 
 
 @dataclass

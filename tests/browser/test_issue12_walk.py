@@ -156,7 +156,7 @@ def test_issue12_walk(server: LiveServer, api: httpx.Client, browser: Any, reque
 
         # 19. "Download all" says its count and size before it starts; a web size next to the original.
         announced = guest.text_content("#download-all-size") or ""
-        assert re.match(r"6 photos: [\d.]+ (KB|MB) \(web size about [\d.]+ (KB|MB)\)", announced), announced
+        assert re.match(r"6 photos: [\d.]+[ \xa0](kB|MB) \(web size about [\d.]+[ \xa0](kB|MB)\)", announced), announced
         guest.locator("#grid .tile-link").first.click()
         web = guest.locator("#lightbox .lb-download-web")
         assert web.is_visible() and "size=web" in (web.get_attribute("href") or "")

@@ -10,7 +10,7 @@ EDITABLE = (
     "name", "event_type", "event_date", "customer_name", "customer_email", "welcome_message", "expires_at",
     "allow_guest_uploads", "allow_downloads", "watermark", "photo_cap", "guest_photos_need_approval",
     "favourite_limit", "wall_captions", "hold_comments", "theme", "cover_layout", "on_expiry", "hot_folder",
-    "hot_folder_in_place",
+    "hot_folder_in_place", "language",
 )
 
 _COUNTS = """

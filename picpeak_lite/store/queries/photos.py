@@ -9,6 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+from picpeak_lite.i18n import N_
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import replacement
 
@@ -28,7 +29,7 @@ class PhotoStatus(StrEnum):
 BROWSER_CODECS = frozenset({"h264", "vp8", "vp9", "av1"})
 VIDEO_MIME = {"mp4": "video/mp4", "mov": "video/quicktime", "webm": "video/webm"}
 MAX_ERROR_LENGTH = 1000
-ORIGINAL_MISSING = "The original file is missing from storage."  # the reason a photo without its file fails
+ORIGINAL_MISSING = N_("The original file is missing from storage.")  # the reason a photo without its file fails
 TERMINAL = (PhotoStatus.COMPLETE, PhotoStatus.FAILED)
 
 # The SQL condition for a photo a guest may see; used by every query that lists photos for guests. Here rather

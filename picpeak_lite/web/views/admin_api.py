@@ -12,6 +12,7 @@ from quart import Blueprint, request
 
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest
+from picpeak_lite.i18n import _
 from picpeak_lite.pipeline import archive
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.web.auth import account_api, admin_api, current_admin, gallery_api, services
@@ -23,7 +24,7 @@ blueprint = Blueprint("admin_api", __name__, url_prefix="/api/admin")
 async def _json_body() -> dict[str, Any]:
     data = await request.get_json(force=True, silent=True)
     if not isinstance(data, dict):
-        raise BadRequest("Send a JSON object in the request body.")
+        raise BadRequest(_("Send a JSON object in the request body."))
     return data
 
 

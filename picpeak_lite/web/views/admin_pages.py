@@ -13,14 +13,14 @@ import trio
 from quart import Blueprint, Response, g, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from picpeak_lite import security, totp
+from picpeak_lite import i18n, security, totp
 from picpeak_lite.domain import accounts, admin_settings, galleries
 from picpeak_lite.domain.accounts import Actor
 from picpeak_lite.domain.gallery_fields import EVENT_TYPES
 from picpeak_lite.errors import Conflict, NotFound, Unauthorized, ValidationError
 from picpeak_lite.events import activity
-from picpeak_lite.i18n import _
-from picpeak_lite.pipeline import archive
+from picpeak_lite.i18n import _, ngettext
+from picpeak_lite.pipeline import archive, faces
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import feedback as feedback_q
@@ -265,8 +265,10 @@ async def render_gallery_page(gallery_id: int, **extra: Any) -> str:
         moderation_q.queue(conn, gallery_id), proofing_q.guests(conn, gallery_id),
         feedback_q.gallery_comments(conn, gallery_id, limit=200), feedback_q.per_photo(conn, gallery_id)))
     link = share_url(row["slug"])
+    findme = await faces.progress(svc, gallery_id)
     return await render_template(
-        "admin/gallery.html", gallery=row, share_url=link, upload_url=link + "/upload",
+        "admin/gallery.html", findme=findme, findme_how_to=faces.how_to_enable(),
+        gallery=row, share_url=link, upload_url=link + "/upload",
         expires_on=galleries.expires_on(row), photos=photos, favourites=favourites, filters=filters,
         image_url=admin_image_url, expiry=_expiry(row["expires_at"], svc.clock()), review=review,
         choosers=choosers, upload_chunk_mb=svc.settings.upload_chunk_mb, size=human_size, comments=comments,
@@ -288,7 +290,7 @@ async def qr_sheet(gallery_id: int) -> str:
 async def qr_image(gallery_id: int, target: str, kind: str) -> Response:
     row = await galleries.get_gallery(services(), gallery_id)
     if target == "upload" and not row["allow_guest_uploads"]:
-        raise NotFound("Guest uploads are off for this gallery.")
+        raise NotFound(_("Guest uploads are off for this gallery."))
     payload = share_url(row["slug"]) + ("/upload" if target == "upload" else "")
     try:
         scale = int(request.args.get("scale", "10"))
@@ -343,7 +345,8 @@ async def delete(gallery_id: int) -> Any:
     row = await galleries.get_gallery(svc, gallery_id)
     form = await request.form
     if form.get("confirm_name", "").strip() != row["name"]:
-        return await render_gallery_page(gallery_id, delete_error="Type the gallery's name exactly to delete it."), 400
+        refusal = _("Type the gallery's name exactly to delete it.")
+        return await render_gallery_page(gallery_id, delete_error=refusal), 400
     await galleries.delete_gallery(svc, gallery_id, await current_actor())
     return redirect(url_for("admin.dashboard"))
 
@@ -389,7 +392,8 @@ async def password_submit() -> Any:
         errors["current"] = _("That is not your current password.")
     new = form.get("new", "")
     if len(new) < security.MIN_PASSWORD_LENGTH:
-        errors["new"] = _("At least %(num)d characters.") % {"num": security.MIN_PASSWORD_LENGTH}
+        errors["new"] = ngettext("At least %(num)d character.", "At least %(num)d characters.",
+                                 security.MIN_PASSWORD_LENGTH) % {"num": security.MIN_PASSWORD_LENGTH}
     elif new != form.get("confirm", ""):
         errors["confirm"] = _("The two new passwords differ.")
     if errors:
@@ -436,8 +440,4 @@ def _expiry(expires_at: float | None, now: float) -> dict[str, Any] | None:
 
 
 def human_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
+    return i18n.format_size(n)

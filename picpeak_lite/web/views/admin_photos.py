@@ -14,6 +14,7 @@ from quart import Blueprint, redirect, render_template, request, url_for
 
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest, Conflict, NotFound
+from picpeak_lite.i18n import _
 from picpeak_lite.pipeline import replacement, transitions
 from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import admin_photos as q
@@ -78,7 +79,7 @@ async def cover_api(gallery_id: int) -> dict[str, Any]:
     photo_id = data.get("photo_id") if isinstance(data, dict) else "missing"
     if photo_id is not None and (not isinstance(photo_id, int) or isinstance(photo_id, bool)
                                  or not fits_integer(photo_id)):
-        raise BadRequest("Send {\"photo_id\": <id>} (or null for the first photo).")
+        raise BadRequest(_("Send {\"photo_id\": <id>} (or null for the first photo)."))
     await set_cover(gallery_id, photo_id)
     return {"gallery_id": gallery_id, "cover_photo_id": photo_id}
 
@@ -93,7 +94,7 @@ async def bulk_form(gallery_id: int) -> Any:
         if not all(fits_integer(i) for i in ids):
             raise ValueError
     except ValueError:
-        raise BadRequest("The selection is not valid; reload the page and try again.") from None
+        raise BadRequest(_("The selection is not valid; reload the page and try again.")) from None
     back = url_for("admin.gallery", gallery_id=gallery_id, **filter_query(read_filters(request.args)))  # type: ignore[arg-type]
     if action == "delete":
         require_delete(await current_admin())
@@ -101,7 +102,7 @@ async def bulk_form(gallery_id: int) -> Any:
         gallery = await galleries.get_gallery(services(), gallery_id)
         ids = await services().db.read(q.ids_in_gallery, gallery_id, ids)
         if not ids:
-            raise BadRequest("Select the photos to delete first.")
+            raise BadRequest(_("Select the photos to delete first."))
         return await render_template("admin/confirm_delete.html", gallery=gallery, ids=ids, back=back), 200
     await apply_action(gallery_id, action, ids)
     return redirect(back + "#photos")
@@ -113,9 +114,9 @@ async def retry_form(photo_id: int) -> Any:
     svc = services()
     photo = await svc.db.read(photo_q.get, photo_id)
     if photo is None:
-        raise NotFound("There is no such photo.")
+        raise NotFound(_("There is no such photo."))
     if not await svc.db.write(photo_q.retry, photo_id):
-        raise Conflict("Only a failed photo can be retried.")
+        raise Conflict(_("Only a failed photo can be retried."))
     svc.workers_bell.ring()
     return redirect(url_for("admin.gallery", gallery_id=photo["gallery_id"]) + "#photos")
 
@@ -141,15 +142,15 @@ async def apply_action(gallery_id: int, action: Any, ids: list[int]) -> int:
     """Run one grid action on the photos of ``ids`` that belong to this gallery; returns how many changed."""
     svc = services()
     if action not in ACTIONS:
-        raise BadRequest("Choose one of: " + ", ".join(ACTIONS) + ".")
+        raise BadRequest(_("Choose one of: %(choices)s.") % {"choices": ", ".join(ACTIONS)})
     if not ids:
-        raise BadRequest("Select at least one photo.")
+        raise BadRequest(_("Select at least one photo."))
     if len(ids) > MAX_IDS:
-        raise BadRequest(f"At most {MAX_IDS} photos at once.")
+        raise BadRequest(_("At most %(MAX_IDS)s photos at once.") % {"MAX_IDS": MAX_IDS})
     await galleries.get_gallery(svc, gallery_id)
     if action == "cover":
         if len(ids) != 1:
-            raise BadRequest("Select exactly one photo to make it the cover.")
+            raise BadRequest(_("Select exactly one photo to make it the cover."))
         await set_cover(gallery_id, ids[0])
         return 1
     if action in ("hide", "show"):
@@ -162,7 +163,7 @@ async def set_cover(gallery_id: int, photo_id: int | None) -> None:
     svc = services()
     await galleries.get_gallery(svc, gallery_id)
     if not await svc.db.write(q.set_cover, gallery_id, photo_id, svc.clock()):
-        raise Conflict("Only a processed photo of this gallery can be its cover.")
+        raise Conflict(_("Only a processed photo of this gallery can be its cover."))
 
 
 async def delete_photos(gallery_id: int, ids: list[int]) -> int:

@@ -92,7 +92,7 @@ async def save_watermark() -> Any:
             errors["logo"] = problem
     target = admin_settings.logo_path(svc.settings)
     if values.get("watermark_use_logo") and not logo_bytes and not target.exists() and not svc.settings.watermark_logo:
-        errors["watermark_use_logo"] = "Upload a logo first."
+        errors["watermark_use_logo"] = _("Upload a logo first.")
     if errors:
         return await settings_page(status=400, section_errors={"watermark": errors}, values=values)
     before = await svc.db.read(admin_settings.watermark_fingerprints, svc.settings)
@@ -224,9 +224,9 @@ async def add_webhook() -> Any:
     except TargetRefused as error:
         errors["url"] = f"Not a usable webhook URL: {error}."
     if not events:
-        errors["events"] = "Choose at least one event."
+        errors["events"] = _("Choose at least one event.")
     elif any(e not in WEBHOOK_EVENTS for e in events):
-        errors["events"] = "Unknown event."
+        errors["events"] = _("Unknown event.")
     secret = secrets.token_hex(24)
     actor = await current_actor()
 
@@ -239,7 +239,7 @@ async def add_webhook() -> Any:
     if not errors:
         endpoint_id = await svc.db.write(create)
         if endpoint_id is None:
-            errors["url"] = "This URL is already a webhook."
+            errors["url"] = _("This URL is already a webhook.")
     if errors:
         return await settings_page(status=400, section_errors={"webhooks": errors},
                                    webhook_form={"url": url, "events": events})
@@ -251,7 +251,7 @@ async def add_webhook() -> Any:
 @owner_page
 async def delete_webhook(endpoint_id: int) -> Any:
     if not await _save_audited(f"webhook {endpoint_id} deleted", settings_q.delete_endpoint, endpoint_id):
-        raise NotFound("There is no such webhook.")
+        raise NotFound(_("There is no such webhook."))
     return redirect(url_for("admin_settings.page") + "#webhooks")
 
 
@@ -261,7 +261,7 @@ async def toggle_webhook(endpoint_id: int) -> Any:
     active = (await request.form).get("active") == "1"
     if not await _save_audited(f"webhook {endpoint_id} {'on' if active else 'off'}", settings_q.set_endpoint_active,
                                endpoint_id, active):
-        raise NotFound("There is no such webhook.")
+        raise NotFound(_("There is no such webhook."))
     return redirect(url_for("admin_settings.page") + "#webhooks")
 
 
@@ -277,7 +277,7 @@ async def test_webhook(endpoint_id: int) -> Any:
         return webhook_q.enqueue_test(conn, endpoint["url"], svc.clock())
 
     if await svc.db.write(enqueue) is None:
-        raise NotFound("There is no such webhook.")
+        raise NotFound(_("There is no such webhook."))
     svc.webhooks_bell.ring()
     return redirect(url_for("admin_settings.page", saved="test") + "#deliveries")
 
@@ -303,14 +303,14 @@ def _render_preview(watermark: images.Watermark) -> bytes:
 
 def _check_logo(data: bytes, decode_budget: int) -> str | None:
     if len(data) > admin_settings.LOGO_MAX_BYTES:
-        return f"The logo may be at most {admin_settings.LOGO_MAX_BYTES // (1024 * 1024)} MB."
+        return _("The logo may be at most %(num)s MB.") % {"num": admin_settings.LOGO_MAX_BYTES // (1024 * 1024)}
     try:
         # Every watermarked render decodes the logo too: it may take at most a quarter of the decode budget.
         header = images.sniff(data, max_pixels=images.logo_max_pixels(decode_budget))
     except images.InvalidImage as error:
         return error.reason
     if header.format != "png":
-        return "Upload the logo as a PNG (with transparency, ideally)."
+        return _("Upload the logo as a PNG (with transparency, ideally).")
     return None
 
 

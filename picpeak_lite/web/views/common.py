@@ -16,11 +16,13 @@ from picpeak_lite.config import Settings, split_host
 from picpeak_lite.domain import access
 from picpeak_lite.domain.accounts import Actor
 from picpeak_lite.errors import BadRequest, Forbidden, NotFound
+from picpeak_lite.i18n import _
 from picpeak_lite.store.db import Connection, Row, fits_integer
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
+from picpeak_lite.web import locale
 from picpeak_lite.web.auth import SAFE_METHODS, admin_from_cookie, current_admin, current_guest, services
 from picpeak_lite.web.passwords import DEVICE_COOKIE, Device
 
@@ -184,7 +186,7 @@ async def load_gallery(slug: str) -> dict[str, Any]:
     svc = services()
     guest = await current_guest(create=False)
     try:
-        return await svc.db.read(access.guest_gallery, slug, guest.id if guest else None, svc.clock())
+        row = await svc.db.read(access.guest_gallery, slug, guest.id if guest else None, svc.clock())
     except (NotFound, access.PasswordRequired):
         admin = await admin_from_cookie() if request.method in SAFE_METHODS else None
         if admin is None:
@@ -193,7 +195,9 @@ async def load_gallery(slug: str) -> dict[str, Any]:
         row = await svc.db.read(lambda conn: access.guest_gallery(conn, slug, None, now, admin_preview=True))
         if not admin.may_open(row["id"]):  # an editor previews only the galleries granted to them
             raise
-    g.admin_preview = True
+        g.admin_preview = True
+    # The photographer's language for this gallery, unless the visitor picked one (web/locale.py).
+    locale.apply(row.get("language"))
     return row
 
 
@@ -204,7 +208,7 @@ def admin_upload_gallery(conn: Connection, *, gallery_id: int) -> dict[str, Any]
     """The gallery an admin uploads to (multipart or tus). Run at the start and again at commit."""
     row = gallery_q.get(conn, gallery_id)
     if row is None:
-        raise NotFound("There is no such gallery.")
+        raise NotFound(_("There is no such gallery."))
     return row
 
 
@@ -212,7 +216,7 @@ def guest_upload_gallery(conn: Connection, *, slug: str, guest_session_id: int, 
     """The one visibility rule, then the gallery's own switch. Run at the start and again at commit."""
     row = access.guest_gallery(conn, slug, guest_session_id, clock())
     if not row["allow_guest_uploads"]:
-        raise Forbidden("This gallery does not accept photos from guests.")
+        raise Forbidden(_("This gallery does not accept photos from guests."))
     return row
 
 
@@ -313,9 +317,9 @@ async def action_and_ids(example_action: str) -> tuple[Any, list[int]]:
     photo ids (integers SQLite can hold, not booleans); the action is the caller's to check."""
     data = await request.get_json(force=True, silent=True)
     if not isinstance(data, dict):
-        raise BadRequest(f'Send a JSON object: {{"action": {example_action}, "ids": [...]}}.')
+        raise BadRequest(_('Send a JSON object: {"action": %(action)s, "ids": [...]}.') % {"action": example_action})
     ids = data.get("ids")
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and fits_integer(i)
                                             for i in ids):
-        raise BadRequest("'ids' must be a list of photo ids.")
+        raise BadRequest(_("'ids' must be a list of photo ids."))
     return data.get("action"), ids

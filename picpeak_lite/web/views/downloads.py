@@ -36,6 +36,7 @@ from quart import Blueprint, Response, request
 
 from picpeak_lite.domain import access, admin_settings
 from picpeak_lite.errors import BadRequest, Forbidden, InsufficientStorage, NotFound, Unprocessable
+from picpeak_lite.i18n import N_, _
 from picpeak_lite.media import images
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import listing
@@ -48,7 +49,7 @@ from picpeak_lite.web.views.common import load_gallery
 
 blueprint = Blueprint("downloads", __name__)
 
-NO_DOWNLOADS = "The photographer has turned off downloads for this gallery."
+NO_DOWNLOADS = N_("The photographer has turned off downloads for this gallery.")
 SANDBOX_CSP = "default-src 'none'; sandbox"
 WATERMARK_QUALITY = 92  # JPEG quality of watermarked downloads; part of the cached copy's tag
 WEB_QUALITY = 88
@@ -61,7 +62,7 @@ SIZES = ("original", "web")
 def size_arg() -> str:
     size = request.args.get("size", "original")
     if size not in SIZES:
-        raise BadRequest("size must be 'original' or 'web'.")
+        raise BadRequest(_("size must be 'original' or 'web'."))
     return size
 
 
@@ -97,7 +98,8 @@ async def watermarked_copy(svc: Services, key: str, watermark: images.Watermark,
         try:
             cost = await trio.to_thread.run_sync(plan, limiter=limiter)
         except images.InvalidImage as error:
-            raise Unprocessable(f"This photo cannot be downloaded with its watermark. {error.reason}") from None
+            raise Unprocessable(_("This photo cannot be downloaded with its watermark. %(reason)s")
+                                % {"reason": error.reason}) from None
         async with budget.hold(cost):
             return await trio.to_thread.run_sync(_make_watermarked, svc, original.path, key, watermark, tag,
                                                  limiter=limiter)
@@ -115,7 +117,8 @@ async def web_copy(svc: Services, key: str, watermark: images.Watermark | None,
         try:
             cost = await trio.to_thread.run_sync(plan, limiter=limiter)
         except images.InvalidImage as error:
-            raise Unprocessable(f"This photo cannot be downloaded in the web size. {error.reason}") from None
+            raise Unprocessable(_("This photo cannot be downloaded in the web size. %(reason)s")
+                                % {"reason": error.reason}) from None
         async with budget.hold(cost):
             make = partial(images.web_copy, original.path, watermark, quality=WEB_QUALITY,
                            max_pixels=svc.settings.max_pixels)
@@ -139,7 +142,7 @@ def _make_watermarked(svc: Services, original: Path, key: str, watermark: images
 async def _downloadable_gallery(slug: str) -> dict[str, Any]:
     gallery = await load_gallery(slug)
     if not gallery["allow_downloads"]:
-        raise Forbidden(NO_DOWNLOADS)
+        raise Forbidden(_(NO_DOWNLOADS))
     return gallery
 
 
@@ -156,7 +159,7 @@ async def photo(slug: str, photo_id: int) -> Response:
         try:
             data = await web_copy(svc, row["storage_key"], watermark, limits().watermark_limiter)
         except FileNotFoundError:
-            raise NotFound(photo_q.ORIGINAL_MISSING) from None
+            raise NotFound(_(photo_q.ORIGINAL_MISSING)) from None
         response = Response(data, mimetype="image/jpeg")
         response.headers["Content-Disposition"] = attachment_header(_web_name(row["display_name"]), "jpeg")
         response.headers["Content-Security-Policy"] = SANDBOX_CSP
@@ -168,7 +171,7 @@ async def photo(slug: str, photo_id: int) -> Response:
             made = await watermarked_copy(svc, row["storage_key"], watermark, watermark_tag(watermark),
                                           limits().watermark_limiter)
         except FileNotFoundError:
-            raise NotFound(photo_q.ORIGINAL_MISSING) from None
+            raise NotFound(_(photo_q.ORIGINAL_MISSING)) from None
         disposition = attachment_header(_as_jpeg_name(row["display_name"]), "jpeg")
         if isinstance(made, str):
             response = await send_stored(made, "image/jpeg", disposition=disposition)
@@ -201,12 +204,12 @@ async def _zip_response(gallery: dict[str, Any], *, favourites_only: bool) -> Re
     web = size_arg() == "web"
     guest = await current_guest(create=False)
     if favourites_only and guest is None:
-        raise NotFound("You have not marked any favourites in this gallery yet.")
+        raise NotFound(_("You have not marked any favourites in this gallery yet."))
     rows = await svc.db.read(lambda conn: listing.all_visible(
         conn, gallery["id"], guest_session_id=guest.id if guest else None, favourites_only=favourites_only))
     if not rows:
-        raise NotFound("You have not marked any favourites in this gallery yet." if favourites_only
-                       else "There are no photos in this gallery yet.")
+        raise NotFound(_("You have not marked any favourites in this gallery yet.") if favourites_only
+                       else _("There are no photos in this gallery yet."))
     svc.activity.count(gallery["id"], "downloads_zip")
     watermark = await watermark_for(gallery)
     converted = bool(watermark or web)  # photos become JPEGs; videos always go as their originals

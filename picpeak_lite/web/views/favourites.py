@@ -15,6 +15,7 @@ from quart import Blueprint, request
 
 from picpeak_lite.domain import access, proofing
 from picpeak_lite.errors import BadRequest
+from picpeak_lite.i18n import _
 from picpeak_lite.pipeline.intake import clean_guest_name
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
@@ -58,13 +59,13 @@ async def favourite(slug: str, photo_id: int) -> dict[str, Any]:
 @blueprint.post("/api/g/<slug>/guest")
 async def set_guest_name(slug: str) -> dict[str, Any]:
     """``{"name": "Aunt Mary"}`` (or an empty name to forget it)."""
-    _, guest = await _guest_change(slug)
+    _gallery, guest = await _guest_change(slug)
     data = await request.get_json(silent=True)
     if data is None:
         data = await request.form
     raw = data.get("name") if hasattr(data, "get") else None
     if raw is not None and not isinstance(raw, str):
-        raise BadRequest("name must be text.")
+        raise BadRequest(_("name must be text."))
     name = clean_guest_name(raw)
     await services().db.write(guest_q.set_name, guest.id, name)
     return {"name": name}

@@ -15,8 +15,10 @@ from quart import Blueprint, current_app, g, redirect, render_template, request,
 from quart.blueprints import BlueprintSetupState
 from quart.json.provider import DefaultJSONProvider
 
+from picpeak_lite import i18n
 from picpeak_lite.domain import access, admin_settings, email
 from picpeak_lite.errors import BadRequest, Forbidden
+from picpeak_lite.i18n import _
 from picpeak_lite.media import images
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
@@ -34,7 +36,7 @@ blueprint = Blueprint("guest", __name__)
 def _sort_arg() -> str:
     sort = request.args.get("sort", "taken")
     if sort not in listing.SORTS:
-        raise BadRequest(f"sort must be one of {', '.join(listing.SORTS)}.")
+        raise BadRequest(_("sort must be one of %(choices)s.") % {"choices": ', '.join(listing.SORTS)})
     return sort
 
 
@@ -56,14 +58,15 @@ def camera_line(photo: dict[str, Any]) -> str:
 
 
 def taken_label(taken_at: str | None) -> str:
-    """'2024-06-20T14:03:00' -> '20 June 2024, 14:03' (camera local time, as the camera wrote it)."""
+    """'2024-06-20T14:03:00' -> '20 June 2024, 14:03' (camera local time, as the camera wrote it), written as the
+    page's language writes a date."""
     if not taken_at:
         return ""
     try:
         moment = dt.datetime.fromisoformat(taken_at)
     except ValueError:
         return ""
-    return f"{moment.day} {moment:%B %Y, %H:%M}"
+    return i18n.format_local_moment(moment)
 
 
 # The justified grid (guest.css): each tile's flex-grow and basis are its aspect ratio, given as a class because
@@ -79,14 +82,9 @@ def ratio_class(width: int | None, height: int | None) -> str:
 
 
 def size_label(size: float) -> str:
-    """'48 MB', '3.6 MB', '1.2 GB', '800 KB': what "Download all" says it will send before it starts."""
-    if size >= 1e9:
-        return f"{size / 1e9:.1f} GB"
-    if size >= 10e6:
-        return f"{size / 1e6:.0f} MB"
-    if size >= 1e6:  # "4 MB" for 3.6 MB would be off by 11 %
-        return f"{size / 1e6:.1f} MB"
-    return f"{max(1, round(size / 1e3))} KB"
+    """'48 MB', '3.6 MB', '1.2 GB', '1 kB' (in decimal units, written as the page's language writes them): what
+    "Download all" says it will send before it starts."""
+    return i18n.format_size(max(1000.0, size), base=1000)
 
 
 class PhotoUrls:
@@ -153,8 +151,14 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
     pid = photo["id"]
     urls = urls or PhotoUrls(gallery["slug"])
     taken = taken_label(photo.get("taken_at"))
-    kind = "Video" if photo.get("media_type") == "video" else "Photo"
-    alt = f"{kind} taken {taken}" if taken else f"{kind} {position}" if position else kind
+    video = photo.get("media_type") == "video"
+    if taken:
+        alt = _("Video taken %(date)s") if video else _("Photo taken %(date)s")
+        alt = alt % {"date": taken}
+    elif position:
+        alt = (_("Video %(num)s") if video else _("Photo %(num)s")) % {"num": position}
+    else:
+        alt = _("Video") if video else _("Photo")
     return {
         "id": pid,
         "width": photo["width"] or 1,
@@ -182,7 +186,7 @@ async def _rows(gallery: dict[str, Any], guest: Guest | None, *, sort: str, afte
         try:
             cursor = listing.decode_cursor(sort, after)
         except listing.BadCursor as error:
-            raise BadRequest("The 'after' cursor is not valid; reload the gallery.") from error
+            raise BadRequest(_("The 'after' cursor is not valid; reload the gallery.")) from error
     rows, more = await services().db.read(
         lambda conn: listing.list_photos(conn, gallery["id"], sort=sort, after=cursor, limit=limit,
                                          guest_session_id=guest.id if guest else None,
@@ -256,7 +260,7 @@ def _listing_body(gallery: dict[str, Any], rows: list[dict[str, Any]], next_curs
     cache: FragmentCache = current_app.extensions["picpeak_listing_fragments"]
     urls = PhotoUrls(gallery["slug"])
     downloads = bool(gallery["allow_downloads"])
-    gallery_key = (urls.key, downloads)
+    gallery_key = (urls.key, downloads, i18n.current_locale())  # the labels are in the page's language
     texts = []
     for row in rows:
         key = (gallery_key, _row_key(row))
@@ -317,7 +321,7 @@ async def photos_page(slug: str) -> Any:
     try:
         limit = int(request.args.get("limit", listing.PAGE_SIZE))
     except ValueError as error:
-        raise BadRequest("limit must be a number.") from error
+        raise BadRequest(_("limit must be a number.")) from error
     sort, after, favourites_only = _sort_arg(), request.args.get("after"), request.args.get("favourites") == "1"
     provider = _compact_json()
     if provider is None:  # debug mode's indented JSON: the plain way
@@ -331,7 +335,7 @@ async def photos_page(slug: str) -> Any:
 async def upload_page(slug: str) -> Any:
     row = await load_gallery(slug)
     if not row["allow_guest_uploads"]:
-        raise Forbidden("This gallery does not accept photos from guests.")
+        raise Forbidden(_("This gallery does not accept photos from guests."))
     guest = await current_guest(create=True)
     settings = services().settings
     return await render_template(

@@ -32,6 +32,7 @@ from quart import Blueprint, Response, websocket
 from picpeak_lite.domain import access, feedback, wall
 from picpeak_lite.errors import AppError
 from picpeak_lite.events.broker import Change, Subscription
+from picpeak_lite.i18n import _
 from picpeak_lite.store.db import Connection, fits_integer
 from picpeak_lite.store.queries import changes as change_q
 from picpeak_lite.store.queries import feedback as feedback_q
@@ -249,7 +250,7 @@ async def upload_feed(upload_id: str) -> Response | None:
             return _refuse("You cannot see this gallery.")
     await websocket.accept()
     if found is None:
-        await _send({"type": "error", "error": "There is no upload with this id."})
+        await _send({"type": "error", "error": _("There is no upload with this id.")})
         await websocket.close(4404, "unknown upload")
         return None
     image_url = _image_url(viewer, gallery["slug"] if gallery else "")

@@ -14,6 +14,7 @@ from quart import Blueprint, Response
 
 from picpeak_lite.domain import access
 from picpeak_lite.errors import Conflict, NotFound, NotReady, Unprocessable
+from picpeak_lite.i18n import _
 from picpeak_lite.pipeline import transitions
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
@@ -56,7 +57,7 @@ CACHE_SECONDS = {"grid": 3600, "view": 3600}
 async def admin_upload_status(upload_id: str) -> dict[str, Any]:
     found = await read_upload(upload_id)
     if found is None:
-        raise NotFound("There is no upload with this id.")
+        raise NotFound(_("There is no upload with this id."))
     return upload_status(found, admin_image_url)
 
 
@@ -68,7 +69,7 @@ async def guest_upload_status(slug: str, upload_id: str) -> dict[str, Any]:
     # Only the uploads this browser made, in this gallery; anything else is indistinguishable from unknown.
     if (found is None or guest is None or found.upload["guest_session_id"] != guest.id
             or found.upload["gallery_id"] != gallery["id"]):
-        raise NotFound("There is no upload with this id.")
+        raise NotFound(_("There is no upload with this id."))
     return upload_status(found, lambda pid, kind: guest_image_url(slug, pid, kind))
 
 
@@ -84,9 +85,9 @@ async def retry(photo_id: int) -> dict[str, Any]:
 
     result = await svc.db.write(do_retry)
     if result is None:
-        raise NotFound("There is no such photo.")
+        raise NotFound(_("There is no such photo."))
     if not result:
-        raise Conflict("Only a failed photo can be retried.")
+        raise Conflict(_("Only a failed photo can be retried."))
     svc.workers_bell.ring()
     return {"id": photo_id, "status": PhotoStatus.PENDING}
 
@@ -112,7 +113,7 @@ async def delete_photo(photo_id: int) -> None:
 
     row = await svc.db.write(delete)
     if row is None:
-        raise NotFound("There is no such photo.")
+        raise NotFound(_("There is no such photo."))
     await trio.to_thread.run_sync(svc.storage.remove_photo_files, row["storage_key"])
     svc.webhooks_bell.ring()
 
@@ -122,7 +123,7 @@ async def delete_photo(photo_id: int) -> None:
 async def admin_image(photo_id: int, kind: str) -> Response:
     photo = await services().db.read(photo_q.get, photo_id)
     if photo is None:
-        raise NotFound("There is no such photo.")
+        raise NotFound(_("There is no such photo."))
     if kind == "original":
         return await send_original(photo)
     return await send_derivative(photo, kind)
@@ -142,13 +143,13 @@ async def guest_image(slug: str, photo_id: int, kind: str) -> Response:
 
 async def send_derivative(photo: dict[str, Any], kind: str) -> Response:
     if photo["status"] in (PhotoStatus.PENDING, PhotoStatus.PROCESSING):
-        raise NotReady("This photo is still being processed.", retry_after=5)
+        raise NotReady(_("This photo is still being processed."), retry_after=5)
     if photo["status"] == PhotoStatus.FAILED:
-        raise Unprocessable(photo["error"] or "This photo could not be processed.")
+        raise Unprocessable(photo["error"] or _("This photo could not be processed."))
     try:
         response = await send_stored(derived_name(photo["storage_key"], kind), "image/jpeg")
     except FileNotFoundError:
-        raise NotFound("The image file is missing; the photo can be reprocessed with `picpeak-lite check --repair`."
+        raise NotFound(_("The image file is missing; the photo can be reprocessed with `picpeak-lite check --repair`.")
                        ) from None
     if response.status_code != 302:  # a redirect to a signed URL is never cached (it expires)
         response.headers["Cache-Control"] = f"private, max-age={CACHE_SECONDS[kind]}"

@@ -13,6 +13,7 @@ from quart import Blueprint, Response, request
 
 from picpeak_lite.domain import galleries, proofing
 from picpeak_lite.errors import NotFound
+from picpeak_lite.i18n import _
 from picpeak_lite.store.queries import proofing as proofing_q
 from picpeak_lite.web.auth import gallery_page, services
 
@@ -31,8 +32,8 @@ async def export(gallery_id: int, fmt: str) -> Response:
         guest_name = guest_name.strip()
     rows = await svc.db.read(proofing_q.favourites, gallery_id, guest_name)
     if not rows:
-        raise NotFound("No favourites have been chosen yet." if guest_name is None
-                       else "This guest has chosen no favourites in this gallery.")
+        raise NotFound(_("No favourites have been chosen yet.") if guest_name is None
+                       else _("This guest has chosen no favourites in this gallery."))
     who = "everyone" if guest_name is None else (guest_name or "guests without a name")
     filename = f"{gallery['slug']}-favourites-{_safe(who)}.{EXTENSIONS[fmt]}"
     response = Response(proofing.render(fmt, rows), content_type=f"{proofing.FORMATS[fmt]}; charset=utf-8")

@@ -16,6 +16,7 @@ from quart import Blueprint, redirect, request, url_for
 
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest
+from picpeak_lite.i18n import _
 from picpeak_lite.pipeline import moderation
 from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import moderation as moderation_q
@@ -59,7 +60,7 @@ async def review_form(gallery_id: int) -> Any:
         if not all(fits_integer(i) for i in ids):
             raise ValueError
     except ValueError:
-        raise BadRequest("The selection is not valid; reload the page and try again.") from None
+        raise BadRequest(_("The selection is not valid; reload the page and try again.")) from None
     await apply_review(gallery_id, form.get("action"), ids)
     return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#review")
 
@@ -68,11 +69,11 @@ async def apply_review(gallery_id: int, action: Any, ids: list[int]) -> list[int
     """Approve, hide or delete those of ``ids`` that still wait in this gallery; returns their ids."""
     svc = services()
     if action not in moderation.ACTIONS:
-        raise BadRequest("Choose one of: " + ", ".join(moderation.ACTIONS) + ".")
+        raise BadRequest(_("Choose one of: %(choices)s.") % {"choices": ", ".join(moderation.ACTIONS)})
     if not ids:
-        raise BadRequest("Select at least one photo.")
+        raise BadRequest(_("Select at least one photo."))
     if len(ids) > MAX_IDS:
-        raise BadRequest(f"At most {MAX_IDS} photos at once.")
+        raise BadRequest(_("At most %(MAX_IDS)s photos at once.") % {"MAX_IDS": MAX_IDS})
     if action == "delete":
         require_delete(await current_admin())
     await galleries.get_gallery(svc, gallery_id)

@@ -47,6 +47,7 @@ from quart import Blueprint, g, request, url_for
 
 from picpeak_lite import security
 from picpeak_lite.errors import AppError, BadRequest, Forbidden, UnsupportedMedia
+from picpeak_lite.i18n import N_, _
 from picpeak_lite.pipeline import resumable
 from picpeak_lite.pipeline.intake import Authorize, Limits
 from picpeak_lite.pipeline.resumable import Finished, OffsetMismatch, Owner
@@ -62,7 +63,7 @@ EXTENSIONS = "creation,creation-with-upload,termination,expiration,checksum"
 OFFSET_TYPE = "application/offset+octet-stream"
 DRAIN_MAX = 64 * 1024 * 1024  # the most of a refused body read to keep its connection (8 chunks of the default)
 HEAD_WAIT_SECONDS = 10  # the longest a HEAD waits for a try at making the photo that is running now
-CSRF_MESSAGE = "The page has expired or did not send its security token. Reload the page and try again."
+CSRF_MESSAGE = N_("The page has expired or did not send its security token. Reload the page and try again.")
 
 
 CREATION_METHODS = ("OPTIONS", "POST")
@@ -229,11 +230,11 @@ async def _guest(slug: str) -> tuple[Owner, Authorize, dict[str, Any]]:
     check_origin()
     guest = await current_guest(create=False)
     if guest is None:
-        raise Forbidden("Your browser session has ended. Reload the page and try again.")
+        raise Forbidden(_("Your browser session has ended. Reload the page and try again."))
     if request.method not in SAFE_METHODS:
         sent = request.headers.get("X-CSRF-Token")
         if not sent or not security.tokens_equal(sent, guest.csrf_token):
-            raise Forbidden(CSRF_MESSAGE)
+            raise Forbidden(_(CSRF_MESSAGE))
     authorize = functools.partial(guest_upload_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
     gallery = await svc.db.read(authorize)
     return Owner("guest", guest.id, guest.name), authorize, gallery
@@ -256,15 +257,16 @@ def _options(file_limits: Limits) -> Any:
 
 def _check_protocol() -> None:
     if request.headers.get("Tus-Resumable") != TUS_VERSION:
-        raise PreconditionFailed(f"This is a tus {TUS_VERSION} endpoint: send 'Tus-Resumable: {TUS_VERSION}'.")
+        raise PreconditionFailed(_("This is a tus %(TUS_VERSION)s endpoint: send 'Tus-Resumable: %(TUS_VERSION2)s'.")
+                                 % {"TUS_VERSION": TUS_VERSION, "TUS_VERSION2": TUS_VERSION})
 
 
 def _number(name: str) -> int:
     value = request.headers.get(name)
     if value is None:
-        raise BadRequest(f"The {name} header is missing.")
+        raise BadRequest(_("The %(name)s header is missing.") % {"name": name})
     if not value.isascii() or not value.isdigit() or len(value) > 18:
-        raise BadRequest(f"The {name} header must be a non-negative integer.")
+        raise BadRequest(_("The %(name)s header must be a non-negative integer.") % {"name": name})
     return int(value)
 
 
@@ -272,12 +274,12 @@ async def _create(authorize: Authorize, file_limits: Limits, owner: Owner, locat
                   client_ip: str, on_created: Callable[[int], None] | None = None) -> Any:
     if "Upload-Concat" in request.headers:
         # Not in Tus-Extension: taken, a client's parallel mode would end in a refusal only after every part.
-        raise BadRequest("Upload-Concat (tus concatenation) is not supported: send the file as one upload.")
+        raise BadRequest(_("Upload-Concat (tus concatenation) is not supported: send the file as one upload."))
     if "Upload-Defer-Length" in request.headers:
-        raise BadRequest("Upload-Defer-Length is not supported: send Upload-Length.")
+        raise BadRequest(_("Upload-Defer-Length is not supported: send Upload-Length."))
     length = _number("Upload-Length")
     if length == 0:
-        raise BadRequest("The file is empty: an empty file is not a photo.")
+        raise BadRequest(_("The file is empty: an empty file is not a photo."))
     row = await resumable.create(services(), authorize=authorize, owner=owner, limits=file_limits, length=length,
                                  metadata=request.headers.get("Upload-Metadata"), client_ip=client_ip)
     if on_created is not None:
@@ -322,7 +324,8 @@ async def _answer(tus_id: str, gallery_id: int, owner: Owner) -> Any:
         g.tus_drained = not request.content_length
         return "", 204
     if request.mimetype != OFFSET_TYPE:
-        raise UnsupportedMedia(f"A PATCH must be sent as Content-Type: {OFFSET_TYPE}.")
+        raise UnsupportedMedia(_("A PATCH must be sent as Content-Type: %(OFFSET_TYPE)s.")
+                               % {"OFFSET_TYPE": OFFSET_TYPE})
     offset = _number("Upload-Offset")
     checksum = resumable.parse_checksum(request.headers.get("Upload-Checksum"))
     if row["state"] == tus_q.DONE or resumable.is_finishing(row):

@@ -54,7 +54,7 @@ from picpeak_lite.errors import (
     Unauthorized,
     UnsupportedMedia,
 )
-from picpeak_lite.i18n import _
+from picpeak_lite.i18n import N_, _
 from picpeak_lite.pipeline import replacement
 from picpeak_lite.pipeline.intake import Entry, FileSink, Intake, Limits, Uploader, clean_guest_name
 from picpeak_lite.store.queries import photos as photo_q
@@ -77,8 +77,8 @@ MAX_EMPTY_PARTS = 16
 HEAD_MAX = 16 * 1024  # a part's headers, or the text before the first boundary (browsers send none)
 BOUNDARY_MAX = 70  # RFC 2046: a boundary is 1 to 70 characters
 FILE_FIELD = "photos"
-MALFORMED = "The upload was cut off or is not valid multipart/form-data."
-CSRF_MESSAGE = "The form has expired or is missing its security token. Reload the page and try again."
+MALFORMED = N_("The upload was cut off or is not valid multipart/form-data.")
+CSRF_MESSAGE = N_("The form has expired or is missing its security token. Reload the page and try again.")
 FAILURES = {413: TooLarge, 415: UnsupportedMedia, 409: Conflict}
 
 def _closes_unless_drained(view: Any) -> Any:
@@ -105,8 +105,8 @@ def _csrf_in_header(view: Any) -> Any:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         if "Authorization" not in request.headers and "X-CSRF-Token" not in request.headers:
             if await current_admin() is None:
-                raise Unauthorized("Log in or send 'Authorization: Bearer <token>'.")
-            raise Forbidden("Send the session's CSRF token in the X-CSRF-Token header with uploads.")
+                raise Unauthorized(_("Log in or send 'Authorization: Bearer <token>'."))
+            raise Forbidden(_("Send the session's CSRF token in the X-CSRF-Token header with uploads."))
         return await view(*args, **kwargs)
 
     return wrapper
@@ -139,7 +139,7 @@ async def replace_form(gallery_id: int, photo_id: int) -> Any:
     whole body; here the token must come as the form's first field, checked before any file byte is stored."""
     admin = await current_admin()
     if admin is None or admin.via_token:
-        raise Unauthorized("Your session has ended. Please log in again.")
+        raise Unauthorized(_("Your session has ended. Please log in again."))
     if admin.galleries is not None and gallery_id not in admin.galleries:  # gallery_page's rule, done here
         raise Forbidden(_("This gallery is not one of yours."))
     check_origin()
@@ -153,10 +153,11 @@ async def _replace(gallery_id: int, photo_id: int, *, form_csrf: str | None) -> 
     gallery = await svc.db.read(functools.partial(admin_upload_gallery, gallery_id=gallery_id))
     await replacement.photo_of(svc, gallery_id, photo_id)  # 404 before any byte is read
     if request.mimetype != "multipart/form-data" or not request.mimetype_params.get("boundary"):
-        raise UnsupportedMedia("Send the new file as multipart/form-data.")
+        raise UnsupportedMedia(_("Send the new file as multipart/form-data."))
     boundary = request.mimetype_params["boundary"].encode("latin-1")
     if len(boundary) > BOUNDARY_MAX:
-        raise BadRequest(f"The multipart boundary is longer than {BOUNDARY_MAX} characters.")
+        raise BadRequest(_("The multipart boundary is longer than %(BOUNDARY_MAX)s characters.")
+                         % {"BOUNDARY_MAX": BOUNDARY_MAX})
     async with replacement.open_intake(svc, gallery) as intake:
         request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py), as for uploads
         await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
@@ -171,10 +172,10 @@ async def guest_upload(slug: str) -> Any:
     check_origin()
     guest = await current_guest(create=False)
     if guest is None:
-        raise Forbidden("Your browser session has ended. Reload the page and try again.")
+        raise Forbidden(_("Your browser session has ended. Reload the page and try again."))
     sent = request.headers.get("X-CSRF-Token")
     if sent is not None and not security.tokens_equal(sent, guest.csrf_token):
-        raise Forbidden(CSRF_MESSAGE)
+        raise Forbidden(_(CSRF_MESSAGE))
     budgets, ip = limits().guest_upload_limits, client_ip()
     budgets.take(guest.id, ip)
     authorize = functools.partial(guest_upload_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
@@ -192,16 +193,19 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
     svc = services()
     gallery = await svc.db.read(authorize)
     if request.mimetype != "multipart/form-data" or not request.mimetype_params.get("boundary"):
-        raise UnsupportedMedia(f"Send the photos as multipart/form-data in the '{FILE_FIELD}' field.")
+        raise UnsupportedMedia(_("Send the photos as multipart/form-data in the '%(FILE_FIELD)s' field.")
+                               % {"FILE_FIELD": FILE_FIELD})
     if request.content_length is not None and request.content_length > limits.max_request_bytes:
-        raise TooLarge(f"This upload is larger than the server accepts in one request "
-                       f"(at most {limits.max_files} files of {limits.max_file_bytes // (1024 * 1024)} MB).")
+        raise TooLarge(_("This upload is larger than the server accepts in one request (at most %(max_files)s files of "
+                         "%(mb)s MB).")
+                       % {"max_files": limits.max_files, "mb": limits.max_file_bytes // (1024 * 1024)})
     cap = gallery["photo_cap"] or svc.settings.gallery_photo_cap
     if await svc.db.read(photo_q.count_in_gallery, gallery["id"]) >= cap:
-        raise Conflict(f"The gallery is full: it holds at most {cap} photos.")
+        raise Conflict(_("The gallery is full: it holds at most %(cap)s photos.") % {"cap": cap})
     boundary = request.mimetype_params["boundary"].encode("latin-1")
     if len(boundary) > BOUNDARY_MAX:
-        raise BadRequest(f"The multipart boundary is longer than {BOUNDARY_MAX} characters.")
+        raise BadRequest(_("The multipart boundary is longer than %(BOUNDARY_MAX)s characters.")
+                         % {"BOUNDARY_MAX": BOUNDARY_MAX})
     # Each file's row is committed (provisional) as soon as its original is durable, and the workers are woken,
     # so processing starts on the first photo; finish() makes them permanent once the body has been read, and
     # a request that ends any other way keeps nothing (see intake's module docstring).
@@ -221,7 +225,8 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
             fields = await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
             g.upload_drained = True
             if not intake.entries:
-                raise BadRequest(f"Choose at least one photo to upload (field '{FILE_FIELD}').")
+                raise BadRequest(_("Choose at least one photo to upload (field '%(FILE_FIELD)s').")
+                                 % {"FILE_FIELD": FILE_FIELD})
             if await intake.finish(current_guest_name()):
                 svc.webhooks_bell.ring()
     except InsufficientStorage:
@@ -234,7 +239,7 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
         on_accepted(sum(e.size for e in intake.accepted()))
     if not intake.accepted():
         error: AppError = FAILURES.get(intake.failure_status(), BadRequest)(
-            "None of the files could be accepted.", errors=intake.errors_json())
+            _("None of the files could be accepted."), errors=intake.errors_json())
         raise error
     return intake.answer(), 202
 
@@ -266,7 +271,7 @@ async def receive_multipart(intake: Intake, body: AsyncIterable[bytes], boundary
                 async for chunk in body:
                     received += len(chunk)
                     if received > intake.limits.max_request_bytes:
-                        raise TooLarge("The upload is larger than this server accepts in one request.")
+                        raise TooLarge(_("The upload is larger than this server accepts in one request."))
                     view = memoryview(chunk)
                     for start in range(0, len(view), SLICE):
                         await receiver.feed(view[start : start + SLICE])
@@ -274,7 +279,7 @@ async def receive_multipart(intake: Intake, body: AsyncIterable[bytes], boundary
     except BaseExceptionGroup as group:
         raise _the_error(group) from None
     if csrf_token is not None and not receiver.csrf_ok:
-        raise Forbidden(CSRF_MESSAGE)
+        raise Forbidden(_(CSRF_MESSAGE))
     return receiver.fields
 
 
@@ -340,24 +345,25 @@ class _Receiver:
         try:
             self.decoder.receive_data(data)  # type: ignore[arg-type]  # bytearray.extend takes any buffer
         except RequestEntityTooLarge:
-            raise BadRequest(MALFORMED) from None
+            raise BadRequest(_(MALFORMED)) from None
         while True:
             try:
                 event = self.decoder.next_event()
             except ValueError:  # werkzeug's word for a malformed or truncated body
-                raise BadRequest(MALFORMED) from None
+                raise BadRequest(_(MALFORMED)) from None
             if event is NEED_DATA:
                 # Waiting for the end of a part's headers (or the first boundary), the decoder keeps all of
                 # it: its own bound (4 x SLICE) is far more than any form's headers need.
                 if self.decoder.state in (State.PREAMBLE, State.PART) and len(self.decoder.buffer) > HEAD_MAX:
-                    raise BadRequest(f"A part's headers in the upload are longer than {HEAD_MAX // 1024} KiB.")
+                    raise BadRequest(_("A part's headers in the upload are longer than %(num)s KiB.")
+                                     % {"num": HEAD_MAX // 1024})
                 return
             if isinstance(event, Epilogue):
                 self.done = True
                 return
             if isinstance(event, File):
                 if self.csrf_token is not None and not self.csrf_ok:
-                    raise Forbidden(CSRF_MESSAGE)
+                    raise Forbidden(_(CSRF_MESSAGE))
                 if event.name == FILE_FIELD:
                     self._sink = self.intake.start_file(event.filename)
                 else:
@@ -367,7 +373,7 @@ class _Receiver:
             elif isinstance(event, Field):
                 self._field_count += 1
                 if self._field_count > MAX_FIELDS:
-                    raise BadRequest("The upload form has too many fields.")
+                    raise BadRequest(_("The upload form has too many fields."))
                 self._field = (event.name or "", bytearray())  # a part may have no name at all
             elif isinstance(event, Data):
                 await self._data(event)
@@ -386,7 +392,7 @@ class _Receiver:
             name, value = self._field
             value += event.data
             if len(value) > FIELD_MAX:
-                raise BadRequest(f"The form field {name[:40]!r} is too long.")
+                raise BadRequest(_("The form field %(name)r is too long.") % {"name": name[:40]})
             if not event.more_data:
                 self._field = None
                 self._end_field(name, value.decode("utf-8", "replace"))
@@ -399,16 +405,16 @@ class _Receiver:
                     return
                 if not name:
                     self.intake.count_file()  # a named one was counted when its headers arrived
-                self.intake.add_error(name, f"Send photos in the '{FILE_FIELD}' field.", 400)
+                self.intake.add_error(name, _("Send photos in the '%(field)s' field.") % {"field": FILE_FIELD}, 400)
 
     def _empty_part(self) -> None:
         self._empty_parts += 1
         if self._empty_parts > MAX_EMPTY_PARTS:
-            raise BadRequest("The upload form has too many empty file parts.")
+            raise BadRequest(_("The upload form has too many empty file parts."))
 
     def _end_field(self, name: str, value: str) -> None:
         if name == "csrf_token" and self.csrf_token is not None:
             if not security.tokens_equal(value, self.csrf_token):
-                raise Forbidden(CSRF_MESSAGE)
+                raise Forbidden(_(CSRF_MESSAGE))
             self.csrf_ok = True
         self.fields[name] = value

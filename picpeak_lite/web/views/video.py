@@ -21,6 +21,7 @@ from quart import Blueprint, Response
 
 from picpeak_lite.domain import access
 from picpeak_lite.errors import Conflict, NotFound, NotReady
+from picpeak_lite.i18n import N_, _
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import original_name, preview_name
@@ -31,7 +32,7 @@ from picpeak_lite.web.views.common import load_gallery
 
 blueprint = Blueprint("video", __name__)
 
-NOT_A_VIDEO = "This is a photo, not a video."
+NOT_A_VIDEO = N_("This is a photo, not a video.")
 
 
 @blueprint.get("/api/admin/photos/<int:photo_id>/play")
@@ -39,7 +40,7 @@ NOT_A_VIDEO = "This is a photo, not a video."
 async def admin_play(photo_id: int) -> Response:
     photo = await services().db.read(photo_q.get, photo_id)
     if photo is None:
-        raise NotFound("There is no such photo.")
+        raise NotFound(_("There is no such photo."))
     return await play(photo)
 
 
@@ -54,9 +55,9 @@ async def play(photo: dict[str, Any], *, originals: bool = True) -> Response:
     """The video's playable copy when one is made, else its original when browsers play it and ``originals``
     (the viewer may have the file: the admin, or a guest where downloads are on)."""
     if photo.get("media_type") != "video":
-        raise NotFound(NOT_A_VIDEO)
+        raise NotFound(_(NOT_A_VIDEO))
     if photo["status"] in (PhotoStatus.PENDING, PhotoStatus.PROCESSING):
-        raise NotReady("This video is still being processed.", retry_after=5)
+        raise NotReady(_("This video is still being processed."), retry_after=5)
     storage = services().storage
     preview = photo.get("preview_status")
     playable = preview is None or photo.get("video_codec") in photo_q.BROWSER_CODECS
@@ -65,9 +66,9 @@ async def play(photo: dict[str, Any], *, originals: bool = True) -> Response:
     elif originals and playable:
         name, mime = original_name(photo["storage_key"]), photo_q.VIDEO_MIME[photo["format"]]
     elif not originals:
-        raise Conflict(NO_PLAYBACK if preview == "failed" else PREPARING)
+        raise Conflict(_(NO_PLAYBACK if preview == "failed" else PREPARING))
     else:
-        raise Conflict(PREVIEW_FAILED if preview == "failed" else NO_PREVIEW)
+        raise Conflict(_(PREVIEW_FAILED if preview == "failed" else NO_PREVIEW))
     path = storage.local_path(name)
     try:
         if path is None:  # in a bucket: streamed (or redirected) with the object's ranges and ETag
@@ -76,4 +77,4 @@ async def play(photo: dict[str, Any], *, originals: bool = True) -> Response:
             raise FileNotFoundError(name)
         return await send_media(path, mime)
     except FileNotFoundError:
-        raise NotFound(photo_q.ORIGINAL_MISSING) from None
+        raise NotFound(_(photo_q.ORIGINAL_MISSING)) from None

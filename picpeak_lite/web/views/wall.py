@@ -17,6 +17,7 @@ from quart import Blueprint, Response, redirect, render_template, request, url_f
 
 from picpeak_lite.domain import admin_settings, galleries, wall
 from picpeak_lite.errors import NotFound
+from picpeak_lite.i18n import _
 from picpeak_lite.media import images
 from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
@@ -82,21 +83,21 @@ async def photos(slug: str) -> dict[str, Any]:
 
 @blueprint.get("/g/<slug>/wall/photos/<int:photo_id>.jpg")
 async def image(slug: str, photo_id: int) -> Response:
-    gallery, _ = await _wall_gallery(slug)
+    gallery, _key = await _wall_gallery(slug)
     photo = await services().db.read(photo_q.get_visible, gallery["id"], photo_id)
     if photo is None:
-        raise NotFound("There is no such photo in this gallery.")
+        raise NotFound(_("There is no such photo in this gallery."))
     try:
         response = await send_stored(derived_name(photo["storage_key"], "view"), "image/jpeg")
     except FileNotFoundError:
-        raise NotFound("The image file is missing.") from None
+        raise NotFound(_("The image file is missing.")) from None
     response.headers["Cache-Control"] = "private, max-age=3600"
     return response
 
 
 @blueprint.get("/g/<slug>/wall/qr.svg")
 async def qr_code(slug: str) -> Response:
-    gallery, _ = await _wall_gallery(slug)
+    gallery, _key = await _wall_gallery(slug)
     target = share_url(gallery["slug"]) + ("/upload" if gallery["allow_guest_uploads"] else "")
     return Response(qr.render(target, "svg", scale=6), content_type=qr.KINDS["svg"],
                     headers={"Cache-Control": "private, no-cache"})
