@@ -12,7 +12,7 @@ from typing import Any
 from quart import Blueprint, redirect, render_template, request, url_for
 
 from picpeak_lite import i18n
-from picpeak_lite.domain import email, galleries
+from picpeak_lite.domain import brand, email, galleries
 from picpeak_lite.errors import BadRequest, NotFound
 from picpeak_lite.web import qr
 from picpeak_lite.web.auth import admin_page, check_guest_state_change, current_guest, limits, owner_page, services
@@ -73,7 +73,8 @@ async def edit_template(kind: str) -> tuple[str, int]:
     svc = services()
     sources = await svc.db.read(email.templates_for, _kind(kind))
     language = request.args.get("language") or i18n.current_locale()
-    preview = email.preview(sources, kind, svc.settings, base_url(), language)
+    look = await svc.db.read(brand.load, svc.settings)
+    preview = email.preview(sources, kind, svc.settings, base_url(), language, look)
     return await _editor(kind, sources, preview=preview, language=language)
 
 
@@ -91,7 +92,8 @@ async def save_template(kind: str) -> Any:
     if not errors:
         templates = {part: sources[part] or email.default_template(_kind(kind), part) for part in email.PARTS}
         try:
-            preview = email.preview(templates, kind, svc.settings, base_url(), language)
+            look = await svc.db.read(brand.load, svc.settings)
+            preview = email.preview(templates, kind, svc.settings, base_url(), language, look)
         except BadRequest as error:
             errors["html"] = error.message
     if errors or form.get("preview"):
