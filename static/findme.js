@@ -7,7 +7,8 @@
   const root = document.getElementById("findme");
   const consent = document.getElementById("consent");
   if (!root || !consent) return;
-  const texts = document.getElementById("findme-texts").dataset;
+  // The page's strings (templates/guest/findme.html's script_strings block), in its language.
+  const _ = window.PicpeakHttp.t;
   const camera = document.getElementById("camera");
   const video = document.getElementById("camera-video");
   const status = document.getElementById("findme-status");
@@ -34,14 +35,14 @@
       item.querySelector("a").href = match.view_url;
       const img = item.querySelector("img");
       img.src = match.grid_url;
-      img.alt = texts.photoLabel.replace("{n}", String(index + 1));
+      img.alt = _("Photo %(num)s", { num: index + 1 });
       item.querySelector(".findme-not-me").addEventListener("click", () => notMe(match.face_id));
       results.append(item);
     });
   };
 
   const search = async (blob) => {
-    say(texts.searching);
+    say(_("Looking for you in the photos…"));
     let response;
     try {
       response = await fetch(root.dataset.searchUrl, {
@@ -50,13 +51,13 @@
                    "X-CSRF-Token": PicpeakHttp.csrfToken() },
       });
     } catch {
-      say(texts.failed);
+      say(_("The search failed; please try again."));
       return;
     }
     const data = await response.json().catch(() => ({}));
     if (!response.ok) {
       results.replaceChildren();
-      say(data.error || texts.failed);
+      say(data.error || _("The search failed; please try again."));
       return;
     }
     show(data.matches || []);
@@ -66,7 +67,7 @@
   const notMe = async (face) => {
     const answer = await PicpeakHttp.json(root.dataset.notMeUrl, { method: "POST", body: { face, shown } });
     if (!answer.ok) {
-      say(answer.data.error || texts.failed);
+      say(answer.data.error || _("The search failed; please try again."));
       return;
     }
     const hide = new Set(answer.data.hide || []);
@@ -81,7 +82,7 @@
     try {
       stream = await navigator.mediaDevices.getUserMedia({ video: { facingMode: "user" }, audio: false });
     } catch {
-      say(texts.cameraFailed);
+      say(_("The camera could not be opened. Choose a photo of yourself instead."));
       return;
     }
     video.srcObject = stream;

@@ -274,3 +274,82 @@ def test_account_commands(tmp_path: Path) -> None:
     tokens = run_cli("admin", "token", "list", "--data-dir", data).stdout
     assert "anna-lr\tactive\tanna" in tokens
     assert run_cli("admin", "account", "disable", "nobody", "--data-dir", data).returncode == 2
+
+
+async def test_the_audit_trail_has_every_admin_change_of_the_merged_features(tmp_path: Path) -> None:
+    """Brand, email templates and the test message, archive and restore, comment review, photo replacement and
+    "Find me": each change is in the trail with who did it and on which gallery, written with the change."""
+    from picpeak_lite.pipeline.archive import Archiver
+    from picpeak_lite.web.app import create_app
+
+    from .conftest import own_services
+    from .factories import add_photo, published, run_pool_until_idle
+    from .test_feedback import photo_url, send
+    from .test_guest_pages import guest_csrf
+    from .test_replace import replace, shot, step
+    from .test_upload import admin_upload
+
+    with own_services(tmp_path, smtp_host="127.0.0.1", smtp_port=9, email_from="photos@studio.test") as svc:
+        bootstrap.ensure_admin(svc.settings, {"PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD})
+        app = create_app(svc)
+        admin = AuthActions(app.test_client())
+        await admin.login()
+        form = {"csrf_token": admin.csrf}
+
+        async def post(url: str, **fields: Any) -> None:
+            answer = await admin.client.post(url, form={**form, **fields})
+            assert answer.status_code == 302, (url, await answer.get_data(as_text=True))
+
+        await post("/admin/settings/brand", studio_name="Lumen", accent="#8a3b12", accent_dark="#f0b48c",
+                   font_body="system", font_heading="system", theme="auto", cover_layout="full", custom_css="")
+        await post("/admin/settings/email/templates/test", subject="Hi {{ brand.site_name }}", text="t",
+                   html="<p>h</p>", language="en")
+        await post("/admin/settings/email/templates/test/reset")
+        await post("/admin/settings/email/test", address="me@studio.test")
+
+        empty = await published(admin, name="Quiet")
+        archived = await admin.client.post(f"/api/admin/galleries/{empty['id']}/archive", headers=admin.headers())
+        assert archived.status_code == 202, await archived.get_data(as_text=True)
+        [done] = await Archiver(svc).pass_once()
+        assert done.state == "archived"
+        await post(f"/admin/galleries/{empty['id']}/restore")
+
+        gallery = await published(admin, name="Party", hold_comments=True)
+        gid, slug = gallery["id"], gallery["slug"]
+        photo = add_photo(svc, gid)
+        guest = app.test_client()
+        csrf = await guest_csrf(guest, slug)
+        ids = [(await send(guest, "POST", photo_url(slug, photo, "comments"), csrf, {"text": t, "name": "Ann"}))[1]
+               ["comment"]["id"] for t in ("Keep", "Drop")]
+        for action, comment in (("approve", ids[0]), ("reject", ids[1])):
+            answer = await admin.client.post(f"/api/admin/galleries/{gid}/comments", headers=admin.headers(),
+                                             json={"action": action, "ids": [comment]})
+            assert (await answer.get_json())["ids"] == [comment]
+
+        [uploaded] = (await (await admin_upload(admin, gid, [("IMG_1.jpg", shot(1))])).get_json())["photo_ids"]
+        await run_pool_until_idle(svc)
+        for n, last in ((2, "confirm"), (3, "revert")):
+            assert (await replace(admin, gid, uploaded, shot(n))).status_code == 202
+            await run_pool_until_idle(svc)
+            assert (await step(admin, gid, uploaded, last)).status_code == 200
+
+        await post(f"/admin/galleries/{gid}/findme")  # switched off
+        await post(f"/admin/galleries/{gid}/findme/delete")
+
+        rows = await svc.db.read(lambda c: audit_q.search(c, account="admin"))
+    found = {(row["action"], row["gallery_id"], row["detail"]) for row in rows}
+    expected = [
+        ("settings.changed", None, "brand"), ("settings.changed", None, "email template test saved"),
+        ("settings.changed", None, "email template test reset"), ("email.test_sent", None, "me@studio.test"),
+        ("gallery.archive_requested", empty["id"], ""), ("gallery.restore_requested", empty["id"], ""),
+        ("comments.approved", gid, f"comments {ids[0]}"), ("comments.rejected", gid, f"comments {ids[1]}"),
+        ("photo.replaced", gid, f"photo {uploaded}: IMG_1.jpg"),
+        ("photo.replacement_confirmed", gid, f"photo {uploaded}"),
+        ("photo.replacement_reverted", gid, f"photo {uploaded}"),
+    ]
+    for item in expected:
+        assert item in found, (item, sorted(found, key=str))
+    assert [row["action"] for row in rows].count("photo.replaced") == 2
+    findme = [row["detail"] for row in rows if row["gallery_id"] == gid and row["action"] == "gallery.updated"]
+    assert any(d.startswith("find me off") for d in findme) and any("face index deleted" in d for d in findme)
+    assert {action for action, _, _ in expected} <= set(accounts.ACTIONS)  # the audit page's filter offers them

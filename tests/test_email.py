@@ -509,3 +509,65 @@ async def test_one_bad_address_does_not_hold_up_the_other_reminders(tmp_path: Pa
                                                                      now=86400.0))
         rows = sql(svc, "SELECT kind, recipient FROM email_outbox")
     assert queued == 1 and rows == [{"kind": "expiry_reminder", "recipient": CLIENT}]
+
+
+# --- the studio's brand (issue 33) ----------------------------------------------------------------------------------
+
+def _queued_messages(svc: Services) -> list[bytes]:
+    return [bytes(row["message"]) for row in sql(svc, "SELECT message FROM email_outbox ORDER BY id")]
+
+
+def _branded_mails(svc: Services, look: Any) -> list[bytes]:
+    """The share mail (with its inline upload QR code) and the test mail, under the brand ``look``: raw bytes."""
+    from picpeak_lite.domain import brand
+
+    _write_now(svc, lambda conn: brand.save(conn, look))
+    gallery_id = client_gallery(svc, allow_guest_uploads=1)
+    share(svc, gallery_id, base_url="http://h.test", now=10.0, upload_qr_png=b"\x89PNG fake qr")
+    _write_now(svc, lambda conn: email_domain.queue_test(conn, svc.settings, PHOTOGRAPHER, now=11.0))
+    return _queued_messages(svc)
+
+
+def _readable(raw: bytes) -> str:
+    """A message as its reader sees it: every header decoded and every text part decoded (so that no
+    quoted-printable or base64 can hide a word)."""
+    message = email.message_from_bytes(raw, policy=email.policy.default)
+    out = [f"{name}: {value}" for part in message.walk() for name, value in part.items()]
+    out += [part.get_content() for part in message.walk() if part.get_content_maintype() == "text"]
+    return "\n".join(out)
+
+
+def test_a_branded_share_mail_carries_the_studio_name_and_accent(tmp_path: Path) -> None:
+    """The studio's name is the sender's display name, the HTML header and the text's signature line; the
+    accent colours the button (with its readable text colour) and the links."""
+    from picpeak_lite.domain.brand import Brand
+
+    with own_services(tmp_path, **email_settings(closed_port())) as svc:
+        share_raw = _branded_mails(svc, Brand(studio_name="Lumen & Co", accent="#aa3355"))[0]
+    message = email.message_from_bytes(share_raw, policy=email.policy.default)
+    assert message["From"].addresses[0].display_name == "Lumen & Co"
+    assert message["From"].addresses[0].addr_spec == SENDER
+    html = message.get_body(("html",)).get_content()
+    assert "Lumen &amp; Co" in html  # the header, escaped
+    assert "background:#aa3355;color:#ffffff" in html  # the button: accent, white text on it
+    assert "a{color:#aa3355}" in html
+    text = message.get_body(("plain",)).get_content()
+    assert text.rstrip().endswith("Sent by Lumen & Co with PicPeak")
+
+
+def test_a_white_labelled_mail_never_names_us(tmp_path: Path) -> None:
+    """White label: no "picpeak" anywhere in the share and test messages (subject, From, body, footer, the QR
+    code's Content-ID), raw or decoded, with a studio name and without one."""
+    from picpeak_lite.domain.brand import Brand
+
+    for studio in ("Lumen Studio", ""):
+        with own_services(tmp_path / (studio or "none"), **email_settings(closed_port())) as svc:
+            mails = _branded_mails(svc, Brand(studio_name=studio, white_label=True))
+        assert len(mails) == 2
+        for raw in mails:
+            assert b"picpeak" not in raw.lower()
+            assert "picpeak" not in _readable(raw).lower()
+            assert ("Lumen Studio" in _readable(raw)) == bool(studio)
+    with own_services(tmp_path / "ours", **email_settings(closed_port())) as svc:
+        mails = _branded_mails(svc, Brand())
+    assert all("PicPeak" in _readable(raw) for raw in mails)  # without white label, the footer says who sent it

@@ -78,6 +78,9 @@ ACTIONS = (
     "photos.deleted", "settings.changed", "account.created", "account.role_changed", "account.disabled",
     "account.enabled", "account.grants_changed", "account.totp_enabled", "account.totp_disabled",
     "account.recovery_code_used", "token.created", "token.revoked",
+    "gallery.archive_requested", "gallery.restore_requested", "comments.approved", "comments.rejected",
+    "comments.deleted", "photo.replaced", "photo.replacement_confirmed", "photo.replacement_reverted",
+    "email.test_sent",
 )
 
 

@@ -18,6 +18,12 @@ then stored whole with its Message-ID (``make_message``), so every retry sends t
 ``templates/email/<kind>.subject.txt``, ``.txt`` and ``.html``; the photographer may replace each on the
 settings page (stored in ``app_settings`` as ``email_template.<kind>.<part>``) and they are rendered in Jinja's
 sandbox, so an edited template cannot reach into Python.
+
+Every message wears the studio's brand (issue 33, ``domain/brand.py`` ``email_context``): its name is the From
+display name, the HTML part's header (or its logo, when ``public_url`` makes the logo reachable) and the text
+part's signature line; links take the accent colour and the templates' button its readable text colour. The
+templates see it as ``brand``. With white label on, no message says our name anywhere (subject, sender, body,
+footer, the inline image's Content-ID), because the client is the studio's, not ours.
 """
 
 from __future__ import annotations
@@ -39,10 +45,12 @@ from urllib.parse import quote
 
 import jinja2
 from jinja2.sandbox import SandboxedEnvironment
+from markupsafe import escape
 
 from picpeak_lite import i18n
 from picpeak_lite.config import Settings
 from picpeak_lite.domain import admin_settings
+from picpeak_lite.domain import brand as brand_mod
 from picpeak_lite.errors import AppError, BadRequest, Conflict
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import email as email_q
@@ -94,7 +102,6 @@ SHARE_WINDOW = 60.0
 # The digest looks for guest uploads this far back (the cut per gallery is its last digest).
 DIGEST_LOOKBACK = 7 * 86400.0
 FAVOURITES_LISTED = 50
-QR_CID_DOMAIN = "picpeak-lite"
 _ADDRESS = re.compile(r"[^@\s<>,;\"]+@[^@\s<>,;\"]+\.[^@\s<>,;\"]+")
 
 
@@ -205,14 +212,22 @@ class Rendered:
     @property
     def body(self) -> str:
         """The HTML part without its document wrapper, for the settings page's preview."""
-        return self.html.partition("<body>\n")[2].rpartition("\n</body>")[0] or self.html
+        return self.html.partition(_CONTENT_START)[2].rpartition(_CONTENT_END)[0] or self.html
 
 
-def render(templates: Mapping[str, str], context: Mapping[str, Any], language: str) -> Rendered:
-    """The three parts in ``language``. A template that fails while rendering (a sandbox refusal, a bad
-    filter) is a BadRequest with its reason: the settings page shows it, a queued message is not made."""
+_CONTENT_START = "<!--content-->\n"
+_CONTENT_END = "\n<!--/content-->"
+
+
+def render(templates: Mapping[str, str], context: Mapping[str, Any], language: str,
+           look: brand_mod.Brand | None = None, public_url: str = "") -> Rendered:
+    """The three parts in ``language``, in the studio's ``look`` (the built-in one when None). A template that
+    fails while rendering (a sandbox refusal, a bad filter) is a BadRequest with its reason: the settings page
+    shows it, a queued message is not made."""
     try:
         with i18n.use_locale(language):
+            branded = brand_mod.email_context(look or brand_mod.Brand(), public_url)
+            context = {**context, "brand": branded}
             subject = _TEXT_ENV.from_string(templates["subject"]).render(context)
             text = _TEXT_ENV.from_string(templates["text"]).render(context)
             html = _HTML_ENV.from_string(templates["html"]).render(context)
@@ -220,8 +235,31 @@ def render(templates: Mapping[str, str], context: Mapping[str, Any], language: s
         reason = i18n._("The email template cannot be rendered: %(error)s") % {"error": str(error)}
         raise BadRequest(reason) from None
     subject = " ".join(subject.split())[:MAX_SUBJECT_CHARS]
-    html = f'<!doctype html>\n<html lang="{language}"><meta charset="utf-8"><body>\n{html}\n</body></html>\n'
-    return Rendered(subject, _tidy(text), html)
+    text = _tidy(text)
+    if branded["footer"]:
+        text += f"\n-- \n{branded['footer']}\n"
+    return Rendered(subject, text, _html_document(html, language, branded))
+
+
+def _html_document(body: str, language: str, branded: Mapping[str, Any]) -> str:
+    """The HTML part around a template's output: the studio's name or logo on top, its footer below, its font
+    and accent. Inline styles (and one small ``<style>`` for links), since mail clients load no stylesheet; every
+    value is escaped (a studio name is the photographer's text)."""
+    accent, font, name = escape(branded["accent"]), escape(branded["font_family"]), escape(branded["site_name"])
+    if branded["logo_url"]:
+        top = (f'<img src="{escape(branded["logo_url"])}" alt="{name}" '
+               'style="max-height:64px;max-width:240px;border:0">')
+    else:
+        top = f'<span style="font-size:20px;font-weight:600;color:#1c1c1e">{name}</span>' if name else ""
+    header = (f'<div style="padding:0 0 12px;margin:0 0 20px;border-bottom:3px solid {accent}">{top}</div>\n'
+              if top else "")
+    footer = (f'\n<p style="margin:28px 0 0;padding-top:12px;border-top:1px solid #ddd;color:#666;font-size:12px">'
+              f'{escape(branded["footer"])}</p>' if branded["footer"] else "")
+    return (f'<!doctype html>\n<html lang="{language}"><head><meta charset="utf-8">'
+            f'<style>a{{color:{accent}}}</style></head>'
+            f'<body style="margin:0;padding:24px;font-family:{font};color:#1c1c1e">\n'
+            f'<div style="max-width:600px;margin:0 auto">\n{header}{_CONTENT_START}{body}{_CONTENT_END}{footer}\n'
+            f'</div>\n</body></html>\n')
 
 
 def _tidy(text: str) -> str:
@@ -240,17 +278,20 @@ class Recipient:
 
 
 def make_message(settings: Settings, recipient: Recipient, rendered: Rendered, *, now: float,
-                 inline_png: bytes | None = None, inline_cid: str | None = None) -> tuple[str, bytes]:
+                 inline_png: bytes | None = None, inline_cid: str | None = None,
+                 sender_name: str = "") -> tuple[str, bytes]:
     """The whole message (multipart/alternative: text, then HTML with the QR code as a related inline image) and
-    its Message-ID, made here once: every retry sends these bytes."""
+    its Message-ID, made here once: every retry sends these bytes. ``sender_name``: the From display name (the
+    studio's; none under white label without a studio name)."""
     sender = check_address(settings.email_from)
+    sender_name = check_header(sender_name)
     address = check_address(recipient.address)
     name = check_header(recipient.name)
     subject = check_header(rendered.subject)
     domain = sender.rpartition("@")[2]
     message_id = make_msgid(idstring=secrets.token_hex(4), domain=domain)
     message = EmailMessage(policy=SMTP)
-    message["From"] = sender
+    message["From"] = Address(display_name=sender_name, addr_spec=sender) if sender_name else sender
     message["To"] = Address(display_name=name, addr_spec=address) if name else address
     message["Subject"] = subject
     message["Date"] = format_datetime(dt.datetime.fromtimestamp(now, dt.UTC))
@@ -271,9 +312,10 @@ def _queue(conn: Connection, settings: Settings, kind: str, recipient: Recipient
            inline_cid: str | None = None) -> int | None:
     if email_q.is_queued(conn, dedup_key):
         return None
-    rendered = render(templates_for(conn, kind), context, recipient.language)
+    look = brand_mod.load(conn, settings)
+    rendered = render(templates_for(conn, kind), context, recipient.language, look, settings.public_url or "")
     message_id, data = make_message(settings, recipient, rendered, now=now, inline_png=inline_png,
-                                    inline_cid=inline_cid)
+                                    inline_cid=inline_cid, sender_name=look.site_name)
     return email_q.enqueue(conn, message_id=message_id, dedup_key=dedup_key, kind=kind, gallery_id=gallery_id,
                            recipient=recipient.address, subject=rendered.subject, message=data, now=now)
 
@@ -333,8 +375,9 @@ def sample_context(kind: str, settings: Settings, base_url: str) -> dict[str, An
     }
 
 
-def preview(templates: Mapping[str, str], kind: str, settings: Settings, base_url: str, language: str) -> Rendered:
-    return render(templates, sample_context(kind, settings, base_url), language)
+def preview(templates: Mapping[str, str], kind: str, settings: Settings, base_url: str, language: str,
+            look: brand_mod.Brand | None = None) -> Rendered:
+    return render(templates, sample_context(kind, settings, base_url), language, look, settings.public_url or "")
 
 
 # --- the triggers -----------------------------------------------------------------------------------------------
@@ -355,7 +398,8 @@ def queue_share(conn: Connection, settings: Settings, gallery: Mapping[str, Any]
     if gallery.get("allow_guest_uploads"):
         context["upload_url"] = context["gallery_url"] + "/upload"
         if upload_qr_png is not None:
-            cid = make_msgid(idstring="qr", domain=QR_CID_DOMAIN)
+            # The sender's domain, not ours: under white label nothing in the message may name us.
+            cid = make_msgid(idstring="qr", domain=settings.email_from.rpartition("@")[2] or "localhost")
             context["qr_src"] = "cid:" + cid[1:-1]
     context["password_protected"] = bool(gallery.get("password_hash"))
     dedup = f"share:{gallery['id']}:{recipient.address}:{int(now // SHARE_WINDOW)}"

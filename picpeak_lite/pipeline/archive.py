@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from picpeak_lite.domain.accounts import Actor
 from picpeak_lite.errors import Conflict, InsufficientStorage, NotFound, StorageUnavailable
 from picpeak_lite.i18n import _
 from picpeak_lite.perrun import PerRun
@@ -95,22 +96,25 @@ def request_restore(conn: Connection, gallery_id: int) -> None:
     archive_q.move(conn, gallery_id, archive_q.ARCHIVED, archive_q.RESTORING)
 
 
-async def start_archive(svc: Services, gallery_id: int) -> Any:
-    """The photographer's choice, from the page or the API: set archiving and wake the archiver. Returns the row."""
-    row = await svc.db.write(_then_get(request_archive), gallery_id)
+async def start_archive(svc: Services, gallery_id: int, actor: Actor) -> Any:
+    """The photographer's choice, from the page or the API: set archiving and wake the archiver. Returns the row.
+    The request is in the audit trail with the change (the archiver's own steps are not: they are no one's)."""
+    row = await svc.db.write(_then_get(request_archive, actor, "gallery.archive_requested", svc.clock()), gallery_id)
     svc.archive_bell.ring()
     return row
 
 
-async def start_restore(svc: Services, gallery_id: int) -> Any:
-    row = await svc.db.write(_then_get(request_restore), gallery_id)
+async def start_restore(svc: Services, gallery_id: int, actor: Actor) -> Any:
+    row = await svc.db.write(_then_get(request_restore, actor, "gallery.restore_requested", svc.clock()), gallery_id)
     svc.archive_bell.ring()
     return row
 
 
-def _then_get(step: Callable[[Connection, int], None]) -> Callable[[Connection, int], Any]:
+def _then_get(step: Callable[[Connection, int], None], actor: Actor, action: str,
+              now: float) -> Callable[[Connection, int], Any]:
     def run(conn: Connection, gallery_id: int) -> Any:
         step(conn, gallery_id)
+        actor.record(conn, now, action, gallery_id=gallery_id)
         return gallery_q.get(conn, gallery_id)
 
     return run

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import trio
 
+from picpeak_lite.domain.accounts import Actor
 from picpeak_lite.errors import AppError, BadRequest, Conflict, NotFound, TooLarge, UnsupportedMedia
 from picpeak_lite.i18n import _
 from picpeak_lite.pipeline.intake import MB, Intake, Limits, io_limiter
@@ -45,7 +46,7 @@ async def photo_of(svc: Services, gallery_id: int, photo_id: int) -> Row:
     return row
 
 
-async def replace(svc: Services, intake: Intake, photo_id: int) -> Row:
+async def replace(svc: Services, intake: Intake, photo_id: int, actor: Actor) -> Row:
     """Give the photo the file the intake received (one file, checked and stored). Returns the photo's row.
     Refused: a photo that is not complete, one whose last replacement waits for confirmation, a video, a file
     already in the gallery. The stored file is removed on every refusal by the intake's exit."""
@@ -79,8 +80,11 @@ async def replace(svc: Services, intake: Intake, photo_id: int) -> Row:
         assert changed  # checked above in this transaction
         new = photo_q.get(conn, photo_id)
         assert new is not None
+        actor.record(conn, now, "photo.replaced", gallery_id=gallery_id,
+                     detail=f"photo {photo_id}: {row['display_name']}")
         return new
 
+    now = svc.clock()
     row = await svc.db.write(swap)
     entry.inserted = True  # no checkpoint since the commit: the intake's exit leaves the file alone now
     svc.workers_bell.ring()
@@ -96,8 +100,9 @@ def _check_replaceable(row: Row) -> None:
         raise Conflict(_("Only a finished photo can be replaced; wait until it is made, or delete it."))
 
 
-async def confirm(svc: Services, gallery_id: int, photo_id: int) -> None:
+async def confirm(svc: Services, gallery_id: int, photo_id: int, actor: Actor) -> None:
     """Keep the new version: the previous original and its images are deleted."""
+    now = svc.clock()
 
     def forget(conn: Connection) -> str:
         row = _waiting(conn, gallery_id, photo_id)
@@ -109,6 +114,7 @@ async def confirm(svc: Services, gallery_id: int, photo_id: int) -> None:
         assert before is not None
         changed = replacement_q.confirm(conn, photo_id)
         assert changed  # checked above in this transaction
+        actor.record(conn, now, "photo.replacement_confirmed", gallery_id=gallery_id, detail=f"photo {photo_id}")
         key: str = before["storage_key"]
         return key
 
@@ -116,8 +122,9 @@ async def confirm(svc: Services, gallery_id: int, photo_id: int) -> None:
     await trio.to_thread.run_sync(svc.storage.remove_photo_files, key, limiter=io_limiter())
 
 
-async def revert(svc: Services, gallery_id: int, photo_id: int) -> None:
+async def revert(svc: Services, gallery_id: int, photo_id: int, actor: Actor) -> None:
     """Bring the previous version back; the new file and its images are deleted."""
+    now = svc.clock()
 
     def back(conn: Connection) -> str:
         row = _waiting(conn, gallery_id, photo_id)
@@ -131,6 +138,7 @@ async def revert(svc: Services, gallery_id: int, photo_id: int) -> None:
                            % {"id": other["id"]})
         changed = replacement_q.revert(conn, row)
         assert changed  # checked above in this transaction
+        actor.record(conn, now, "photo.replacement_reverted", gallery_id=gallery_id, detail=f"photo {photo_id}")
         key: str = row["storage_key"]
         return key
 

@@ -86,12 +86,12 @@ async def delete_gallery(gallery_id: int) -> tuple[str, int]:
 @admin_api
 async def archive_gallery(gallery_id: int) -> tuple[dict[str, Any], int]:
     """202: the archiver task packs the originals; GET the gallery to follow ``archive.state``."""
-    row = await archive.start_archive(services(), gallery_id)
+    row = await archive.start_archive(services(), gallery_id, await current_actor())
     return galleries.to_json(row, share_url(row["slug"])), 202
 
 
 @blueprint.post("/galleries/<int:gallery_id>/restore")
 @admin_api
 async def restore_gallery(gallery_id: int) -> tuple[dict[str, Any], int]:
-    row = await archive.start_restore(services(), gallery_id)
+    row = await archive.start_restore(services(), gallery_id, await current_actor())
     return galleries.to_json(row, share_url(row["slug"])), 202

@@ -356,7 +356,7 @@ async def delete(gallery_id: int) -> Any:
 async def archive_gallery(gallery_id: int) -> Any:
     """Ask for the gallery to be archived; the archiver task does the work (pipeline/archive.py)."""
     try:
-        await archive.start_archive(services(), gallery_id)
+        await archive.start_archive(services(), gallery_id, await current_actor())
     except Conflict as error:
         return await render_gallery_page(gallery_id, archive_error=error.message), 409
     return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#archive")
@@ -366,7 +366,7 @@ async def archive_gallery(gallery_id: int) -> Any:
 @admin_page
 async def restore_gallery(gallery_id: int) -> Any:
     try:
-        await archive.start_restore(services(), gallery_id)
+        await archive.start_restore(services(), gallery_id, await current_actor())
     except Conflict as error:
         return await render_gallery_page(gallery_id, archive_error=error.message), 409
     return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#archive")

@@ -126,7 +126,8 @@ async def retry_form(photo_id: int) -> Any:
 async def replacement_api(gallery_id: int, photo_id: int, step: str) -> dict[str, Any]:
     """Keep the new version of a replaced photo (its previous original is deleted), or go back to the previous."""
     svc = services()
-    await (replacement.confirm if step == "confirm" else replacement.revert)(svc, gallery_id, photo_id)
+    await (replacement.confirm if step == "confirm" else replacement.revert)(svc, gallery_id, photo_id,
+                                                                            await current_actor())
     row = await replacement.photo_of(svc, gallery_id, photo_id)
     return {"id": photo_id, "status": row["status"], "sha256": row["sha256"], "replaced": False}
 
@@ -134,7 +135,8 @@ async def replacement_api(gallery_id: int, photo_id: int, step: str) -> dict[str
 @blueprint.post("/admin/galleries/<int:gallery_id>/photos/<int:photo_id>/replacement/<any(confirm, revert):step>")
 @gallery_page
 async def replacement_form(gallery_id: int, photo_id: int, step: str) -> Any:
-    await (replacement.confirm if step == "confirm" else replacement.revert)(services(), gallery_id, photo_id)
+    await (replacement.confirm if step == "confirm" else replacement.revert)(services(), gallery_id, photo_id,
+                                                                            await current_actor())
     return redirect(url_for("admin.gallery", gallery_id=gallery_id) + "#photos")
 
 

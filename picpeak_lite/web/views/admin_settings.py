@@ -159,7 +159,13 @@ async def save_brand() -> Any:
         await trio.to_thread.run_sync(_store_logo, target, logo)
     elif form.get("remove_brand_logo"):
         await trio.to_thread.run_sync(remove_quietly, target)
-    await svc.db.write(brand_rules.save, chosen)
+    actor, now = await current_actor(), svc.clock()
+
+    def save_and_record(conn: Any) -> None:
+        brand_rules.save(conn, chosen)
+        actor.record(conn, now, "settings.changed", detail="brand")
+
+    await svc.db.write(save_and_record)
     return redirect(url_for("admin_settings.page", saved="brand") + "#brand")
 
 

@@ -12,11 +12,12 @@ from typing import Any
 from quart import Blueprint, redirect, render_template, request, url_for
 
 from picpeak_lite import i18n
-from picpeak_lite.domain import email, galleries
+from picpeak_lite.domain import brand, email, galleries
 from picpeak_lite.errors import BadRequest, NotFound
+from picpeak_lite.store.db import Connection
 from picpeak_lite.web import qr
 from picpeak_lite.web.auth import admin_page, check_guest_state_change, current_guest, limits, owner_page, services
-from picpeak_lite.web.views.common import base_url, load_gallery
+from picpeak_lite.web.views.common import base_url, current_actor, load_gallery
 
 blueprint = Blueprint("email", __name__)
 # The upload QR code in the share message: big enough to scan from a phone screen or a print.
@@ -44,7 +45,13 @@ async def send_test() -> Any:
     so its outcome shows in the log below the button."""
     svc = services()
     address = ((await request.form).get("address") or "").strip()
-    await svc.db.write(lambda conn: email.queue_test(conn, svc.settings, address, now=svc.clock()))
+    actor, now = await current_actor(), svc.clock()
+
+    def queue_and_record(conn: Connection) -> None:
+        email.queue_test(conn, svc.settings, address, now=now)
+        actor.record(conn, now, "email.test_sent", detail=address)
+
+    await svc.db.write(queue_and_record)
     svc.email_bell.ring()
     return redirect(url_for("admin_settings.page", saved="email-test") + "#email")
 
@@ -73,7 +80,8 @@ async def edit_template(kind: str) -> tuple[str, int]:
     svc = services()
     sources = await svc.db.read(email.templates_for, _kind(kind))
     language = request.args.get("language") or i18n.current_locale()
-    preview = email.preview(sources, kind, svc.settings, base_url(), language)
+    look = await svc.db.read(brand.load, svc.settings)
+    preview = email.preview(sources, kind, svc.settings, base_url(), language, look)
     return await _editor(kind, sources, preview=preview, language=language)
 
 
@@ -91,20 +99,34 @@ async def save_template(kind: str) -> Any:
     if not errors:
         templates = {part: sources[part] or email.default_template(_kind(kind), part) for part in email.PARTS}
         try:
-            preview = email.preview(templates, kind, svc.settings, base_url(), language)
+            look = await svc.db.read(brand.load, svc.settings)
+            preview = email.preview(templates, kind, svc.settings, base_url(), language, look)
         except BadRequest as error:
             errors["html"] = error.message
     if errors or form.get("preview"):
         return await _editor(_kind(kind), sources, errors=errors, preview=preview, language=language,
                              status=400 if errors else 200)
-    await svc.db.write(email.save_templates, _kind(kind), sources)
+    kind, actor, now = _kind(kind), await current_actor(), svc.clock()
+
+    def save_and_record(conn: Connection) -> None:
+        email.save_templates(conn, kind, sources)
+        actor.record(conn, now, "settings.changed", detail=f"email template {kind} saved")
+
+    await svc.db.write(save_and_record)
     return redirect(url_for("email.edit_template", kind=kind, saved=1))
 
 
 @blueprint.post("/admin/settings/email/templates/<kind>/reset")
 @owner_page
 async def reset_template(kind: str) -> Any:
-    await services().db.write(email.reset_templates, _kind(kind))
+    svc, kind = services(), _kind(kind)
+    actor, now = await current_actor(), svc.clock()
+
+    def reset_and_record(conn: Connection) -> None:
+        email.reset_templates(conn, kind)
+        actor.record(conn, now, "settings.changed", detail=f"email template {kind} reset")
+
+    await svc.db.write(reset_and_record)
     return redirect(url_for("email.edit_template", kind=kind, saved=1))
 
 

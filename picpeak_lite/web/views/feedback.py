@@ -32,11 +32,12 @@ from picpeak_lite.store.db import Connection, fits_integer
 from picpeak_lite.store.queries import feedback as feedback_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.web.auth import check_guest_state_change, current_guest, gallery_api, gallery_page, limits, services
-from picpeak_lite.web.views.common import action_and_ids, load_gallery
+from picpeak_lite.web.views.common import action_and_ids, current_actor, load_gallery
 
 blueprint = Blueprint("feedback", __name__)
 
 MAX_IDS = 5000
+REVIEWED = {"approve": "approved", "reject": "rejected", "delete": "deleted"}  # the audit trail's action
 PHOTO = "/api/g/<slug>/photos/<int:photo_id>"
 
 
@@ -191,7 +192,16 @@ async def apply_review(gallery_id: int, action: Any, ids: list[int]) -> list[int
     if len(ids) > MAX_IDS:
         raise BadRequest(_("At most %(max)d comments at once.") % {"max": MAX_IDS})
     await galleries.get_gallery(svc, gallery_id)
-    return await svc.db.write(feedback.review, gallery_id, action, ids, svc.clock())
+    actor, now = await current_actor(), svc.clock()
+
+    def review_and_record(conn: Connection) -> list[int]:
+        done = feedback.review(conn, gallery_id, action, ids, now)
+        if done:  # the trail says what happened: nothing when every comment was already dealt with
+            actor.record(conn, now, f"comments.{REVIEWED[action]}", gallery_id=gallery_id,
+                         detail="comments " + ", ".join(map(str, done)))
+        return done
+
+    return await svc.db.write(review_and_record)
 
 
 def _export_rows(conn: Connection, gallery_id: int) -> tuple[list[Any], list[Any], list[Any]]:

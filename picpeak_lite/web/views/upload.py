@@ -59,7 +59,7 @@ from picpeak_lite.pipeline import replacement
 from picpeak_lite.pipeline.intake import Entry, FileSink, Intake, Limits, Uploader, clean_guest_name
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import check_origin, current_admin, current_guest, gallery_api, limits, services
-from picpeak_lite.web.views.common import admin_upload_gallery, client_ip, guest_upload_gallery
+from picpeak_lite.web.views.common import admin_upload_gallery, client_ip, current_actor, guest_upload_gallery
 
 blueprint = Blueprint("upload", __name__)
 
@@ -162,7 +162,7 @@ async def _replace(gallery_id: int, photo_id: int, *, form_csrf: str | None) -> 
         request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py), as for uploads
         await receive_multipart(intake, request.body, boundary, csrf_token=form_csrf)
         g.upload_drained = True
-        return await replacement.replace(svc, intake, photo_id)
+        return await replacement.replace(svc, intake, photo_id, await current_actor())
 
 
 @blueprint.post("/api/g/<slug>/upload")
