@@ -31,6 +31,7 @@ from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
 
+from . import pgserver
 from .harness import (
     ServerProcess,
     WebhookReceiver,
@@ -134,7 +135,8 @@ async def settle(server: ServerProcess, data_dir: Path) -> None:
 
 async def reconcile_now(config: Path, data_dir: Path) -> dict[str, int]:
     """The real reconciler, once, with no grace: the server is stopped, so nothing is mid-commit."""
-    settings = load_settings(config, environ={}, overrides={"data_dir": str(data_dir), "temp_max_age_seconds": 0})
+    settings = load_settings(config, environ=pgserver.env_for(["--data-dir", str(data_dir)]),
+                             overrides={"data_dir": str(data_dir), "temp_max_age_seconds": 0})
     database = Database(settings.database)
     try:
         svc = Services(settings=settings, db=database)

@@ -135,9 +135,10 @@ async def test_search_over_5000_faces(admin: AuthActions, services: Services) ->
         for photo in photos:
             conn.execute("INSERT INTO face_scans (photo_id, gallery_id, faces, scanned_at) VALUES (?, ?, 10, 0)",
                          (photo, gallery["id"]))
-        conn.executemany("INSERT INTO faces (photo_id, gallery_id, box_left, box_top, box_right, box_bottom, "
+        for i in range(5000):
+            conn.execute("INSERT INTO faces (photo_id, gallery_id, box_left, box_top, box_right, box_bottom, "
                          "embedding) VALUES (?, ?, 0, 0, 60, 60, ?)",
-                         [(photos[i // 10], gallery["id"], vectors[i].tobytes()) for i in range(5000)])
+                         (photos[i // 10], gallery["id"], vectors[i].tobytes()))
 
     await services.db.write(store)
     limiter, times = trio.CapacityLimiter(1), []
