@@ -56,9 +56,8 @@ def indexed(server: LiveServer) -> int:
 
 
 def test_a_guest_finds_their_photos_with_the_phone_camera(server: LiveServer, api: Any, request: Any,
-                                                          tmp_path: Path) -> None:
+                                                          tmp_path: Path, browser: Any) -> None:
     from axe_playwright_python.sync_playwright import Axe
-    from playwright.sync_api import sync_playwright
 
     gallery = api.post("/api/admin/galleries", json={"name": "State dinner"}).json()
     api.post(f"/api/admin/galleries/{gallery['id']}/publish")
@@ -68,62 +67,63 @@ def test_a_guest_finds_their_photos_with_the_phone_camera(server: LiveServer, ap
     wait_processed(api, upload["upload_id"])
     camera = y4m(FACES / "obama2.jpg", tmp_path / "selfie.y4m")
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            *CHROMIUM_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-video-capture={camera}"])
-        try:
-            admin_context = browser.new_context(viewport={"width": 1280, "height": 900})
-            admin_context.set_default_timeout(ACTION_TIMEOUT_MS)
-            admin = Page(admin_context.new_page(), request.node.name)
-            admin_login(admin, server)
-            admin.goto(f"{server.url}/admin/galleries/{gallery['id']}")
-            admin.check("#findme input[name=find_me]")
-            admin.click("#findme button[type=submit]")
-            deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
-            while indexed(server) < len(names):
-                assert time.monotonic() < deadline, "the photos were not indexed in time"
-                time.sleep(0.2)
-            admin.reload()
-            assert "6 of 6 photos looked at" in " ".join(admin.inner_text("#findme-progress").split())
-            ARTIFACTS.mkdir(exist_ok=True)
-            admin.locator("#findme").screenshot(path=str(ARTIFACTS / f"{request.node.name}-admin.png"))
-            admin_context.close()
+    # A browser of its own, for the fake camera's flags, from the session's Playwright (a second sync Playwright
+    # cannot start inside the first).
+    camera_browser = browser.browser_type.launch(executable_path=CHROMIUM, headless=True, args=[
+        *CHROMIUM_ARGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-video-capture={camera}"])
+    try:
+        admin_context = camera_browser.new_context(viewport={"width": 1280, "height": 900})
+        admin_context.set_default_timeout(ACTION_TIMEOUT_MS)
+        admin = Page(admin_context.new_page(), request.node.name)
+        admin_login(admin, server)
+        admin.goto(f"{server.url}/admin/galleries/{gallery['id']}")
+        admin.check("#findme input[name=find_me]")
+        admin.click("#findme button[type=submit]")
+        deadline = time.monotonic() + PATIENCE_S  # a hung-test stop, not a speed bound
+        while indexed(server) < len(names):
+            assert time.monotonic() < deadline, "the photos were not indexed in time"
+            time.sleep(0.2)
+        admin.reload()
+        assert "6 of 6 photos looked at" in " ".join(admin.inner_text("#findme-progress").split())
+        ARTIFACTS.mkdir(exist_ok=True)
+        admin.locator("#findme").screenshot(path=str(ARTIFACTS / f"{request.node.name}-admin.png"))
+        admin_context.close()
 
-            context = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=3,
-                                          is_mobile=True, has_touch=True, permissions=["camera"])
-            context.set_default_timeout(ACTION_TIMEOUT_MS)
-            phone = Page(context.new_page(), request.node.name)
-            phone.goto(f"{server.url}/g/{gallery['slug']}")
-            phone.click("#findme-link")
-            phone.locator("#consent").wait_for()
-            assert phone.locator("#camera").is_hidden()  # nothing opens before the guest agrees
-            phone.screenshot("consent")
-            violations = Axe().run(phone.page, options=AXE_OPTIONS).response["violations"]
-            assert violations == [], [(v["id"], [n["target"] for n in v["nodes"]][:3]) for v in violations]
+        context = camera_browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=3,
+                                      is_mobile=True, has_touch=True, permissions=["camera"])
+        context.set_default_timeout(ACTION_TIMEOUT_MS)
+        phone = Page(context.new_page(), request.node.name)
+        phone.goto(f"{server.url}/g/{gallery['slug']}")
+        phone.click("#findme-link")
+        phone.locator("#consent").wait_for()
+        assert phone.locator("#camera").is_hidden()  # nothing opens before the guest agrees
+        phone.screenshot("consent")
+        violations = Axe().run(phone.page, options=AXE_OPTIONS).response["violations"]
+        assert violations == [], [(v["id"], [n["target"] for n in v["nodes"]][:3]) for v in violations]
 
-            phone.click("#consent-camera")
-            phone.locator("#camera").wait_for(state="visible")
-            phone.wait_for_function("() => document.getElementById('camera-video').videoWidth > 0")
-            phone.screenshot("camera")
-            phone.click("#take-selfie")
-            phone.locator("#findme-status").filter(has_text="photos found").wait_for()
-            results = phone.locator(".findme-result")
-            assert results.count() == 4  # obama, obama1, obama3 and the pair; not Biden's portraits
-            assert phone.evaluate("() => document.querySelector('#findme').scrollWidth <= window.innerWidth")
-            assert phone.evaluate("() => [...document.querySelectorAll('.findme-result img')]"
-                                  ".every(img => img.complete && img.naturalWidth > 0)")
-            assert phone.locator("#camera").is_hidden()  # the camera is closed after the picture
-            phone.screenshot("results")
-            violations = Axe().run(phone.page, options=AXE_OPTIONS).response["violations"]
-            assert violations == [], [(v["id"], [n["target"] for n in v["nodes"]][:3]) for v in violations]
+        phone.click("#consent-camera")
+        phone.locator("#camera").wait_for(state="visible")
+        phone.wait_for_function("() => document.getElementById('camera-video').videoWidth > 0")
+        phone.screenshot("camera")
+        phone.click("#take-selfie")
+        phone.locator("#findme-status").filter(has_text="photos found").wait_for()
+        results = phone.locator(".findme-result")
+        assert results.count() == 4  # obama, obama1, obama3 and the pair; not Biden's portraits
+        assert phone.evaluate("() => document.querySelector('#findme').scrollWidth <= window.innerWidth")
+        assert phone.evaluate("() => [...document.querySelectorAll('.findme-result img')]"
+                              ".every(img => img.complete && img.naturalWidth > 0)")
+        assert phone.locator("#camera").is_hidden()  # the camera is closed after the picture
+        phone.screenshot("results")
+        violations = Axe().run(phone.page, options=AXE_OPTIONS).response["violations"]
+        assert violations == [], [(v["id"], [n["target"] for n in v["nodes"]][:3]) for v in violations]
 
-            before = results.count()
-            phone.locator(".findme-not-me").last.click()
-            phone.wait_for_function(f"() => document.querySelectorAll('.findme-result').length < {before}")
-            phone.screenshot("not-me")
-            unexpected = [e for e in phone.console_errors if "status of 4" not in e]
-            assert not unexpected, unexpected
-            context.close()
-        finally:
-            browser.close()
+        before = results.count()
+        phone.locator(".findme-not-me").last.click()
+        phone.wait_for_function(f"() => document.querySelectorAll('.findme-result').length < {before}")
+        phone.screenshot("not-me")
+        unexpected = [e for e in phone.console_errors if "status of 4" not in e]
+        assert not unexpected, unexpected
+        context.close()
+    finally:
+        camera_browser.close()

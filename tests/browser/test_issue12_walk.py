@@ -119,7 +119,8 @@ def test_issue12_walk(server: LiveServer, api: httpx.Client, browser: Any, reque
     shot(page, 11, "admin-preview")
     next(pages, None)
 
-    # 14. On a phone: the share links whole, the menu on one line, no sideways scroll.
+    # 14. On a phone: the share links whole, the menu on at most two lines (an owner's eight items), no sideways
+    # scroll.
     for phone in new_page(browser, request, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True):
         admin_login(phone, server)
         phone.goto(f"{server.url}/admin/galleries/{gallery['id']}")
@@ -127,7 +128,7 @@ def test_issue12_walk(server: LiveServer, api: httpx.Client, browser: Any, reque
         tops = phone.eval_on_selector_all(
             ".topbar nav > a:visible, .topbar nav button",
             "items => new Set(items.map(e => Math.round(e.getBoundingClientRect().top))).size")
-        assert tops == 1
+        assert tops <= 2
         assert phone.eval_on_selector("#share-link", "e => e.scrollHeight <= e.clientHeight + 1")
         shot(phone, 14, "admin-phone")
 
