@@ -207,7 +207,23 @@ def test_every_page_template_and_static_file_from_the_installed_wheel(served: st
         rendered |= {"admin/dashboard.html", "admin/gallery.html", "admin/qr.html", "admin/password.html",
                      "admin/settings.html", "admin/confirm_delete.html", "wall.html",
                      # included by the dashboard (_activity) and the gallery page (the rest), unconditionally
-                     "admin/_activity.html", "admin/_review.html", "admin/_wall.html", "admin/_proofing.html"}
+                     "admin/_activity.html", "admin/_review.html", "admin/_wall.html", "admin/_proofing.html",
+                     "admin/_feedback.html", "admin/_findme.html", "admin/_email.html", "admin/_archive.html",
+                     "_language.html"}
+        # The studio's pages (issue 33) and the email templates' editor, whose preview renders each message's
+        # subject, text and HTML parts (issue 32).
+        for path in ("/admin/accounts", "/admin/audit", "/admin/security"):
+            html_page(http, path)
+        rendered |= {"admin/accounts.html", "admin/audit.html", "admin/security.html"}
+        for kind in ("gallery_shared", "expiry_reminder", "gallery_expired", "favourites_selection", "guest_digest",
+                     "test"):
+            html_page(http, f"/admin/settings/email/templates/{kind}")
+            rendered |= {f"email/{kind}.html", f"email/{kind}.txt", f"email/{kind}.subject.txt"}
+        rendered.add("admin/email_template.html")
+        # Pages that need a state this walk does not make (a second factor's code step, an archived gallery, a
+        # gallery with "Find me" and its extra installed) are rendered by their own tests (test_accounts,
+        # test_archive, test_findme); that they ship byte for byte is checked above.
+        rendered |= {"admin/login_code.html", "guest/archived.html", "guest/findme.html"}
 
     conn = db.connect(tmp_path / "work" / "picpeak-data" / "picpeak.sqlite3")
     try:
@@ -226,7 +242,8 @@ def test_every_page_template_and_static_file_from_the_installed_wheel(served: st
         assert "Not found" in html_page(guest, "/no/such/page", status=404)
         rendered |= {"guest/layout.html", "guest/gallery.html", "guest/upload.html", "guest/password.html",
                      "guest/expired.html", "error.html",
-                     "guest/_favourite_limit.html", "guest/_own_waiting.html"}  # included by the gallery page
+                     "guest/_favourite_limit.html", "guest/_own_waiting.html",  # included by the gallery page
+                     "guest/_brand.html", "guest/_feedback.html"}
 
         for name in repo_files("static"):
             response = guest.get(f"/static/{name}")
