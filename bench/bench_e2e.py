@@ -10,6 +10,11 @@ fresh data directory (``picpeak_lite.ops.bench``, the code behind ``picpeak-lite
 as PicPeak's UI sends them: at most 50 files and 500 MiB per request, one request at a time. Prints every
 run's figures, then the table rows as median [min-max].
 
+``--engines sqlite postgresql`` runs this checkout once per engine instead (interleaved, as builds are): SQLite in
+the data directory, PostgreSQL on a fresh database of a server started for the run as the tests start one
+(``tests/pgserver.py``). It adds the database server's own CPU per photo (PostgreSQL's processes are not below the
+server; SQLite's work is inside the server's figure) and the database's share of a photo's CPU.
+
 ``--py-spy OUT`` records each server with ``py-spy record --nonblocking`` (root, or ptrace allowed) into
 ``OUT-<build>-<n>.txt`` in raw (collapsed stack) form, with idle frames left out.
 """
@@ -45,6 +50,32 @@ ROWS = [
 ]
 
 
+ENGINE_ROWS = [
+    ("database server CPU per photo, s", lambda r: r.extra["database_cpu_per_photo_s"]),
+    ("all CPU per photo (server + database server), s",
+     lambda r: r.cpu_per_photo_s + r.extra["database_cpu_per_photo_s"]),
+    ("database server's share of a photo's CPU, %",
+     lambda r: 100 * r.extra["database_cpu_per_photo_s"] / (r.cpu_per_photo_s + r.extra["database_cpu_per_photo_s"])),
+]
+
+
+def _engine(engine: str) -> Any:
+    """For one engine: a function giving the environment of a fresh run and a reader of the database server's
+    CPU seconds (0 for SQLite, which runs inside the server)."""
+    if engine == "sqlite":
+        return lambda: ({}, lambda: 0.0)
+    from tests import pgserver
+
+    pgserver.engine = "postgresql"
+    server = pgserver.server()
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+
+    def fresh() -> tuple[dict[str, str], Any]:
+        pgserver.drop_made()
+        return ({"PICPEAK_DATABASE_URL": server.new_database()}, lambda: bench.tree_cpu_seconds(postmaster))
+    return fresh
+
+
 def spy(out: Path) -> Any:
     def attach(server: bench.Server) -> None:
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -67,6 +98,8 @@ def main() -> None:
     parser.add_argument("--before-python", help="the Python of another checkout's venv, run as 'before'")
     parser.add_argument("--build", action="append", default=[], metavar="NAME=PYTHON",
                         help="instead of before/after: the builds to run, each a name and its venv's Python")
+    parser.add_argument("--engines", nargs="+", choices=["sqlite", "postgresql"],
+                        help="instead of builds: this checkout on each engine")
     parser.add_argument("--py-spy", help="record each server with py-spy into <this>-<build>-<n>.txt")
     args = parser.parse_args()
     builds = [("after", sys.executable)]
@@ -74,6 +107,10 @@ def main() -> None:
         builds.insert(0, ("before", args.before_python))
     if args.build:
         builds = [(b.split("=", 1)[0], b.split("=", 1)[1]) for b in args.build]
+    engines: dict[str, Any] = {}
+    if args.engines:
+        builds = [(engine, sys.executable) for engine in args.engines]
+        engines = {engine: _engine(engine) for engine in args.engines}
     # Absolute, as the server starts in its data directory's parent (not resolved: a venv's python is a link).
     builds = [(name, os.path.abspath(python)) for name, python in builds]
     results: dict[str, list[bench.Result]] = {name: [] for name, _ in builds}
@@ -83,8 +120,11 @@ def main() -> None:
         for pair in range(args.pairs):
             for name, python in builds:
                 hook = spy(Path(f"{args.py_spy}-{name}-{pair}.txt")) if args.py_spy else None
+                env, database_cpu = engines[name]() if name in engines else ({}, lambda: 0.0)
+                before = database_cpu()
                 result = bench.run(args.photos, args.megapixels, workdir=Path(tmp), python=python, photos=photos,
-                                   on_server=hook)
+                                   on_server=hook, env=env)
+                result.extra["database_cpu_per_photo_s"] = (database_cpu() - before) / args.photos
                 results[name].append(result)
                 print(f"--- {name} run {pair + 1}: " + "; ".join(result.lines()) +
                       f"; complete before their 202: {result.extra['complete_before_202']}", flush=True)
@@ -99,6 +139,9 @@ def main() -> None:
             before, after = statistics.median(values["before"]), statistics.median(values["after"])
             line += f" | {after / before:.2f}" if before else " | -"
         print(line + " |")
+    if engines:
+        for label, get in ENGINE_ROWS:
+            print(f"| {label} | " + " | ".join(cell([get(r) for r in results[n]]) for n, _ in builds) + " |")
 
 
 if __name__ == "__main__":

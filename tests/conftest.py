@@ -21,19 +21,27 @@ from picpeak_lite.store import db
 from picpeak_lite.store.db import Database
 from picpeak_lite.web.app import create_app
 
-from . import pgserver
+from . import bothengines, pgserver
 
 ADMIN_PASSWORD = "correct horse battery"
 
 
 def pytest_addoption(parser: Any) -> None:
-    parser.addoption("--engine", choices=pgserver.ENGINES, default="sqlite",
+    parser.addoption("--engine", choices=(*pgserver.ENGINES, "both"), default="sqlite",
                      help="The database the suite runs on: SQLite files, or a PostgreSQL server it starts "
-                          "(tests/pgserver.py).")
+                          "(tests/pgserver.py); both: the SQLite pass here and the PostgreSQL pass (without the "
+                          "browser tests) beside it (tests/bothengines.py).")
 
 
 def pytest_configure(config: Any) -> None:
-    pgserver.engine = config.getoption("--engine")
+    chosen = config.getoption("--engine")
+    pgserver.engine = "sqlite" if chosen == "both" else chosen
+    if chosen == "both":
+        bothengines.start(config)
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    bothengines.finish(session, exitstatus)
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

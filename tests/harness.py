@@ -379,7 +379,9 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def figures(capsys: Any, line: str) -> None:
-    """Print a suite's figures line where CI shows it (outside pytest's capture) and keep it in a file."""
+    """Print a suite's figures line where CI shows it (outside pytest's capture) and keep it in a file. The line
+    ends with the engine the run is on, so that the two passes' lines tell themselves apart."""
+    line = f"{line} engine={pgserver.engine}"
     out = REPO / "test-artifacts"
     out.mkdir(exist_ok=True)
     with open(out / "figures.txt", "a") as f:

@@ -325,8 +325,8 @@ class _PeakRss:
                 return
 
 
-def _timings(data_dir: Path) -> list[dict[str, Any]]:
-    conn = db.connect(data_dir / "picpeak.sqlite3")
+def _timings(server: Server) -> list[dict[str, Any]]:
+    conn = db.connect(server.env.get("PICPEAK_DATABASE_URL") or server.data_dir / "picpeak.sqlite3")
     try:
         with db.transaction(conn, immediate=False):
             return photo_q.timings(conn)
@@ -358,7 +358,7 @@ def measure(server: Server, paths: list[Path]) -> Result:
     groups = batches(paths)
     with _PeakRss(server) as rss:
         measured = _upload_and_wait(server, groups)
-    rows = [r for r in _timings(server.data_dir) if r["upload_id"] in measured["answered"]]
+    rows = [r for r in _timings(server) if r["upload_id"] in measured["answered"]]
     return summarise(paths, groups, measured, rows, rss.peak)
 
 
