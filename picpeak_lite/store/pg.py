@@ -196,7 +196,8 @@ class Notifications:
         try:
             self._conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
                                          keepalives=1, keepalives_idle=KEEPALIVE_IDLE_SECONDS,
-                                         keepalives_interval=10, keepalives_count=3)
+                                         keepalives_interval=10, keepalives_count=3,
+                                         application_name="picpeak-lite listener")  # so pg_stat_activity names it
         except psycopg.OperationalError as error:
             raise DatabaseError(f"cannot connect to the database at {redact(url)}: {str(error).strip()}") from None
         try:
