@@ -3,8 +3,8 @@
 The listening socket is bound first (``bind``: the CLI does it before any first-start work, so a port in use is
 one line and not a traceback printed after the new admin password). ``run`` then does the first-start work in a
 thread (``first_start``: data directory, schema, admin account, database connections), opens our own nursery
-for the long-lived tasks (memory trimmer, webhook sender, janitor, worker pool, change feed, activity counters,
-galleries' hot folders),
+for the long-lived tasks (memory trimmer, PostgreSQL's listener, webhook sender, janitor, worker pool, change
+feed, activity counters, galleries' hot folders),
 starts each with ``nursery.start`` so that it is really ready, then serves HTTP on the bound socket with
 hypercorn's serve loop (``_serve_gated``: the same, with the connection gate of ``web/gate.py`` on the listener).
 On SIGINT/SIGTERM (or ``RunningServer.stop()``) the live pages' WebSockets are closed first (1001 going away:
@@ -38,6 +38,7 @@ from picpeak_lite.domain import email
 from picpeak_lite.errors import ConfigError
 from picpeak_lite.events.email import EmailScheduler, EmailSender
 from picpeak_lite.events.feed import ChangeFeed
+from picpeak_lite.events.listener import DatabaseListener
 from picpeak_lite.events.webhooks import WebhookSender
 from picpeak_lite.media import faces
 from picpeak_lite.ops import bootstrap
@@ -162,7 +163,8 @@ async def run(
 
 
 async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, workers: bool, serving: bool) -> None:
-    """Start the memory trimmer, the webhook sender, the email sender and scheduler (when email is set up), the
+    """Start the memory trimmer, on PostgreSQL the listener (``events/listener.py``: other processes' commits
+    ring this one's bells), the webhook sender, the email sender and scheduler (when email is set up), the
     janitor and (unless processing is off) the worker pool, each ready before the next. Shared by ``run`` and
     by ``picpeak-lite worker``.
 
@@ -173,6 +175,8 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
     svc.storage.create_dirs()
     memory.set_mmap_threshold()
     await nursery.start(svc.trimmer.run)
+    if svc.db.dialect == "postgresql":  # other processes' commits ring this one's bells (SQLite: the polls)
+        await nursery.start(DatabaseListener(svc).run)
     await nursery.start(WebhookSender(svc.db, svc.settings, bell=svc.webhooks_bell, clock=svc.clock).run)
     if email.enabled(svc.settings):
         await nursery.start(EmailSender(svc.db, svc.settings, bell=svc.email_bell, clock=svc.clock).run)

@@ -44,6 +44,9 @@ class Services:
     finisher_bell: Bell = field(default_factory=Bell)  # complete tus uploads whose photo is not made yet
     archive_bell: Bell = field(default_factory=Bell)  # a gallery was set to archiving or restoring
     faces_bell: Bell = field(default_factory=Bell)  # "Find me" was switched on for a gallery (pipeline/faces.py)
+    # Rung after every commit in this process (Database commit listeners) and, on PostgreSQL, when another
+    # process committed a change (events/listener.py): the change feed reads the change log now.
+    changes_bell: Bell = field(default_factory=Bell)
     broker: Broker = field(default_factory=Broker)
     # The URL the server listens on: from the settings until server.run binds (port 0 resolved), then the real
     # one. Share links fall back to it when a request's Host is not trusted (web/views/common.py).

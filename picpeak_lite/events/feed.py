@@ -5,8 +5,15 @@ sequence number that a reconnecting client can resume from (``?since=``), it rec
 process (``picpeak-lite worker``, ``picpeak-lite import``) in the same transaction as the change itself, and
 no write path can forget it. ``data_version`` only says *that* something changed.
 
-Commits in this process poke the feed at once (``Database`` commit listeners); commits by other processes are
-found by a 20 ms poll (one cheap indexed query), well within the 250 ms promise.
+Commits in this process poke the feed at once (``Database`` commit listeners ring ``Services.changes_bell``).
+Commits by other processes (``picpeak-lite worker``, a second server) are found differently per engine, so the
+fallback poll's interval is per dialect (:data:`POLL_SECONDS`):
+
+* SQLite has no notifications: a 20 ms poll (one cheap indexed query) finds them, well within the 250 ms promise.
+* PostgreSQL pushes them: the change log's trigger NOTIFYs at commit and ``events/listener.py`` rings the same bell
+  within milliseconds. The poll is then only the safety net for a notification lost while the listener was
+  reconnecting (it rings once more when it is back, too), so it runs once a second and spares the database a
+  query every 20 ms per process.
 """
 
 from __future__ import annotations
@@ -23,18 +30,19 @@ from picpeak_lite.store.queries.photos import PhotoStatus
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.02
+#: The fallback poll's interval per ``Database.dialect`` (see the module's docstring).
+POLL_SECONDS = {"sqlite": 0.02, "postgresql": 1.0}
 RETENTION_SECONDS = 24 * 3600
 PRUNE_EVERY_SECONDS = 3600
 
 
 class ChangeFeed:
-    def __init__(self, svc: Services, broker: Broker, *, poll_seconds: float = POLL_SECONDS) -> None:
+    def __init__(self, svc: Services, broker: Broker, *, poll_seconds: float | None = None) -> None:
         self.svc = svc
         self.broker = broker
-        self.poll_seconds = poll_seconds
-        # Rung after every commit in this process: look for new changes now.
-        self._commits = Bell()
+        self.poll_seconds = POLL_SECONDS[svc.db.dialect] if poll_seconds is None else poll_seconds
+        # Rung after every commit in this process, and by the listener for other processes': look now.
+        self._commits: Bell = svc.changes_bell
         self.last_seq = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -32,8 +32,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql
 from psycopg.adapt import Loader
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.numeric import Int8Dumper
 
@@ -42,6 +43,9 @@ from picpeak_lite.store import db
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 CONNECT_TIMEOUT_SECONDS = 10
+# A LISTEN connection only reads, so a peer that vanished without a word (a cut network, a host that died) would
+# never be noticed by it: TCP keepalives find it within about idle + interval * count seconds (here 60 s).
+KEEPALIVE_IDLE_SECONDS = 30
 
 
 def is_url(target: object) -> bool:
@@ -178,3 +182,53 @@ def connect(url: str) -> PgConnection:
         return PgConnection(url)
     except psycopg.OperationalError as error:
         raise DatabaseError(f"cannot connect to the database at {redact(url)}: {str(error).strip()}") from None
+
+
+class Notifications:
+    """A connection of its own that LISTENs on ``channels`` (``events/listener.py`` is its one user).
+
+    Opened (``LISTEN`` issued) by the constructor, which blocks: call it in a thread. Then the caller waits
+    until :meth:`fileno` is readable (in trio, without a thread) and calls :meth:`take`, which does not block:
+    libpq reads what the socket holds and hands over the notifications in it. A connection that was closed or
+    broken raises :class:`DatabaseError` from :meth:`take`; the caller opens a new one."""
+
+    def __init__(self, url: str, channels: tuple[str, ...]) -> None:
+        try:
+            self._conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                                         keepalives=1, keepalives_idle=KEEPALIVE_IDLE_SECONDS,
+                                         keepalives_interval=10, keepalives_count=3,
+                                         application_name="picpeak-lite listener")  # so pg_stat_activity names it
+        except psycopg.OperationalError as error:
+            raise DatabaseError(f"cannot connect to the database at {redact(url)}: {str(error).strip()}") from None
+        try:
+            for channel in channels:
+                self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            self._fileno = self._conn.pgconn.socket
+        except psycopg.Error as error:
+            self._conn.close()
+            raise DatabaseError(f"could not listen for notifications: {str(error).strip()}") from None
+
+    @property
+    def backend_pid(self) -> int:
+        """The server process behind this connection (what ``pg_terminate_backend`` takes)."""
+        return self._conn.info.backend_pid
+
+    def fileno(self) -> int:
+        return self._fileno
+
+    def take(self) -> set[str]:
+        """The channels notified since the last call (empty when the socket held something else). Never blocks."""
+        pgconn = self._conn.pgconn
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError as error:
+            raise DatabaseError(f"the listening connection was lost ({' '.join(str(error).split())})") from None
+        channels: set[str] = set()
+        while (notify := pgconn.notifies()) is not None:
+            channels.add(notify.relname.decode())
+        if pgconn.status != ConnStatus.OK:
+            raise DatabaseError("the listening connection was lost")
+        return channels
+
+    def close(self) -> None:
+        self._conn.close()

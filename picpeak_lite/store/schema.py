@@ -626,6 +626,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX faces_gallery ON faces(gallery_id);
     CREATE INDEX faces_photo ON faces(photo_id);
     """,
+    # Changes pushed, not polled (issue 30): PostgreSQL's step adds the NOTIFY triggers of events/listener.py.
+    # SQLite has no notifications (a process learns of another's commits by the change feed's poll), so its step
+    # is empty; it exists so that both engines count the same versions.
+    """
+    -- nothing to change on SQLite
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -515,6 +515,35 @@ STEPS: dict[int, str] = {
     CREATE INDEX faces_gallery ON faces(gallery_id);
     CREATE INDEX faces_photo ON faces(photo_id);
     """,
+    # 27: changes pushed, not polled (issue 30): a committed change, a pending photo and a queued outbox row each
+    # NOTIFY a channel, heard by every process's listener (events/listener.py). NOTIFY is sent at COMMIT only, and
+    # identical notifications of one transaction are folded into one: the payload is empty (the feed reads
+    # everything after its last seq), so a transaction of a thousand changes wakes each listener once.
+    27: """
+    CREATE FUNCTION photo_changes_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('picpeak_changes', '');
+        IF EXISTS (SELECT 1 FROM added WHERE status = 'pending' AND feedback = 0) THEN
+            PERFORM pg_notify('picpeak_work', '');
+        END IF;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER photo_changes_notify AFTER INSERT ON photo_changes REFERENCING NEW TABLE AS added
+        FOR EACH STATEMENT EXECUTE FUNCTION photo_changes_notify();
+    CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF EXISTS (SELECT 1 FROM added) THEN
+            PERFORM pg_notify(TG_ARGV[0], '');
+        END IF;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER webhook_deliveries_notify AFTER INSERT ON webhook_deliveries REFERENCING NEW TABLE AS added
+        FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify('picpeak_webhooks');
+    CREATE TRIGGER email_outbox_notify AFTER INSERT ON email_outbox REFERENCING NEW TABLE AS added
+        FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify('picpeak_email');
+    """,
 }
 
 
