@@ -65,7 +65,7 @@ def finish(session: Any, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     write = reporter.write_line if reporter is not None else print
     if reporter is not None:
-        reporter.ensure_newline()
+        reporter.write("\n")  # the progress line of the last file is still open
     lines = output.rstrip().splitlines()
     if code != 0:
         write("")
