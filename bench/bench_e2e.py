@@ -121,10 +121,16 @@ def main() -> None:
             for name, python in builds:
                 hook = spy(Path(f"{args.py_spy}-{name}-{pair}.txt")) if args.py_spy else None
                 env, database_cpu = engines[name]() if name in engines else ({}, lambda: 0.0)
-                before = database_cpu()
+                before: list[float] = []
+
+                def started(server: bench.Server, hook: Any = hook, database_cpu: Any = database_cpu,
+                            before: list[float] = before) -> None:
+                    if hook is not None:
+                        hook(server)
+                    before.append(database_cpu())  # from here on: the uploads and their processing
                 result = bench.run(args.photos, args.megapixels, workdir=Path(tmp), python=python, photos=photos,
-                                   on_server=hook, env=env)
-                result.extra["database_cpu_per_photo_s"] = (database_cpu() - before) / args.photos
+                                   on_server=started, env=env)
+                result.extra["database_cpu_per_photo_s"] = (database_cpu() - before[0]) / args.photos
                 results[name].append(result)
                 print(f"--- {name} run {pair + 1}: " + "; ".join(result.lines()) +
                       f"; complete before their 202: {result.extra['complete_before_202']}", flush=True)
