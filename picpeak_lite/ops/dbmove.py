@@ -174,6 +174,10 @@ def _reaches(needs: dict[str, set[tuple[str, str, bool]]], start: str, goal: str
     return False
 
 
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
 def _engine_name(engine: str) -> str:
     return "PostgreSQL" if engine == "postgresql" else "SQLite"
 
@@ -230,8 +234,7 @@ def _prepare_target(conn: db.Connection, tables: list[Table], summary: MoveSumma
                           "database")
     for table in tables:
         if table.key and (rows := dbcopy.count(conn, table.name)):
-            raise ConfigError(f"{summary.target} already holds a library ({rows} {'row' if rows == 1 else 'rows'} in "
-                              f"{table.name}); it is not "
+            raise ConfigError(f"{summary.target} already holds a library ({_rows(rows)} in {table.name}); it is not "
                               "written over: give an empty database (or move the file aside: it may be the copy "
                               "an earlier move left behind)")
     with db.transaction(conn):
@@ -289,8 +292,8 @@ def _copy(source: db.Connection, target: db.Connection, tables: list[Table], def
                 for rows in dbcopy.each_batch(source, table, columns, limit):
                     dbcopy.insert_rows(target, table.name, columns, values(rows))
                     tick(table, len(rows), True)
-            if progress is not None:
-                progress(done.rows, 2 * total, table.name)
+        if progress is not None:  # once per table, an empty one too
+            progress(done.rows, 2 * total, table.name)
     for name, cols in sorted(deferred.items()):
         table = next(t for t in tables if t.name == name)
         key = table.key[0]
@@ -321,7 +324,7 @@ def _verify(source: db.Connection, target: db.Connection, tables: list[Table], s
         theirs = table_digest(target, table, batch_rows)
         summary.digests[table.name] = ours
         if ours != theirs:
-            differ.append(f"{table.name} ({ours[0]} rows in the source, {theirs[0]} in the copy"
+            differ.append(f"{table.name} ({_rows(ours[0])} in the source, {theirs[0]} in the copy"
                           f"{'' if ours[0] != theirs[0] else ', values differ'})")
         checked += ours[0]
         if progress is not None:
