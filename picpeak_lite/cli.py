@@ -6,6 +6,7 @@ import contextlib
 import functools
 import getpass
 import logging
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -413,6 +414,9 @@ def db_migrate(to: str, config: str | None, data_dir: str | None) -> None:
                "verified.")
     click.echo(f"database_url is set in {summary.switched}; start the server. The old database is left as it was "
                f"({summary.source}): remove it once all is well.")
+    if os.environ.get("PICPEAK_DATABASE_URL"):
+        click.echo("PICPEAK_DATABASE_URL is set in this environment and overrides the config file: change or unset "
+                   "it wherever the server is started.", err=True)
 
 
 @cli.group(short_help="Manage accounts and API tokens.")

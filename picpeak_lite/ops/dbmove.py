@@ -44,9 +44,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,7 @@ from picpeak_lite.store.queries.dbcopy import Table
 
 Progress = Callable[[int, int, str], None]
 #: Rows per batch; fewer for wide tables, so that rows x columns stays under SQLite's 32,766 parameters.
-BATCH_ROWS = 500
+BATCH_ROWS = 1000
 MAX_PARAMETERS = 30_000
 SERVER_RUNNING = ("the server is answering at {address}: stop it (and any `picpeak-lite worker`) first. Whatever it "
                   "wrote during the copy would be missing from the new database.")
@@ -331,7 +330,8 @@ def _verify(source: db.Connection, target: db.Connection, tables: list[Table], s
             progress(total + checked, 2 * total, table.name)
     if differ:
         raise CommandFailed(f"the copy in {summary.target} differs from {summary.source} in "
-                            f"{'; '.join(differ)}; the database_url setting was not changed")
+                            f"{'; '.join(differ)}; the database_url setting was not changed (was a server started "
+                            "on either database meanwhile? Empty the target and run the command again)")
 
 
 def table_digests(conn: db.Connection, batch_rows: int = BATCH_ROWS) -> dict[str, tuple[int, str]]:
@@ -345,31 +345,28 @@ def table_digest(conn: db.Connection, table: Table, batch_rows: int = BATCH_ROWS
     """(rows, checksum): the sum, modulo 2**256, of each row's SHA-256 over its normalised values, so the order
     the rows come in does not matter."""
     columns = sorted(c.name for c in table.columns)
-    kinds = [table.column(c).kind for c in columns]
+    normal = [_NORMAL.get(table.column(c).kind, _text) for c in columns]
     rows = 0
     total = 0
     for batch in dbcopy.each_batch(conn, table, columns, max(1, min(batch_rows, MAX_PARAMETERS // len(columns)))):
         for row in batch:
-            digest = hashlib.sha256()
-            for part in _normalised(kinds, [row[c] for c in columns]):
-                digest.update(struct.pack(">Q", len(part)))
-                digest.update(part)
-            total = (total + int.from_bytes(digest.digest(), "big")) % 2**256
+            values = tuple(None if row[c] is None else f(row[c]) for c, f in zip(columns, normal, strict=True))
+            digest = hashlib.sha256(repr(values).encode("utf-8", "surrogatepass")).digest()
+            total = (total + int.from_bytes(digest, "big")) % 2**256
             rows += 1
     return rows, f"{total:064x}"
 
 
-def _normalised(kinds: list[str], values: list[Any]) -> Iterator[bytes]:
-    """Each value as bytes by its column's declared type: NULL, an integer (a bool as 0 or 1), a REAL as the
-    exact float (an integer-valued one reads the same as that float), text as UTF-8, a blob as its bytes."""
-    for kind, value in zip(kinds, values, strict=True):
-        if value is None:
-            yield b"N"
-        elif kind == "INTEGER":
-            yield b"i" + str(int(value)).encode()
-        elif kind == "REAL":
-            yield b"r" + float(value).hex().encode()
-        elif kind == "BLOB":
-            yield b"b" + bytes(value)
-        else:
-            yield b"t" + str(value).encode("utf-8", "surrogatepass")
+def _text(value: Any) -> str:
+    return str(value)
+
+
+# Each value normalised by its column's declared type before its row is hashed: an integer (a bool as 0 or 1), a
+# REAL as the exact float (an integer-valued one reads the same as that float), text as itself, a blob as its
+# bytes. A column's values are all of one kind, so the repr of the row's tuple is unambiguous.
+_NORMAL: dict[str, Callable[[Any], Any]] = {
+    "INTEGER": int,
+    "REAL": lambda value: float(value).hex(),
+    "BLOB": bytes,
+    "TEXT": _text,
+}

@@ -138,8 +138,15 @@ def each_batch(conn: Connection, table: Table, columns: Sequence[str], limit: in
 
 
 def insert_rows(conn: Connection, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """One multi-row INSERT (the caller keeps rows x columns under SQLite's 32,766 parameters)."""
+    """The rows in one statement: ``COPY`` on PostgreSQL, one multi-row INSERT on SQLite (the caller keeps rows x
+    columns under SQLite's 32,766 parameters)."""
     if not rows:
+        return
+    if conn.dialect == "postgresql":
+        from picpeak_lite.store.pg import PgConnection
+
+        assert isinstance(conn, PgConnection)
+        conn.copy_rows(_name(table), [_name(c) for c in columns], rows)
         return
     names = ", ".join(_name(c) for c in columns)
     row_marks = "(" + ", ".join("?" for _ in columns) + ")"
