@@ -174,6 +174,15 @@ async def test_a_library_moves_to_the_other_engine_and_back(admin: AuthActions, 
     assert bool(home.database_url) == bool(source.database_url)
     assert back.digests == moved_digests == digests(home.database)
     assert back.copied == back.rows
+    # The triggers held off while copying are in force again: hiding a photo logs a change.
+    conn = db.connect(home.database)
+    try:
+        with db.transaction(conn):
+            logged = conn.execute("SELECT count(*) AS n FROM photo_changes").fetchall()[0]["n"]
+            conn.execute("UPDATE photos SET hidden = 1 WHERE id = ?", (library["photos"][0],))
+            assert conn.execute("SELECT count(*) AS n FROM photo_changes").fetchall()[0]["n"] == logged + 1
+    finally:
+        conn.close()
 
 
 async def test_a_copy_that_differs_is_not_switched_to(admin: AuthActions, services: Services,
