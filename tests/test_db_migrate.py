@@ -206,6 +206,26 @@ async def test_a_copy_that_differs_is_not_switched_to(admin: AuthActions, servic
     assert load_settings(config, environ={}).database == settings.database
 
 
+async def test_a_row_written_into_the_target_between_runs_stops_the_copy(admin: AuthActions, services: Services,
+                                                                        tmp_path: Path) -> None:
+    gallery = await published(admin, name="Ours")
+    settings = load_settings(config_for(tmp_path, services.settings), environ={})
+    config = tmp_path / "picpeak.toml"
+    target = other_engine(settings)
+    with pytest.raises(Stop):
+        move(settings, target, config, stop_at("admin_users"))
+    conn = db.connect(settings.database_path if target == "sqlite" else target)
+    try:
+        conn.execute("INSERT INTO galleries (id, slug, share_token, name, created_at, updated_at) "
+                     "VALUES (0, ?, 'another', 'Intruder', 0, 0)", (gallery["slug"],))
+    finally:
+        conn.close()
+    with pytest.raises(CommandFailed, match=r"refused a copied row .*; the database_url setting was not changed: "
+                                            r"empty the target and run the command again"):
+        move(settings, target, config)
+    assert load_settings(config, environ={}).database == settings.database
+
+
 async def test_many_rows_in_small_batches(services: Services, tmp_path: Path, capsys: Any) -> None:
     """Thousands of rows in tables of both kinds (an integer id: the audit trail and guest sessions; a composite
     key copied whole: favourites), in batches of 100: every row arrives once. The figures line times it."""

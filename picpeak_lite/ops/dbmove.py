@@ -121,6 +121,10 @@ def move(settings: Settings, to: str, config_file: Path | None, progress: Progre
     except AppError as error:
         raise CommandFailed(f"{error.message}; the database_url setting was not changed: run the command again to "
                             "go on from there") from None
+    except db.ConstraintError as error:  # a row written into the target by something else between two runs
+        reason = str(error).strip().splitlines()[0]
+        raise CommandFailed(f"{summary.target} refused a copied row ({reason}); the database_url setting was not "
+                            "changed: empty the target and run the command again") from None
     finally:
         conn.close()
         source.close()
