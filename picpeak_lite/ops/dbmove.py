@@ -330,7 +330,7 @@ def _verify(source: db.Connection, target: db.Connection, tables: list[Table], s
             differ.append(f"{table.name} ({_rows(ours[0])} in the source, {theirs[0]} in the copy"
                           f"{'' if ours[0] != theirs[0] else ', values differ'})")
         checked += ours[0]
-        if progress is not None:
+        if progress is not None and ours[0]:
             progress(total + checked, 2 * total, table.name)
     if differ:
         raise CommandFailed(f"the copy in {summary.target} differs from {summary.source} in "
