@@ -6,6 +6,7 @@ import contextlib
 import functools
 import getpass
 import logging
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -386,6 +387,36 @@ def storage_migrate(to: str, config: str | None, data_dir: str | None) -> None:
                                    "the storage setting was not changed")
     click.echo(f"storage = \"{to}\" is set in {summary.switched}; start the server. The old copies are still in "
                f"{summary.source}: remove them once all is well.")
+
+
+@cli.group("db", short_help="Move the database between SQLite and PostgreSQL.")
+def db_group() -> None:
+    """Where the library's database lives (the database_url setting)."""
+
+
+@db_group.command("migrate")
+@click.option("--to", "to", required=True, help="The database to move the library to: postgresql://user:password@"
+              "host:port/name (an empty database), or sqlite (the data directory's file) when on PostgreSQL.")
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def db_migrate(to: str, config: str | None, data_dir: str | None) -> None:
+    """Copy every table into the other engine, verify each one's rows by count and checksum, then set
+    `database_url` in the config file. Stop the server first (the command refuses while it answers). Interrupted,
+    run it again: it goes on from there. The old database is left as it was."""
+    from picpeak_lite.ops.dbmove import move
+
+    settings = _settings(config, data_dir=data_dir)
+    click.echo("Stop the server and any `picpeak-lite worker` before this runs: whatever they write during the "
+               "copy would be missing from the new database.", err=True)
+    summary = move(settings, to, find_config_file(config), _progress_bar("db migrate"))
+    click.echo(f"Moved {_count(summary.tables, 'table')}, {_count(summary.rows, 'row')} ({summary.copied} copied "
+               f"now) in {summary.seconds:.1f} s from {summary.source} to {summary.target}; every table's rows "
+               "verified.")
+    click.echo(f"database_url is set in {summary.switched}; start the server. The old database is left as it was "
+               f"({summary.source}): remove it once all is well.")
+    if os.environ.get("PICPEAK_DATABASE_URL"):
+        click.echo("PICPEAK_DATABASE_URL is set in this environment and overrides the config file: change or unset "
+                   "it wherever the server is started.", err=True)
 
 
 @cli.group(short_help="Manage accounts and API tokens.")

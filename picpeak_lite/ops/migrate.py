@@ -68,7 +68,7 @@ def migrate(settings: Settings, to: str, config_file: Path | None, progress: Pro
         raise ConfigError("set s3_bucket (and s3_endpoint_url, s3_region, credentials) in the config file first; "
                           "the command then copies into that bucket")
     if check_server:
-        _refuse_if_serving(settings)
+        refuse_if_serving(settings)
     source = open_storage(settings)
     target = open_storage(dataclasses.replace(settings, storage=to))
     source.check_access()
@@ -201,12 +201,18 @@ def switch_setting(config_file: Path | None, to: str) -> str:
     if config_file is None:
         raise ConfigError(f"every file is copied, but there is no config file to switch: set storage = \"{to}\" "
                           "in picpeak.toml (or PICPEAK_STORAGE) before starting the server")
+    return set_setting(config_file, "storage", f'"{to}"')
+
+
+def set_setting(config_file: Path, key: str, value: str) -> str:
+    """Set the top-level ``key = value`` (``value`` already in TOML, e.g. a quoted string) in the config file,
+    replacing its line or adding it before any table; written to a new file that then replaces the old one."""
     text = config_file.read_text()
-    line = f'storage = "{to}"'
-    pattern = re.compile(r"^storage\s*=.*$", re.MULTILINE)
+    line = f"{key} = {value}"
+    pattern = re.compile(rf"^{re.escape(key)}\s*=.*$", re.MULTILINE)
     table = re.search(r"^\[", text, re.MULTILINE)
     head = text[:table.start()] if table else text
-    replaced = pattern.sub(line, head, count=1)
+    replaced = pattern.sub(lambda _: line, head, count=1)  # a function: a backslash in the value is kept
     text = replaced + text[len(head):] if replaced != head or pattern.search(head) else f"{line}\n" + text
     temp = config_file.with_name(config_file.name + ".partial")
     temp.write_text(text)
@@ -214,7 +220,8 @@ def switch_setting(config_file: Path | None, to: str) -> str:
     return str(config_file)
 
 
-def _refuse_if_serving(settings: Settings) -> None:
+def refuse_if_serving(settings: Settings, message: str = SERVER_RUNNING) -> None:
+    """Refuse (``message`` with the address) while something answers on the server's configured address."""
     if settings.port == 0:
         return
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
@@ -223,4 +230,4 @@ def _refuse_if_serving(settings: Settings) -> None:
             pass
     except OSError:
         return
-    raise ConfigError(SERVER_RUNNING.format(address=settings.listen_address))
+    raise ConfigError(message.format(address=settings.listen_address))

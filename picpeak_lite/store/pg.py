@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -166,6 +166,22 @@ class PgConnection:
             raise DatabaseError(f"The database server did not answer: {str(error).strip()}") from error
         self._changes = max(cursor.rowcount, 0)
         return PgCursor(cursor)
+
+    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """Write many rows with ``COPY ... FROM STDIN`` (in the caller's transaction): what the database move
+        (``ops/dbmove.py``) writes with, many times faster than an INSERT of as many values."""
+        statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+            sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in columns))
+        try:
+            with self._conn.cursor() as cursor, cursor.copy(statement) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        except pg_errors.IntegrityError as error:
+            raise ConstraintError(str(error).strip()) from error
+        except pg_errors.DiskFull as error:
+            raise InsufficientStorage("The database server's disk is full.") from error
+        except psycopg.OperationalError as error:
+            raise DatabaseError(f"The database server did not answer: {str(error).strip()}") from error
 
     def changes(self) -> int:
         return self._changes
