@@ -318,6 +318,25 @@ def backup(directory: str, config: str | None, data_dir: str | None) -> None:
         raise click.ClickException(f"{_count(summary.problems, 'photo')} could not be backed up intact (listed above)")
 
 
+@cli.command(short_help="Make a backup a working library again, in a new data directory (and database).")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True))
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def restore(directory: str, config: str | None, data_dir: str | None) -> None:
+    """Copy the backup in DIRECTORY into a new, empty data directory, verifying every file's sha256, and its
+    database into place: the SQLite file, or with database_url the dump loaded by pg_restore into that new, empty
+    PostgreSQL database. Photos that were processing at backup time are pending again. Then start the server."""
+    from picpeak_lite.ops.restore import ENGINES
+    from picpeak_lite.ops.restore import restore as run_restore
+
+    settings = _settings(config, data_dir=data_dir)
+    summary = run_restore(settings, directory, _progress_bar("restore"))
+    click.echo(f"Restored {_count(summary.photos, 'photo')} from {directory} into {settings.data_path}: "
+               f"{_count(summary.copied, 'file')} copied ({summary.bytes_copied / 1e6:.1f} MB), {summary.kept} "
+               f"already there, the {ENGINES[summary.engine]} database loaded, {summary.released} pending again. "
+               "Start the server on it.")
+
+
 @cli.command(short_help="Verify every photo and the database; --repair fixes what it can.")
 @click.option("--repair", is_flag=True,
               help="Queue photos with missing thumbnails again, fail rows whose original is gone, "
