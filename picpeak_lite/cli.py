@@ -296,8 +296,9 @@ def _progress_bar(label: str) -> Any:
 @click.option("--config", "config", help=CONFIG_HELP)
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
 def backup(directory: str, config: str | None, data_dir: str | None) -> None:
-    """Copy the database (a consistent snapshot, safe while the server runs) and every photo into DIRECTORY,
-    with a manifest of sha256 sums. Run it again into the same directory to update it. See README to restore."""
+    """Copy the database (a consistent snapshot, safe while the server runs; pg_dump with database_url) and every
+    photo into DIRECTORY, with a manifest of sha256 sums. Run it again into the same directory to update it.
+    `picpeak-lite restore` makes it a working library again."""
     from picpeak_lite.ops.backup import backup as run_backup
 
     settings = _settings(config, data_dir=data_dir)
