@@ -19,7 +19,7 @@ import trio
 from picpeak_lite import security
 from picpeak_lite.config import FIELDS, Settings, find_config_file, load_settings
 from picpeak_lite.domain import accounts
-from picpeak_lite.errors import AppError, CommandFailed, ConfigError, StorageUnavailable
+from picpeak_lite.errors import AppError, CommandFailed, ConfigError, DatabaseError, StorageUnavailable
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import admin as admin_q
@@ -297,8 +297,9 @@ def _progress_bar(label: str) -> Any:
 @click.option("--config", "config", help=CONFIG_HELP)
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
 def backup(directory: str, config: str | None, data_dir: str | None) -> None:
-    """Copy the database (a consistent snapshot, safe while the server runs) and every photo into DIRECTORY,
-    with a manifest of sha256 sums. Run it again into the same directory to update it. See README to restore."""
+    """Copy the database (a consistent snapshot, safe while the server runs; pg_dump with database_url) and every
+    photo into DIRECTORY, with a manifest of sha256 sums. Run it again into the same directory to update it.
+    `picpeak-lite restore` makes it a working library again."""
     from picpeak_lite.ops.backup import backup as run_backup
 
     settings = _settings(config, data_dir=data_dir)
@@ -317,6 +318,25 @@ def backup(directory: str, config: str | None, data_dir: str | None) -> None:
         click.echo(f"  photo {photo_id}: the original differs from its recorded sha256", err=True)
     if summary.problems:
         raise click.ClickException(f"{_count(summary.problems, 'photo')} could not be backed up intact (listed above)")
+
+
+@cli.command(short_help="Make a backup a working library again, in a new data directory (and database).")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True))
+@click.option("--config", "config", help=CONFIG_HELP)
+@click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+def restore(directory: str, config: str | None, data_dir: str | None) -> None:
+    """Copy the backup in DIRECTORY into a new, empty data directory, verifying every file's sha256, and its
+    database into place: the SQLite file, or with database_url the dump loaded by pg_restore into that new, empty
+    PostgreSQL database. Photos that were processing at backup time are pending again. Then start the server."""
+    from picpeak_lite.ops.restore import ENGINES
+    from picpeak_lite.ops.restore import restore as run_restore
+
+    settings = _settings(config, data_dir=data_dir)
+    summary = run_restore(settings, directory, _progress_bar("restore"))
+    click.echo(f"Restored {_count(summary.photos, 'photo')} from {directory} into {settings.data_path}: "
+               f"{_count(summary.copied, 'file')} copied ({summary.bytes_copied / 1e6:.1f} MB), {summary.kept} "
+               f"already there, the {ENGINES[summary.engine]} database loaded, {summary.released} pending again. "
+               "Start the server on it.")
 
 
 @cli.command(short_help="Verify every photo and the database; --repair fixes what it can.")
@@ -644,5 +664,8 @@ def main(argv: list[str] | None = None) -> None:
     except StorageUnavailable as error:
         click.echo(f"picpeak-lite: error: {error.message}", err=True)
         sys.exit(75)  # EX_TEMPFAIL: the same command works once the bucket answers again
+    except DatabaseError as error:  # e.g. PostgreSQL unreachable: psycopg's reason runs over lines, we print one
+        click.echo(f"picpeak-lite: error: {' '.join(error.message.split())}", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -75,6 +75,9 @@ async def guest_client(url: str, slug: str, password: str, *, request_seconds: f
 
 def write_config(path: Path, *, webhook_url: str | None = None, **values: Any) -> Path:
     """A picpeak.toml with flat keys, and a ``[[webhooks]]`` table when ``webhook_url`` is given."""
+    url = pgserver.database_for(values["data_dir"]) if "data_dir" in values else None
+    if url is not None and "database_url" not in values:
+        values["database_url"] = url  # the data directory's database on PostgreSQL, as make_settings gives it
     lines = [f"{key} = {json.dumps(value)}" for key, value in values.items()]
     if webhook_url is not None:
         lines += ["", "[[webhooks]]", f"url = {json.dumps(webhook_url)}", f"secret = {json.dumps(WEBHOOK_SECRET)}"]

@@ -158,6 +158,16 @@ def database_for(data_dir: str | os.PathLike[str]) -> str | None:
     return _by_data_dir[key]
 
 
+def empty_database_for(data_dir: str | os.PathLike[str]) -> str | None:
+    """A new, empty database (no schema: what ``picpeak-lite restore`` loads a dump into) as the database of a data
+    directory from now on, when the run is on PostgreSQL; else None."""
+    if engine != "postgresql":
+        return None
+    key = str(Path(data_dir).resolve())
+    _by_data_dir[key] = server().new_database(empty=True)
+    return _by_data_dir[key]
+
+
 def env_for(args: tuple[str, ...] | list[str]) -> dict[str, str]:
     """``PICPEAK_DATABASE_URL`` for a command line that names ``--data-dir`` (when the run is on PostgreSQL)."""
     if "--data-dir" not in args:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from picpeak_lite.store import db
 from picpeak_lite.store.storage import new_key
 
 from .factories import run_pool_until_idle
@@ -84,3 +85,29 @@ def test_check_without_a_database_is_one_line() -> None:
     done = cli("check", "--data-dir", "/nonexistent/picpeak")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "no database" in done.stderr
+
+
+@pytest.mark.postgresql  # SQLite has no index that can be left invalid; its integrity_check reads every page
+async def test_an_invalid_index_on_postgresql_is_reported(tmp_path: Path) -> None:
+    svc, _ = await filled_data_dir(tmp_path, photos=2)
+    data = svc.settings.data_path
+    # A unique index built concurrently over duplicate values fails and stays behind, invalid.
+    with pytest.raises(db.ConstraintError):
+        query(data, "CREATE UNIQUE INDEX CONCURRENTLY one_photo_per_gallery ON photos (gallery_id)")
+    done = cli("check", "--data-dir", str(data))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "integrity=invalid index one_photo_per_gallery (drop it, or REINDEX it)" in done.stdout, done.stdout
+    query(data, "DROP INDEX one_photo_per_gallery")
+    assert cli("check", "--data-dir", str(data)).returncode == 0
+    svc.db.close()
+
+
+def test_check_and_backup_with_an_unreachable_database_say_so_in_one_line(tmp_path: Path) -> None:
+    nobody = {"PICPEAK_DATABASE_URL": "postgresql://picpeak@127.0.0.1:1/picpeak"}  # port 1: refused at once
+    for args in (("check",), ("backup", str(tmp_path / "b")), ("restore", str(tmp_path))):
+        done = cli(*args, "--data-dir", str(tmp_path / "d"), env=nobody)
+        assert done.returncode in (1, 2) and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+    assert "cannot connect to the database at postgresql://picpeak@127.0.0.1:1/picpeak" in cli(
+        "check", "--data-dir", str(tmp_path / "d"), env=nobody).stderr
+    assert not (tmp_path / "b").exists()

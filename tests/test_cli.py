@@ -209,7 +209,7 @@ def test_top_level_help_shows_every_command_description_whole(columns: str) -> N
     assert "..." not in listing, result.stdout
     commands = re.findall(r"^  (\w[\w-]*)\s+(\S.*)$", listing, re.MULTILINE)
     assert [name for name, _ in commands] == ["admin", "backup", "bench", "check", "db", "email", "gallery", "import",
-                                              "serve", "storage", "watch", "worker"]
+                                              "restore", "serve", "storage", "watch", "worker"]
     admin = run_cli("admin", "--help", env={"COLUMNS": columns}).stdout.split("Commands:")[1]
     assert "..." not in admin and "set-password" in admin
 

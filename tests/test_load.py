@@ -7,9 +7,10 @@ server's peak RSS (VmHWM of its process; target < 300 MB) and the worst event-lo
 10 ms heartbeat, switched on by ``PICPEAK_DEBUG_LAG_LOG``, over the seconds of the load; target < 100 ms).
 
 While the uploads stream in, ``picpeak-lite backup`` runs against the live data directory; the backup is
-then restored into a fresh data directory (as README says: copy it), a second server starts on it, and
-everything in the backup is there: rows, originals with their sha256, thumbnails (copied, or made again for
-photos the backup caught before they were processed), and ``picpeak-lite check`` is clean.
+then restored into a fresh data directory (``picpeak-lite restore``; on PostgreSQL into a fresh database), a
+second server starts on it, and everything in the backup is there: rows, originals served with their sha256,
+thumbnails (copied, or made again for photos the backup caught before they were processed), and
+``picpeak-lite check`` is clean.
 
 CI runs 40 guests x ~1 MB and prints the loop lag without bounding it (a busy CI box makes any wall-clock bound
 fail by chance); ``-m slow`` bounds it for 40 guests and runs 200 x ~3 MB (as ``bench/bench_load.py`` does).
@@ -18,8 +19,8 @@ fail by chance); ``-m slow`` bounds it for 40 guests and runs 200 x ~3 MB (as ``
 from __future__ import annotations
 
 import json
+import os
 import re
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import httpx
 import pytest
 import trio
 
+from . import pgserver
 from .harness import (
     ServerProcess,
     base_jpeg,
@@ -91,10 +93,9 @@ async def upload_one(client: httpx.AsyncClient, csrf: str, slug: str, data: byte
 async def run_backup(data_dir: Path, config: Path, target: Path, result: LoadResult, when: trio.Event) -> None:
     await when.wait()
     began = time.monotonic()
-    done = await trio.run_process(
-        [sys.executable, "-m", "picpeak_lite", "backup", str(target), "--data-dir", str(data_dir),
-         "--config", str(config)],
-        capture_stdout=True, capture_stderr=True, check=False)
+    args = ["backup", str(target), "--data-dir", str(data_dir), "--config", str(config)]
+    done = await trio.run_process([sys.executable, "-m", "picpeak_lite", *args], capture_stdout=True,
+                                  capture_stderr=True, check=False, env={**os.environ, **pgserver.env_for(args)})
     result.backup_seconds = time.monotonic() - began
     result.backup_output = (done.stdout + done.stderr).decode()
     assert done.returncode == 0, result.backup_output
@@ -198,30 +199,38 @@ async def run_load_suite(tmp_path: Path, guests: int, megabytes: int, capsys: An
 
 
 async def check_restore(tmp_path: Path, backup_dir: Path, config: Path, token: str) -> dict[str, Any]:
-    """Restore as README says (copy the backup into a fresh data directory), start, and look at everything."""
+    """Restore as README says (``picpeak-lite restore`` into a fresh data directory, and on PostgreSQL a fresh
+    database), start, and look at everything: each photo served, its bytes' sha256 the one recorded."""
     manifest = json.loads((backup_dir / "manifest.json").read_text())
     restored = tmp_path / "restored"
-    shutil.copytree(backup_dir, restored)
+    pgserver.empty_database_for(restored)
+    done = cli("restore", str(backup_dir), "--data-dir", str(restored), "--config", str(config))
+    assert done.returncode == 0, done.stdout + done.stderr
     for entry in manifest["files"]:
         assert file_sha256(restored / entry["path"]) == entry["sha256"], entry["path"]
     backup_rows = query(restored, "SELECT id, storage_key, sha256, status FROM photos")
     assert len(backup_rows) == manifest["photos"]
     server = ServerProcess(restored, config)
     url = await trio.to_thread.run_sync(server.start)
+    served_ok = True
     try:
         await wait_all_complete(restored, len(backup_rows), limit=300)
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
             statuses = set()
             for row in backup_rows:
                 for kind in ("grid", "original"):
-                    statuses.add((await http.get(f"/api/admin/photos/{row['id']}/{kind}")).status_code)
+                    got = await http.get(f"/api/admin/photos/{row['id']}/{kind}")
+                    statuses.add(got.status_code)
+                    if kind == "original":
+                        served_ok &= sha256(got.content) == row["sha256"]
         assert await trio.to_thread.run_sync(server.stop) == 0, server.log_tail()
     finally:
         server.kill()
     originals_ok = all(file_sha256(restored / "originals" / r["storage_key"][:2] / r["storage_key"]) == r["sha256"]
                        for r in backup_rows)
     check = cli("check", "--data-dir", str(restored), "--config", str(config))
-    return {"photos": len(backup_rows), "ok": originals_ok and statuses == {200} and check.returncode == 0,
+    return {"photos": len(backup_rows),
+            "ok": originals_ok and served_ok and statuses == {200} and check.returncode == 0,
             "statuses": statuses, "check": check.stdout + check.stderr}
 
 

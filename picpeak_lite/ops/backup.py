@@ -1,22 +1,32 @@
 """``picpeak-lite backup <dir>``: a consistent copy of a data directory, taken while the server runs.
 
-The backup directory has the layout of a data directory (so restoring is copying it into a fresh one) plus
-``manifest.json``:
+The backup directory has the layout of a data directory plus ``manifest.json``; ``picpeak-lite restore``
+(``ops/restore.py``) makes a working library of it again (with SQLite, copying it into a fresh data directory
+does too):
 
-1. The database is copied with SQLite's online backup API (``db.backup_to``): one snapshot under one read
-   transaction; the server goes on writing meanwhile (WAL).
-2. In that copy (never in the live database), claims of photos that were ``processing`` are released to
-   ``pending``, so that a restored server reprocesses them at once instead of waiting for their lease.
+1. The database is copied as one snapshot while the server goes on writing. SQLite: the online backup API
+   (``db.backup_to``) under one read transaction (WAL), into ``picpeak.sqlite3``. PostgreSQL: ``pg_dump`` in its
+   custom format into ``picpeak.pgdump`` (``store/pgdump.py``), in a snapshot our own connection exported with
+   ``pg_export_snapshot()`` and read the photo rows in, so that the files copied are exactly those of the rows in
+   the dump (pg_dump's own snapshot would be a moment later than any rows we read).
+2. Claims of photos that were ``processing`` are released to ``pending``, so that a restored server reprocesses
+   them at once instead of waiting for their lease, never in the live database. SQLite: in the copy, at once.
+   PostgreSQL: a dump cannot be edited (and loading it into a scratch database to edit and dump it again would
+   double the work and need a second database), so ``restore`` does it on the restored database, in the
+   transaction after pg_restore; a server must not be started on the dump's database before that, and
+   ``restore`` is the documented way in.
 3. The originals of every row in the snapshot are copied, each hashed on the way and compared with the
    sha256 recorded at upload (an archived gallery's originals as its one archive object, ``store/packing.py``);
    the grid and view images of complete photos are copied too (they could be
    regenerated, but copying is faster than decoding). A row whose photo was deleted after the snapshot is
-   dropped from the copy, since the live data dropped it as well.
+   dropped from the copy, since the live data dropped it as well (PostgreSQL: listed in the manifest's
+   ``drop_on_restore``, and dropped by ``restore`` with the claims).
 4. ``manifest.json`` lists every file with its size and sha256, and the database's; it is written last, so a
    directory without it is an unfinished backup.
 
 Running it again into the same directory is incremental: originals never change under their key, so a file
-the previous manifest lists with the same size is kept; files of photos deleted since are removed.
+the previous manifest lists with the same size is kept; files of photos deleted since are removed. The database
+is copied whole each time.
 
 With S3 storage the files are copied from the bucket, object by object, into the same layout: a backup restores
 into local storage (and ``storage migrate --to s3`` moves it back).
@@ -35,7 +45,7 @@ from typing import Any
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import ConfigError
-from picpeak_lite.store import db
+from picpeak_lite.store import db, pgdump
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
@@ -53,6 +63,8 @@ from picpeak_lite.store.storage import (
 
 Progress = Callable[[int, int, str], None]
 MANIFEST = "manifest.json"
+SQLITE_FILE = "picpeak.sqlite3"
+PG_DUMP = "picpeak.pgdump"
 FORMAT = "picpeak-lite-backup/1"
 COPY_CHUNK = 1024 * 1024
 
@@ -69,6 +81,7 @@ class BackupSummary:
     missing_derivatives: int = 0
     missing_originals: list[int] = field(default_factory=list)
     sha_mismatch: list[int] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)  # what the manifest lists
 
     @property
     def problems(self) -> int:
@@ -76,64 +89,39 @@ class BackupSummary:
 
 
 def backup(settings: Settings, target: str | os.PathLike[str], progress: Progress | None = None) -> BackupSummary:
-    if settings.database_url:
-        raise ConfigError("backup copies the SQLite database file; with database_url set, back up the database "
-                          "with PostgreSQL's pg_dump and the photos with a copy of the storage")
-    source = settings.database_path
-    if not source.exists():
+    postgres = bool(settings.database_url)
+    if not postgres and not settings.database_path.exists():
         raise ConfigError(f"no database in {str(settings.data_path)!r}; is --data-dir right?")
     dest = Path(target)
     data = settings.data_path.resolve()
     if dest.resolve() == data or data in dest.resolve().parents:
         raise ConfigError("the backup directory must be outside the data directory")
-    previous = _prepare_target(dest)
-    summary = BackupSummary()
-
-    partial = dest / "picpeak.sqlite3.partial"
-    _remove_database(partial)
-    live = db.connect(source)
+    live = db.connect(settings.database)
     try:
-        db.backup_to(live, partial)
-        copy = db.connect(partial)
-        try:
-            with db.transaction(copy):
-                summary.released = claims.release_all_claims(copy)
-                rows = photo_q.rows_for_check(copy)
-            summary.photos = len(rows)
-            storage = open_storage(settings)
-            storage.check_access()
-            files, gone = _copy_files(storage, dest, rows, previous, summary, progress)
-            if gone:
-                # Deleted live after the snapshot: confirm against the live database, then drop them here too.
-                with db.transaction(live, immediate=False):
-                    still_there = set(photo_q.existing_ids(live, gone))
-                with db.transaction(copy):
-                    for photo_id in gone:
-                        if photo_id in still_there:
-                            summary.missing_originals.append(photo_id)
-                        else:
-                            summary.deleted_meanwhile += photo_q.delete(copy, photo_id) is not None
-                files = [f for f in files if f.get("photo_id") not in set(gone) - still_there]
-            integrity = "; ".join(r["integrity_check"] for r in copy.execute("PRAGMA integrity_check"))
-            if integrity != "ok":
-                raise ConfigError(f"the database copy failed its integrity check: {integrity}")
-        finally:
-            copy.close()
+        tools = server = None
+        if postgres:  # the tools first: a refusal (pg_dump older than the server) leaves nothing behind
+            server = pgdump.server_version(live)
+            tools = pgdump.Tools.find(server)
+        previous = _prepare_target(dest)
+        summary = BackupSummary()
+        if tools is not None:
+            database, dropped = _backup_postgresql(settings, live, tools, dest, previous, summary, progress)
+        else:
+            database, dropped = _backup_sqlite(settings, live, dest, previous, summary, progress)
     finally:
         live.close()
-
-    summary.removed = _remove_stale(dest, {f["path"] for f in files})
-    database = dest / "picpeak.sqlite3"
-    fsync_file(partial)
-    os.replace(partial, database)
     fsync_dir(dest)
     manifest = {
         "format": FORMAT,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "source": str(data),
-        "database": {"path": database.name, "size": database.stat().st_size, "sha256": file_sha256(database)},
+        "database": {"path": database.name, "engine": "postgresql" if postgres else "sqlite",
+                     "size": database.stat().st_size, "sha256": file_sha256(database),
+                     **({"server_version": f"{server[0]}.{server[1]}"} if server else {})},
         "photos": summary.photos - summary.deleted_meanwhile,
-        "files": [{k: v for k, v in f.items() if k != "photo_id"} for f in files],
+        # Rows in the database copy whose photo was deleted after the snapshot: a restore removes them.
+        "drop_on_restore": dropped,
+        "files": [{k: v for k, v in f.items() if k != "photo_id"} for f in summary.files],
     }
     temp = dest / (MANIFEST + ".partial")
     temp.write_text(json.dumps(manifest, indent=1))
@@ -141,6 +129,79 @@ def backup(settings: Settings, target: str | os.PathLike[str], progress: Progres
     os.replace(temp, dest / MANIFEST)
     fsync_dir(dest)
     return summary
+
+
+def _backup_sqlite(settings: Settings, live: db.Connection, dest: Path, previous: dict[str, dict[str, Any]],
+                   summary: BackupSummary, progress: Progress | None) -> tuple[Path, list[int]]:
+    """The SQLite file copied with the online backup API, its claims released and its late-deleted rows dropped
+    in the copy; returns the database file in ``dest`` and those rows (listed in the manifest as on PostgreSQL;
+    dropping them again at restore changes nothing)."""
+    partial = dest / (SQLITE_FILE + ".partial")
+    _remove_database(partial)
+    db.backup_to(live, partial)
+    copy = db.connect(partial)
+    try:
+        with db.transaction(copy):
+            summary.released = claims.release_all_claims(copy)
+            rows = photo_q.rows_for_check(copy)
+        dropped = _copy_all(settings, live, dest, rows, previous, summary, progress)
+        with db.transaction(copy):
+            for photo_id in dropped:
+                photo_q.delete(copy, photo_id)
+        integrity = db.integrity_check(copy)
+        if integrity != "ok":
+            raise ConfigError(f"the database copy failed its integrity check: {integrity}")
+    finally:
+        copy.close()
+    database = dest / SQLITE_FILE
+    fsync_file(partial)
+    os.replace(partial, database)
+    remove_quietly(dest / PG_DUMP)  # from an earlier backup of this library on PostgreSQL
+    return database, dropped
+
+
+def _backup_postgresql(settings: Settings, live: db.Connection, tools: pgdump.Tools, dest: Path,
+                       previous: dict[str, dict[str, Any]], summary: BackupSummary, progress: Progress | None
+                       ) -> tuple[Path, list[int]]:
+    """pg_dump in the snapshot the photo rows were read in; returns the dump in ``dest`` and the photos the
+    restore drops (deleted after the snapshot). Claims are released at restore (see the module's docstring)."""
+    partial = dest / (PG_DUMP + ".partial")
+    remove_quietly(partial)
+    with pgdump.snapshot(live) as snapshot_id:
+        rows = photo_q.rows_for_check(live)
+        pgdump.dump(tools, settings.database, partial, snapshot_id=snapshot_id)
+    # The transaction ends before the files are copied: it would hold back the server's vacuum meanwhile.
+    summary.released = sum(row["status"] == PhotoStatus.PROCESSING for row in rows)
+    dropped = _copy_all(settings, live, dest, rows, previous, summary, progress)
+    pgdump.verify(tools, partial)
+    database = dest / PG_DUMP
+    fsync_file(partial)
+    os.replace(partial, database)
+    _remove_database(dest / SQLITE_FILE)  # from an earlier backup of this library on SQLite
+    return database, dropped
+
+
+def _copy_all(settings: Settings, live: db.Connection, dest: Path, rows: list[dict[str, Any]],
+              previous: dict[str, dict[str, Any]], summary: BackupSummary, progress: Progress | None) -> list[int]:
+    """Copy the files of ``rows`` (the snapshot's photos) and remove what the backup holds of photos no longer
+    in it; returns the photos deleted live after the snapshot, whose rows the copy must lose too. The list of
+    files is kept on ``summary`` for the manifest."""
+    summary.photos = len(rows)
+    storage = open_storage(settings)
+    storage.check_access()
+    files, gone = _copy_files(storage, dest, rows, previous, summary, progress)
+    dropped: list[int] = []
+    if gone:
+        # Gone since the snapshot: confirm against the live database; a row still there is a missing original.
+        with db.transaction(live, immediate=False):
+            still_there = set(photo_q.existing_ids(live, gone))
+        summary.missing_originals += [photo_id for photo_id in gone if photo_id in still_there]
+        dropped = [photo_id for photo_id in gone if photo_id not in still_there]
+        files = [f for f in files if f.get("photo_id") not in set(dropped)]
+    summary.deleted_meanwhile = len(dropped)
+    summary.files = files
+    summary.removed = _remove_stale(dest, {f["path"] for f in files})
+    return dropped
 
 
 def _prepare_target(dest: Path) -> dict[str, dict[str, Any]]:
@@ -157,7 +218,7 @@ def _prepare_target(dest: Path) -> dict[str, dict[str, Any]]:
             return {f["path"]: f for f in earlier["files"]}
         except (ValueError, KeyError, TypeError) as error:
             raise ConfigError(f"{str(manifest)!r} is not a picpeak-lite backup manifest ({error})") from None
-    if any(not p.name.startswith("picpeak.sqlite3.partial") for p in dest.iterdir()):
+    if any(not p.name.startswith((SQLITE_FILE + ".partial", PG_DUMP + ".partial")) for p in dest.iterdir()):
         raise ConfigError(f"{str(dest)!r} is not empty and holds no earlier backup; choose an empty directory")
     return {}
 

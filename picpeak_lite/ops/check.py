@@ -5,7 +5,8 @@
 * every ``complete`` photo has its grid and view images;
 * no original or derivative lies in storage without a row (older than the grace period: a file younger than
   that may belong to an upload that is committing right now, the reconciler's rule);
-* ``PRAGMA integrity_check`` is ok.
+* the database's own structures are sound (``db.integrity_check``: SQLite's ``PRAGMA integrity_check``; on
+  PostgreSQL the schema is readable and no index is left invalid).
 
 Safe while the server runs: rows are read first, then the files; a problem found for a row is confirmed
 against a fresh read before it is reported, so a photo deleted during the scan is not a false alarm.

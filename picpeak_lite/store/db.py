@@ -227,10 +227,15 @@ def backup_to(conn: Connection, path: str | os.PathLike[str]) -> None:
 def integrity_check(conn: Connection) -> str:
     """"ok", or what is wrong with the database's own structures. SQLite checks every page and index;
     PostgreSQL keeps its pages checksummed and its indexes consistent itself, so there the answer is whether the
-    schema is complete and readable."""
+    schema is readable and no index is left invalid (a ``CREATE INDEX CONCURRENTLY`` that failed half-way leaves one
+    that queries silently stop using and that no longer enforces its uniqueness)."""
     if conn.dialect == "postgresql":
         check(conn)
-        return "ok"
+        invalid = [r["name"] for r in conn.execute(
+            "SELECT c.relname AS name FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE NOT (i.indisvalid AND i.indisready) "
+            "AND n.nspname NOT IN ('pg_catalog', 'information_schema') ORDER BY c.relname")]
+        return "ok" if not invalid else "invalid index " + ", ".join(invalid) + " (drop it, or REINDEX it)"
     return "; ".join(r["integrity_check"] for r in conn.execute("PRAGMA integrity_check"))
 
 
