@@ -220,8 +220,8 @@ class _Network:
 
 
 def _convolve(x: Any, matrix: Any, bias: Any, stride: int, padding: int) -> Any:
-    """A convolution as one matrix product: its patches are gathered by one copy per filter tap (each a block
-    of whole pixels' channels; numpy's generic copy of a window view cost as much as the product)."""
+    """A convolution as one matrix product over its patches, each patch's pixels whole (all their channels in
+    a row, the weights' order). The padding is a copy into zeros: ``np.pad`` cost 8 ms of a 3-face batch."""
     import numpy as np
 
     n, height, width, channels = x.shape
@@ -229,13 +229,11 @@ def _convolve(x: Any, matrix: Any, bias: Any, stride: int, padding: int) -> Any:
     if padding:
         padded = np.zeros((n, height + 2 * padding, width + 2 * padding, channels), dtype=np.float32)
         padded[:, padding:padding + height, padding:padding + width] = x
-        x, height, width = padded, height + 2 * padding, width + 2 * padding
-    rows, columns = (height - side) // stride + 1, (width - side) // stride + 1
-    patches = np.empty((n, rows, columns, side * side * channels), dtype=np.float32)
-    for tap in range(side * side):
-        dy, dx = divmod(tap, side)
-        patches[..., tap * channels:(tap + 1) * channels] = _taps(x, dy, dx, rows, columns, stride)
-    out = patches.reshape(n * rows * columns, -1) @ matrix
+        x = padded
+    windows = np.lib.stride_tricks.sliding_window_view(x, (side, side), axis=(1, 2))[:, ::stride, ::stride]
+    rows, columns = windows.shape[1], windows.shape[2]
+    patches = windows.transpose(0, 1, 2, 4, 5, 3).reshape(n * rows * columns, side * side * channels)
+    out = patches @ matrix
     out += bias
     return out.reshape(n, rows, columns, matrix.shape[1])
 
