@@ -121,6 +121,17 @@ def test_descriptors_are_dlibs_own(tmp_path: Path) -> None:
     assert compared >= 11 and worst < 1e-4, (compared, worst)
 
 
+@needs_faces
+def test_a_model_file_of_another_shape_is_refused(tmp_path: Path) -> None:
+    """The network is read from face_recognition_models' file with its shape checked: a file that stops early
+    (or holds another network) fails loudly at load instead of describing faces wrongly."""
+    data = (faces.models_dir() / "dlib_face_recognition_resnet_model_v1.dat").read_bytes()
+    cut = tmp_path / "cut.dat"
+    cut.write_bytes(data[:data.index(b"\x0aavg_pool_2", len(data) // 2)])
+    with pytest.raises(RuntimeError, match="not the network this code knows"):
+        faces._Network(cut)
+
+
 def _in_a_view(name: str, face_px: int) -> bytes:
     """A 1600x1067 view image (PNG) with the portrait ``name`` scaled so that its face is ``face_px`` wide."""
     from PIL import Image
