@@ -1,0 +1,167 @@
+"""The layers of docs/architecture.md, checked on the source: every import between the top-level parts of
+picpeak_lite points down, so no import circle between packages can come back.
+
+The imports are read with ast from the files themselves (nothing is imported), including imports inside
+functions and ``if TYPE_CHECKING:`` blocks: a type-only arrow up is still a dependency the other way.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import picpeak_lite
+
+PACKAGE_DIR = Path(picpeak_lite.__file__).parent
+
+# Each top-level module or package of picpeak_lite and its layer: an import must go to a strictly lower layer.
+# Parts on the same layer (web and ops, store and media) may not import each other either.
+LAYERS: dict[str, int] = {
+    "__main__": 12,
+    "cli": 11,
+    "server": 10,
+    "web": 9,
+    "ops": 9,
+    "pipeline": 8,
+    "events": 7,
+    "domain": 6,
+    "services": 5,
+    "runtime": 4,
+    "store": 3,
+    "media": 3,
+    "security": 3,
+    "totp": 3,
+    "config": 2,
+    "errors": 1,
+    "i18n": 0,
+    "targets": 0,
+    "perrun": 0,
+    "resources": 0,
+}
+
+
+def part_of(module: str) -> str | None:
+    """The top-level part of picpeak_lite a dotted module name is in (None: another distribution's)."""
+    parts = module.split(".")
+    if parts[0] != "picpeak_lite" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, root: Path) -> list[str]:
+    """Every module the file names in an import, relative imports resolved against its own package."""
+    name = module_name(path, root)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                found.append(".".join(base + ([node.module] if node.module else [])))
+            else:
+                found.append(node.module or "")
+    return found
+
+
+def arrows(root: Path) -> dict[tuple[str, str], list[str]]:
+    """(from part, to part) -> the imports that make that arrow, for every pair of different parts."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        source = part_of(module_name(path, root))
+        if source is None:
+            continue
+        for target_module in imported_modules(path, root):
+            target = part_of(target_module)
+            if target is not None and target != source:
+                found.setdefault((source, target), []).append(f"{path.relative_to(root.parent)}: {target_module}")
+    return found
+
+
+def circles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one part (Tarjan), each sorted."""
+    graph: dict[str, list[str]] = {}
+    for a, b in sorted(edges):
+        graph.setdefault(a, []).append(b)
+        graph.setdefault(b, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def layer_violations(root: Path) -> list[str]:
+    found = arrows(root)
+    unplaced = sorted({part for pair in found for part in pair} - set(LAYERS))
+    wrong = [f"{a} (layer {LAYERS[a]}) imports {b} (layer {LAYERS[b]}): " + "; ".join(why[:3])
+             for (a, b), why in sorted(found.items())
+             if a in LAYERS and b in LAYERS and LAYERS[a] <= LAYERS[b]]
+    return [f"{part} has no layer in tests/test_layers.py LAYERS" for part in unplaced] + wrong
+
+
+def test_every_top_level_part_has_a_layer() -> None:
+    parts = {path.stem if path.suffix == ".py" else path.name
+             for path in PACKAGE_DIR.iterdir()
+             if (path.suffix == ".py") or (path.is_dir() and (path / "__init__.py").is_file())}
+    parts.discard("__init__")
+    assert parts - set(LAYERS) == set(), "place each new top-level module or package in LAYERS"
+    assert set(LAYERS) - parts == set(), "LAYERS names a part that is gone"
+
+
+def test_imports_point_down_the_layers() -> None:
+    assert layer_violations(PACKAGE_DIR) == []
+
+
+def test_no_import_circle_between_packages() -> None:
+    assert circles(set(arrows(PACKAGE_DIR))) == []
+
+
+def test_the_checks_see_an_arrow_up_and_a_circle(tmp_path: Path) -> None:
+    """The reader itself: a tree with a lower part importing a higher one (absolute, relative, inside a
+    function) is reported, and its circle found."""
+    root = tmp_path / "picpeak_lite"
+    for folder in ("store", "web"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "web" / "app.py").write_text("from picpeak_lite.store import db\n")
+    (root / "store" / "db.py").write_text("def f():\n    from ..web import app\n")
+    (root / "store" / "other.py").write_text("import picpeak_lite.web.app\n")
+    found = arrows(root)
+    assert found[("store", "web")] == ["picpeak_lite/store/db.py: picpeak_lite.web",
+                                       "picpeak_lite/store/other.py: picpeak_lite.web.app"]
+    assert found[("web", "store")] == ["picpeak_lite/web/app.py: picpeak_lite.store"]
+    assert circles(set(found)) == [["store", "web"]]
+    assert [v.split(":")[0] for v in layer_violations(root)] == ["store (layer 3) imports web (layer 9)"]
