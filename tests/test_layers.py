@@ -165,3 +165,44 @@ def test_the_checks_see_an_arrow_up_and_a_circle(tmp_path: Path) -> None:
     assert found[("web", "store")] == ["picpeak_lite/web/app.py: picpeak_lite.store"]
     assert circles(set(found)) == [["store", "web"]]
     assert [v.split(":")[0] for v in layer_violations(root)] == ["store (layer 3) imports web (layer 9)"]
+
+
+# What only pipeline/photos.py (and the pipeline below it) may call: (module, function), "*" for all of a module's.
+PHOTO_WORK = {
+    ("picpeak_lite.pipeline.transitions", "*"),
+    ("picpeak_lite.pipeline.moderation", "review"),
+    ("picpeak_lite.store.queries.photos", "retry"),
+    ("picpeak_lite.store.queries.photos", "delete"),
+    ("picpeak_lite.store.queries.admin_photos", "set_hidden"),
+    ("picpeak_lite.store.queries.admin_photos", "set_cover"),
+}
+
+
+def photo_work_in(path: Path) -> list[str]:
+    """The calls of PHOTO_WORK in one file (through any import name), and removals of a photo's files."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    bound: dict[str, str] = {}  # the name a module is known by in this file -> the module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    found = [f"{path.name}:{node.lineno} imports {node.module}.{alias.name}"
+             for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             for alias in node.names
+             if (node.module, alias.name) in PHOTO_WORK or (node.module, "*") in PHOTO_WORK]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        if node.attr in ("remove_photo_files", "remove_files_of"):
+            found.append(f"{path.name}:{node.lineno} .{node.attr}")
+        elif isinstance(node.value, ast.Name) and node.value.id in bound:
+            module = bound[node.value.id]
+            if (module, "*") in PHOTO_WORK or (module, node.attr) in PHOTO_WORK:
+                found.append(f"{path.name}:{node.lineno} {module}.{node.attr}")
+    return found
+
+
+def test_views_leave_photo_work_to_pipeline_photos() -> None:
+    """Deleting, retrying, reviewing, hiding photos and choosing the cover run in pipeline/photos.py: no module
+    under web/ changes a photo's state itself or removes a photo's files."""
+    assert [hit for path in sorted((PACKAGE_DIR / "web").rglob("*.py")) for hit in photo_work_in(path)] == []
