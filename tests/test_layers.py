@@ -59,7 +59,7 @@ def imported_modules(path: Path, root: Path) -> list[str]:
     """Every module the file names in an import, relative imports resolved against its own package."""
     name = module_name(path, root)
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    found = []
+    found: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
             found.extend(alias.name for alias in node.names)
