@@ -56,7 +56,9 @@ def module_name(path: Path, root: Path) -> str:
 
 
 def imported_modules(path: Path, root: Path) -> list[str]:
-    """Every module the file names in an import, relative imports resolved against its own package."""
+    """Every module the file names in an import, relative imports resolved against its own package. For
+    ``from package import name`` both ``package`` and ``package.name`` (which may be a module: ``from
+    picpeak_lite import security``)."""
     name = module_name(path, root)
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: list[str] = []
@@ -66,9 +68,11 @@ def imported_modules(path: Path, root: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - node.level + 1]
-                found.append(".".join(base + ([node.module] if node.module else [])))
+                module = ".".join(base + ([node.module] if node.module else []))
             else:
-                found.append(node.module or "")
+                module = node.module or ""
+            found.append(module)
+            found.extend(f"{module}.{alias.name}" for alias in node.names if alias.name != "*")
     return found
 
 
@@ -159,12 +163,17 @@ def test_the_checks_see_an_arrow_up_and_a_circle(tmp_path: Path) -> None:
     (root / "web" / "app.py").write_text("from picpeak_lite.store import db\n")
     (root / "store" / "db.py").write_text("def f():\n    from ..web import app\n")
     (root / "store" / "other.py").write_text("import picpeak_lite.web.app\n")
+    (root / "config.py").write_text("from picpeak_lite import web\n")
     found = arrows(root)
+    assert found[("config", "web")] == ["picpeak_lite/config.py: picpeak_lite.web"]
     assert found[("store", "web")] == ["picpeak_lite/store/db.py: picpeak_lite.web",
+                                       "picpeak_lite/store/db.py: picpeak_lite.web.app",
                                        "picpeak_lite/store/other.py: picpeak_lite.web.app"]
-    assert found[("web", "store")] == ["picpeak_lite/web/app.py: picpeak_lite.store"]
+    assert found[("web", "store")] == ["picpeak_lite/web/app.py: picpeak_lite.store",
+                                       "picpeak_lite/web/app.py: picpeak_lite.store.db"]
     assert circles(set(found)) == [["store", "web"]]
-    assert [v.split(":")[0] for v in layer_violations(root)] == ["store (layer 3) imports web (layer 9)"]
+    assert [v.split(":")[0] for v in layer_violations(root)] == ["config (layer 2) imports web (layer 9)",
+                                                                  "store (layer 3) imports web (layer 9)"]
 
 
 # What only pipeline/photos.py (and the pipeline below it) may call: (module, function), "*" for all of a module's.
@@ -206,3 +215,14 @@ def test_views_leave_photo_work_to_pipeline_photos() -> None:
     """Deleting, retrying, reviewing, hiding photos and choosing the cover run in pipeline/photos.py: no module
     under web/ changes a photo's state itself or removes a photo's files."""
     assert [hit for path in sorted((PACKAGE_DIR / "web").rglob("*.py")) for hit in photo_work_in(path)] == []
+
+
+def test_views_do_not_import_each_other() -> None:
+    """What views share is in web/views/common.py (docs/architecture.md); a view importing another is refused."""
+    views = PACKAGE_DIR / "web" / "views"
+    found = [f"{path.name} imports {module}"
+             for path in sorted(views.glob("*.py"))
+             for module in imported_modules(path, PACKAGE_DIR)
+             if module.startswith("picpeak_lite.web.views.")
+             and module.split(".")[3] not in ("common", path.stem)]
+    assert found == []
