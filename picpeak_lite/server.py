@@ -43,13 +43,13 @@ from picpeak_lite.events.webhooks import WebhookSender
 from picpeak_lite.media import faces
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.ops.hotfolder import HotFolders
-from picpeak_lite.pipeline import memory
 from picpeak_lite.pipeline.archive import Archiver
 from picpeak_lite.pipeline.faces import FaceIndexer
 from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.pipeline.resumable import Finisher
 from picpeak_lite.pipeline.video_previews import PreviewLane
 from picpeak_lite.pipeline.worker import WorkerPool
+from picpeak_lite.runtime import memory
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
 from picpeak_lite.web import gate

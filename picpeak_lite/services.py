@@ -17,12 +17,12 @@ import trio
 
 from picpeak_lite import security
 from picpeak_lite.config import Settings
-from picpeak_lite.events.activity import Activity
-from picpeak_lite.events.bell import Bell
-from picpeak_lite.events.broker import Broker
-from picpeak_lite.pipeline.backlog import Backlog
-from picpeak_lite.pipeline.budget import MemoryBudget
-from picpeak_lite.pipeline.memory import MemoryTrimmer
+from picpeak_lite.runtime.activity import Activity
+from picpeak_lite.runtime.backlog import Backlog
+from picpeak_lite.runtime.bell import Bell
+from picpeak_lite.runtime.broker import Broker
+from picpeak_lite.runtime.budget import MemoryBudget
+from picpeak_lite.runtime.memory import MemoryTrimmer
 from picpeak_lite.store.db import Database
 from picpeak_lite.store.storage import Storage, open_storage
 
@@ -54,12 +54,12 @@ class Services:
     # Started by server.run; code that has just let go of a lot (an upload, a processed photo) calls freed().
     trimmer: MemoryTrimmer = field(default_factory=MemoryTrimmer)
     # The one budget of decode memory (settings.decode_memory_mb) that workers, watermarked downloads and the
-    # settings preview all take their estimated bytes from before they decode (pipeline/budget.py).
+    # settings preview all take their estimated bytes from before they decode (runtime/budget.py).
     decode_budget: MemoryBudget = field(init=False)
     storage: Storage = field(init=False)
     # How far uploads may run ahead of the workers (settings.upload_lead); the change feed tells it of claims.
     backlog: Backlog = field(init=False)
-    # Views, downloads and favourites counted in memory, stored in batches by its task (events/activity.py).
+    # Views, downloads and favourites counted in memory, stored in batches by its task (runtime/activity.py).
     activity: Activity = field(init=False)
 
     def __post_init__(self) -> None:

@@ -11,9 +11,9 @@ import pytest
 import trio
 
 from picpeak_lite import server
-from picpeak_lite.events import activity
-from picpeak_lite.events.activity import Activity
 from picpeak_lite.ops import bootstrap
+from picpeak_lite.runtime import activity
+from picpeak_lite.runtime.activity import Activity
 from picpeak_lite.services import Services
 from picpeak_lite.store import db
 

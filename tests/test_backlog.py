@@ -1,5 +1,5 @@
 """Issue 18: uploads run at most ``upload_lead`` photos ahead of the workers, and only while workers take photos
-(pipeline/backlog.py). A real SQLite file, real claims, the real server and worker pool; the stall rule on
+(runtime/backlog.py). A real SQLite file, real claims, the real server and worker pool; the stall rule on
 trio's autojump clock."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import trio
 
-from picpeak_lite.events.broker import Change
-from picpeak_lite.pipeline.backlog import STALL_SECONDS, Backlog
+from picpeak_lite.runtime.backlog import STALL_SECONDS, Backlog
+from picpeak_lite.runtime.broker import Change
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
 

@@ -509,7 +509,7 @@ async def test_a_bomb_past_the_upload_check_fails_with_its_size_and_the_rest_wai
     """A file that reached storage without the header check (an older version, a lowered setting) fails in
     the worker with the same sentence, before any decode; two photos that fit only one at a time both complete,
     the second after waiting, and the budget never held more than its total."""
-    from picpeak_lite.pipeline.budget import MemoryBudget
+    from picpeak_lite.runtime.budget import MemoryBudget
     from picpeak_lite.store import db
 
     from .conftest import own_services

@@ -1,4 +1,4 @@
-"""pipeline/budget.py: one byte budget; taking waits (in arrival order), never fails, and gives back on exit."""
+"""runtime/budget.py: one byte budget; taking waits (in arrival order), never fails, and gives back on exit."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from picpeak_lite.pipeline.budget import MB, DoesNotFit, MemoryBudget
+from picpeak_lite.runtime.budget import MB, DoesNotFit, MemoryBudget
 
 
 async def test_what_fits_is_held_at_once_and_given_back() -> None:

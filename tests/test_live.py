@@ -18,10 +18,10 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
 from picpeak_lite import server
-from picpeak_lite.events.broker import Broker, Change
 from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.pipeline.worker import WorkerPool
+from picpeak_lite.runtime.broker import Broker, Change
 from picpeak_lite.services import Services
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import photos as photo_q

@@ -8,8 +8,8 @@ import sys
 import pytest
 import trio
 
-from picpeak_lite.pipeline import memory
-from picpeak_lite.pipeline.memory import MemoryTrimmer
+from picpeak_lite.runtime import memory
+from picpeak_lite.runtime.memory import MemoryTrimmer
 
 # In a fresh process: buffers with a small long-lived object after each, as a burst of uploads (64 KiB) or an
 # image thread's photos (16 MiB, Pillow's block size) leave them, made in the main thread or in a thread of its
@@ -19,7 +19,7 @@ import re
 import sys
 import threading
 from pathlib import Path
-from picpeak_lite.pipeline import memory
+from picpeak_lite.runtime import memory
 
 def rss_mb():
     status = Path("/proc/self/status").read_text()

@@ -15,8 +15,8 @@ import trio
 from picpeak_lite import server
 from picpeak_lite.errors import ConfigError
 from picpeak_lite.ops import bootstrap
+from picpeak_lite.resources import TEMPLATES_DIR
 from picpeak_lite.web.app import create_app
-from picpeak_lite.web.resources import TEMPLATES_DIR
 
 from . import served
 from .conftest import ADMIN_PASSWORD, make_settings

@@ -52,13 +52,13 @@ from picpeak_lite.config import Settings
 from picpeak_lite.domain import admin_settings
 from picpeak_lite.domain import brand as brand_mod
 from picpeak_lite.errors import AppError, BadRequest, Conflict
+
+# The default templates ship with the pages (the catalogs extract their strings like any template's). The
+# resources module is the one place that knows where the templates folder is.
+from picpeak_lite.resources import TEMPLATES_DIR
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import email as email_q
 from picpeak_lite.store.queries import settings as settings_q
-
-# The default templates ship with the pages (the catalogs extract their strings like any template's). The web
-# layer's resources module is the one place that knows where the templates folder is.
-from picpeak_lite.web.resources import TEMPLATES_DIR
 
 logger = logging.getLogger(__name__)
 

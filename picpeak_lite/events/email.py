@@ -29,8 +29,8 @@ import trio
 from picpeak_lite.domain import email as email_domain
 from picpeak_lite.errors import AppError
 from picpeak_lite.events import outbox
-from picpeak_lite.events.bell import Bell
 from picpeak_lite.perrun import PerRun
+from picpeak_lite.runtime.bell import Bell
 from picpeak_lite.store.queries import email as queries
 
 if TYPE_CHECKING:

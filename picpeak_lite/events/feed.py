@@ -22,8 +22,8 @@ import logging
 
 import trio
 
-from picpeak_lite.events.bell import Bell
-from picpeak_lite.events.broker import Broker, Change
+from picpeak_lite.runtime.bell import Bell
+from picpeak_lite.runtime.broker import Broker, Change
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import changes as change_q
 from picpeak_lite.store.queries.photos import PhotoStatus

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from picpeak_lite.errors import DatabaseError
-from picpeak_lite.events.bell import Bell
+from picpeak_lite.runtime.bell import Bell
 from picpeak_lite.services import Services
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import trio
 
-from picpeak_lite.events.bell import Bell
+from picpeak_lite.runtime.bell import Bell
 
 
 async def serve(

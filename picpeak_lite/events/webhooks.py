@@ -29,7 +29,7 @@ import h11
 import trio
 
 from picpeak_lite.events import outbox
-from picpeak_lite.events.bell import Bell
+from picpeak_lite.runtime.bell import Bell
 from picpeak_lite.store.queries import webhooks as queries
 from picpeak_lite.targets import TargetRefused, parse_target, public_addresses, refuse_loopback_name
 

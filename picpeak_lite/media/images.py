@@ -25,7 +25,7 @@ Three rules shape the code:
   the working copies), so :func:`plan` and :func:`plan_watermark` estimate, from the header alone, the peak a
   render or a watermarked copy will need (``Cost``, calibrated against VmHWM per format: the decoded mode's
   bytes per pixel as Pillow stores them, the decoder's own buffers, every full-size copy). The caller holds that
-  much of the process's decode budget (``pipeline/budget.py``) around the work; what could not fit even alone
+  much of the process's decode budget (``runtime/budget.py``) around the work; what could not fit even alone
   is refused with a sentence that names its size. Fewer copies also means a smaller estimate: greys and
   alpha are shrunk or flattened without the extra RGBA copy, and the view is turned upright after shrinking.
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from picpeak_lite.media import exif, images
-from picpeak_lite.pipeline import memory
+from picpeak_lite.runtime import memory
 
 T = TypeVar("T")
 

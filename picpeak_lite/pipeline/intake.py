@@ -262,7 +262,7 @@ def _write_batch(storage: Storage, path: Path, f: BinaryIO | None, hasher: Any, 
             storage.ensure_space(sum(len(chunk) for chunk in chunks))
             if f is None:
                 f = _create(storage, path)
-            # Chunk by chunk, not joined: a joined MiB is a fresh mapping each time (pipeline/memory.py), whose
+            # Chunk by chunk, not joined: a joined MiB is a fresh mapping each time (runtime/memory.py), whose
             # page faults cost more than the hashing of it.
             for chunk in chunks:
                 hasher.update(chunk)

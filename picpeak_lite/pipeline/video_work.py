@@ -18,8 +18,8 @@ from typing import Any
 
 from picpeak_lite.media import images, video
 from picpeak_lite.pipeline import video_jobs
-from picpeak_lite.pipeline.budget import MemoryBudget
 from picpeak_lite.pipeline.imageprocs import ChildCrashed
+from picpeak_lite.runtime.budget import MemoryBudget
 
 log = logging.getLogger(__name__)
 # The worker's way to a poster's view and grid JPEGs: (the decode, the spec) -> (view JPEG, grid JPEG).

@@ -292,7 +292,7 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE galleries ADD COLUMN wall_captions INTEGER NOT NULL DEFAULT 0 CHECK (wall_captions IN (0, 1));
     """,
     # Activity (issue 16): per gallery and UTC day, how often something happened (views, downloads of one photo
-    # or a zip, favourites given). Counted in memory and added here in batches (events/activity.py), so a busy
+    # or a zip, favourites given). Counted in memory and added here in batches (runtime/activity.py), so a busy
     # gallery costs one small transaction every few seconds, not a write per request.
     """
     CREATE TABLE gallery_activity (

@@ -14,6 +14,7 @@ from quart_trio import QuartTrio
 from werkzeug.routing import IntegerConverter
 
 from picpeak_lite import i18n
+from picpeak_lite.resources import STATIC_DIR, TEMPLATES_DIR
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import INTEGER_MAX
 from picpeak_lite.web import errors, locale
@@ -22,7 +23,6 @@ from picpeak_lite.web.asgi import BackpressureHTTPConnection, BoundedRequest
 from picpeak_lite.web.auth import ADMIN_COOKIE, GUEST_COOKIE, services
 from picpeak_lite.web.limits import WebLimits
 from picpeak_lite.web.passwords import DEVICE_COOKIE, DEVICE_COOKIE_DAYS
-from picpeak_lite.web.resources import STATIC_DIR, TEMPLATES_DIR
 
 log = logging.getLogger(__name__)
 

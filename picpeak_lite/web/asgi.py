@@ -18,7 +18,7 @@ How much one socket read takes follows how many bodies arrive at once (:class:`R
 the same Python on its way (hypercorn, h11, the body, the multipart decoder, the write batch), so the chunk
 size sets what receiving costs: 24 MP photos (9 MB) cost the server 41-52 ms of CPU each (median 46) in 64 KiB
 reads and 31-41 ms (median 37) in 256 KiB reads, interleaved; 1 MiB was worse, 55 ms: each buffer had a
-mapping of its own (pipeline/memory.py).
+mapping of its own (runtime/memory.py).
 But each body in flight holds up to three chunks (the reader's, hypercorn's queue, this body), and 200 guests
 uploading 3 MB each took the server from 230 to 341 MB in 256 KiB reads. So a few bodies at once (a
 photographer's upload, a few guests) are read in large chunks, and many in small ones.

@@ -18,9 +18,9 @@ from picpeak_lite.domain import accounts, admin_settings, galleries
 from picpeak_lite.domain.accounts import Actor
 from picpeak_lite.domain.gallery_fields import EVENT_TYPES
 from picpeak_lite.errors import Conflict, NotFound, Unauthorized, ValidationError
-from picpeak_lite.events import activity
 from picpeak_lite.i18n import _, ngettext
 from picpeak_lite.pipeline import archive, faces
+from picpeak_lite.runtime import activity
 from picpeak_lite.store.queries import admin as admin_q
 from picpeak_lite.store.queries import admin_photos as admin_photo_q
 from picpeak_lite.store.queries import feedback as feedback_q

@@ -1,7 +1,8 @@
 """The photographer's photo grid: list with filters, hide/show, delete several, set the cover, retry.
 
-Each action exists twice over one core function: as JSON under ``/api/admin`` (for the page's script and for
-tools) and as a plain form post under ``/admin`` that redirects back, so the grid works without script too.
+Each action exists twice over one core function (in ``pipeline/photos.py``): as JSON under ``/api/admin`` (for
+the page's script and for tools) and as a plain form post under ``/admin`` that redirects back, so the grid works
+without script too.
 A form delete without ``confirm=yes`` answers with a confirmation page instead of deleting.
 """
 
@@ -9,16 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
 from quart import Blueprint, redirect, render_template, request, url_for
 
 from picpeak_lite.domain import galleries
-from picpeak_lite.errors import BadRequest, Conflict, NotFound
+from picpeak_lite.errors import BadRequest
 from picpeak_lite.i18n import _
-from picpeak_lite.pipeline import replacement, transitions
+from picpeak_lite.pipeline import photos, replacement
 from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import admin_photos as q
-from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.web.auth import current_admin, gallery_api, gallery_page, require_delete, services
 from picpeak_lite.web.views.common import (
     action_and_ids,
@@ -31,9 +30,6 @@ from picpeak_lite.web.views.common import (
 )
 
 blueprint = Blueprint("admin_photos", __name__)
-
-ACTIONS = ("hide", "show", "delete", "cover")
-MAX_IDS = 5000
 
 
 def photo_json(row: dict[str, Any], favourited_by: list[str], cover_id: int | None) -> dict[str, Any]:
@@ -80,7 +76,7 @@ async def cover_api(gallery_id: int) -> dict[str, Any]:
     if photo_id is not None and (not isinstance(photo_id, int) or isinstance(photo_id, bool)
                                  or not fits_integer(photo_id)):
         raise BadRequest(_("Send {\"photo_id\": <id>} (or null for the first photo)."))
-    await set_cover(gallery_id, photo_id)
+    await photos.set_cover(services(), gallery_id, photo_id)
     return {"gallery_id": gallery_id, "cover_photo_id": photo_id}
 
 
@@ -111,13 +107,7 @@ async def bulk_form(gallery_id: int) -> Any:
 @blueprint.post("/admin/photos/<int:photo_id>/retry")
 @gallery_page
 async def retry_form(photo_id: int) -> Any:
-    svc = services()
-    photo = await svc.db.read(photo_q.get, photo_id)
-    if photo is None:
-        raise NotFound(_("There is no such photo."))
-    if not await svc.db.write(photo_q.retry, photo_id):
-        raise Conflict(_("Only a failed photo can be retried."))
-    svc.workers_bell.ring()
+    photo = await photos.retry_photo(services(), photo_id)
     return redirect(url_for("admin.gallery", gallery_id=photo["gallery_id"]) + "#photos")
 
 
@@ -143,50 +133,14 @@ async def replacement_form(gallery_id: int, photo_id: int, step: str) -> Any:
 async def apply_action(gallery_id: int, action: Any, ids: list[int]) -> int:
     """Run one grid action on the photos of ``ids`` that belong to this gallery; returns how many changed."""
     svc = services()
-    if action not in ACTIONS:
-        raise BadRequest(_("Choose one of: %(choices)s.") % {"choices": ", ".join(ACTIONS)})
-    if not ids:
-        raise BadRequest(_("Select at least one photo."))
-    if len(ids) > MAX_IDS:
-        raise BadRequest(_("At most %(MAX_IDS)s photos at once.") % {"MAX_IDS": MAX_IDS})
+    photos.check_selection(action, photos.GRID_ACTIONS, ids)
     await galleries.get_gallery(svc, gallery_id)
     if action == "cover":
         if len(ids) != 1:
             raise BadRequest(_("Select exactly one photo to make it the cover."))
-        await set_cover(gallery_id, ids[0])
+        await photos.set_cover(svc, gallery_id, ids[0])
         return 1
     if action in ("hide", "show"):
-        return await svc.db.write(q.set_hidden, gallery_id, ids, action == "hide")
+        return await photos.set_hidden(svc, gallery_id, ids, action == "hide")
     require_delete(await current_admin())
-    return await delete_photos(gallery_id, ids)
-
-
-async def set_cover(gallery_id: int, photo_id: int | None) -> None:
-    svc = services()
-    await galleries.get_gallery(svc, gallery_id)
-    if not await svc.db.write(q.set_cover, gallery_id, photo_id, svc.clock()):
-        raise Conflict(_("Only a processed photo of this gallery can be its cover."))
-
-
-async def delete_photos(gallery_id: int, ids: list[int]) -> int:
-    """Rows (and their photo.deleted webhooks) in one transaction, then the files."""
-    svc = services()
-    endpoints = svc.settings.webhooks
-    now = svc.clock()
-    actor = await current_actor()
-
-    def delete(conn: Any) -> list[str]:
-        keys, deleted = [], []
-        for photo_id in q.ids_in_gallery(conn, gallery_id, ids):
-            row = transitions.delete_photo(conn, endpoints, photo_id, now)
-            if row is not None:
-                keys.append(row["storage_key"])
-                deleted.append(str(photo_id))
-        if deleted:
-            actor.record(conn, now, "photos.deleted", gallery_id=gallery_id, detail="ids " + ", ".join(deleted))
-        return keys
-
-    keys = await svc.db.write(delete)
-    await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
-    svc.webhooks_bell.ring()
-    return len(keys)
+    return await photos.delete_photos(svc, gallery_id, ids, await current_actor())

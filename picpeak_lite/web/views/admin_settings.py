@@ -20,12 +20,12 @@ from picpeak_lite.errors import BadRequest, NotFound
 from picpeak_lite.events.webhooks import ATTEMPT_TIMEOUT, resolve_target
 from picpeak_lite.i18n import _
 from picpeak_lite.media import images
+from picpeak_lite.resources import STATIC_DIR
 from picpeak_lite.store.queries import settings as settings_q
 from picpeak_lite.store.queries import webhooks as webhook_q
 from picpeak_lite.store.storage import fsync_dir, fsync_file, remove_quietly
 from picpeak_lite.targets import TargetRefused
 from picpeak_lite.web.auth import owner_page, services
-from picpeak_lite.web.resources import STATIC_DIR
 from picpeak_lite.web.views.common import current_actor
 
 blueprint = Blueprint("admin_settings", __name__, url_prefix="/admin/settings")

@@ -14,7 +14,7 @@ derivatives (``storage.watermarked_name``; in the bucket with S3 storage); every
 zipped, streams that file. The tag in its name is a hash of the watermark's parameters, so a changed watermark
 makes new copies (and ``Storage.write_watermarked`` removes the old ones).
 
-Making a copy takes its estimated bytes from the process's decode budget first (``pipeline/budget.py``), as the
+Making a copy takes its estimated bytes from the process's decode budget first (``runtime/budget.py``), as the
 workers do: a guest's download waits for memory instead of adding a full decode on top of theirs. A JPEG too big
 to copy at full size within the budget is copied at the largest 1/2, 1/4 or 1/8 scale that fits; any other image
 that cannot fit is answered 422 with its size (upload refuses those, so only a lowered setting gets there).

@@ -31,8 +31,8 @@ from quart import Blueprint, Response, websocket
 
 from picpeak_lite.domain import access, feedback, wall
 from picpeak_lite.errors import AppError
-from picpeak_lite.events.broker import Change, Subscription
 from picpeak_lite.i18n import _
+from picpeak_lite.runtime.broker import Change, Subscription
 from picpeak_lite.store.db import Connection, fits_integer
 from picpeak_lite.store.queries import changes as change_q
 from picpeak_lite.store.queries import feedback as feedback_q

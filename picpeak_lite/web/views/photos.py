@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
 from quart import Blueprint, Response
 
 from picpeak_lite.domain import access
-from picpeak_lite.errors import Conflict, NotFound, NotReady, Unprocessable
+from picpeak_lite.errors import NotFound, NotReady, Unprocessable
 from picpeak_lite.i18n import _
-from picpeak_lite.pipeline import transitions
+from picpeak_lite.pipeline import photos
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import derived_name
@@ -76,46 +75,15 @@ async def guest_upload_status(slug: str, upload_id: str) -> dict[str, Any]:
 @blueprint.post("/api/admin/photos/<int:photo_id>/retry")
 @gallery_api
 async def retry(photo_id: int) -> dict[str, Any]:
-    svc = services()
-
-    def do_retry(conn: Any) -> bool | None:
-        if photo_q.get(conn, photo_id) is None:
-            return None
-        return photo_q.retry(conn, photo_id)
-
-    result = await svc.db.write(do_retry)
-    if result is None:
-        raise NotFound(_("There is no such photo."))
-    if not result:
-        raise Conflict(_("Only a failed photo can be retried."))
-    svc.workers_bell.ring()
+    await photos.retry_photo(services(), photo_id)
     return {"id": photo_id, "status": PhotoStatus.PENDING}
 
 
 @blueprint.delete("/api/admin/photos/<int:photo_id>")
 @admin_api
 async def delete(photo_id: int) -> tuple[str, int]:
-    await delete_photo(photo_id)
+    await photos.delete_photo(services(), photo_id, await current_actor())
     return "", 204
-
-
-async def delete_photo(photo_id: int) -> None:
-    """Delete the row (with its webhook) first, then the files: a crash in between leaves orphan files for the
-    reconciler, never a row without its file."""
-    svc = services()
-    actor, now = await current_actor(), svc.clock()
-
-    def delete(conn: Any) -> Any:
-        row = transitions.delete_photo(conn, svc.settings.webhooks, photo_id, now)
-        if row is not None:
-            actor.record(conn, now, "photos.deleted", gallery_id=row["gallery_id"], detail=f"ids {photo_id}")
-        return row
-
-    row = await svc.db.write(delete)
-    if row is None:
-        raise NotFound(_("There is no such photo."))
-    await trio.to_thread.run_sync(svc.storage.remove_photo_files, row["storage_key"])
-    svc.webhooks_bell.ring()
 
 
 @blueprint.get("/api/admin/photos/<int:photo_id>/<any(grid, view, original):kind>")

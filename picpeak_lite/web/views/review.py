@@ -3,29 +3,26 @@ one by one or many at once.
 
 As with the photo grid, each action exists as JSON under ``/api/admin`` (for the page's script, ``review.js``,
 and for tools) and as a plain form post under ``/admin`` that redirects back, so the queue works without script.
-The units of work and their webhooks are ``pipeline/moderation.py``; the queue updates itself live over the
-admin's gallery feed, whose ``photo`` messages carry ``awaiting_approval``.
+The actions are ``pipeline/photos.py`` ``review`` (the units of work and their webhooks: ``pipeline/moderation.py``);
+the queue updates itself live over the admin's gallery feed, whose ``photo`` messages carry ``awaiting_approval``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import trio
 from quart import Blueprint, redirect, request, url_for
 
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest
 from picpeak_lite.i18n import _
-from picpeak_lite.pipeline import moderation
+from picpeak_lite.pipeline import moderation, photos
 from picpeak_lite.store.db import fits_integer
 from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.web.auth import current_admin, gallery_api, gallery_page, require_delete, services
 from picpeak_lite.web.views.common import action_and_ids, admin_image_url, current_actor, photo_status
 
 blueprint = Blueprint("review", __name__)
-
-MAX_IDS = 5000
 
 
 def queue_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -67,29 +64,7 @@ async def review_form(gallery_id: int) -> Any:
 
 async def apply_review(gallery_id: int, action: Any, ids: list[int]) -> list[int]:
     """Approve, hide or delete those of ``ids`` that still wait in this gallery; returns their ids."""
-    svc = services()
-    if action not in moderation.ACTIONS:
-        raise BadRequest(_("Choose one of: %(choices)s.") % {"choices": ", ".join(moderation.ACTIONS)})
-    if not ids:
-        raise BadRequest(_("Select at least one photo."))
-    if len(ids) > MAX_IDS:
-        raise BadRequest(_("At most %(MAX_IDS)s photos at once.") % {"MAX_IDS": MAX_IDS})
+    photos.check_selection(action, moderation.ACTIONS, ids)
     if action == "delete":
         require_delete(await current_admin())
-    await galleries.get_gallery(svc, gallery_id)
-    actor, now = await current_actor(), svc.clock()
-
-    def review(conn: Any) -> list[Any]:
-        rows = moderation.review(conn, svc.settings.webhooks, gallery_id, action, ids, now)
-        if action == "delete" and rows:
-            actor.record(conn, now, "photos.deleted", gallery_id=gallery_id,
-                         detail="ids " + ", ".join(str(row["id"]) for row in rows))
-        return rows
-
-    rows = await svc.db.write(review)
-    if action == "delete" and rows:
-        keys = [row["storage_key"] for row in rows]
-        await trio.to_thread.run_sync(svc.storage.remove_files_of, keys)
-    if rows:
-        svc.webhooks_bell.ring()
-    return [row["id"] for row in rows]
+    return await photos.review(services(), gallery_id, action, ids, await current_actor())

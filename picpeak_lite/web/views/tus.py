@@ -394,7 +394,7 @@ async def _receive(row: Row, offset: int,
     """Write the body at ``offset``; when that completes the file, make its photo (answered 204 only once it
     exists: ``resumable.complete``)."""
     svc = services()
-    await svc.backlog.wait_for_room()  # once upload_lead photos wait for a worker (pipeline/backlog.py)
+    await svc.backlog.wait_for_room()  # once upload_lead photos wait for a worker (runtime/backlog.py)
     request.body.stream()  # type: ignore[attr-defined]  # BoundedBody (web/asgi.py): counted by resumable
     new_offset = await resumable.write_chunk(svc, row, offset, request.body, content_length=request.content_length,
                                              checksum=checksum)

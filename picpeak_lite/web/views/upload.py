@@ -287,7 +287,7 @@ async def _store_in_order(intake: Intake, to_store: trio.MemoryReceiveChannel[tu
     """Stores each file (its checks, the fsync and rename, its row) while the next one arrives: done inline,
     those took the receiving of 50 x 24 MP photos 0.83 s out of 3.0 s, with the client held back meanwhile.
     The channel holds nothing: a file that has arrived waits for the one before to be stored, and, once
-    ``upload_lead`` photos wait for a worker, for a worker to take one (pipeline/backlog.py)."""
+    ``upload_lead`` photos wait for a worker, for a worker to take one (runtime/backlog.py)."""
     backlog = services().backlog
     async with to_store:
         async for sink, entry in to_store:

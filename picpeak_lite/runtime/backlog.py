@@ -26,8 +26,8 @@ import math
 
 import trio
 
-from picpeak_lite.events.bell import Bell
-from picpeak_lite.events.broker import Change
+from picpeak_lite.runtime.bell import Bell
+from picpeak_lite.runtime.broker import Change
 from picpeak_lite.store.db import Database
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus

@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from picpeak_lite.events.bell import Bell
+from picpeak_lite.runtime.bell import Bell
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import activity as activity_q
 
