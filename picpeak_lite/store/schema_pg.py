@@ -515,6 +515,14 @@ STEPS: dict[int, str] = {
     CREATE INDEX faces_gallery ON faces(gallery_id);
     CREATE INDEX faces_photo ON faces(photo_id);
     """,
+    # 27: key reservations (issue 30): uploads and the reconciler agree through rows, not storage calls
+    27: """
+    CREATE TABLE key_reservations (
+        storage_key TEXT PRIMARY KEY,
+        reserved_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX key_reservations_age ON key_reservations(reserved_at);
+    """,
 }
 
 
