@@ -110,16 +110,24 @@ async def test_no_storage_call_happens_inside_a_write_transaction(admin: AuthAct
     """Uploads, processing, a replacement confirmed, a delete, and a reconciler round that removes an orphan and
     fails a photo whose original went missing: every storage call is made outside the write transactions."""
     storage = watched(services)
+
+    def none_inside(stage: str) -> None:
+        assert storage.inside == [], f"{stage}: storage calls inside a write transaction: {sorted(set(storage.inside))}"
+
     gallery = await published(admin, name="Watched")
     gid = gallery["id"]
     sent = await admin_upload(admin, gid, [("a.jpg", shot(1)), ("b.jpg", shot(2)), ("c.jpg", shot(3))])
     assert sent.status_code == 202, await sent.get_data(as_text=True)
     first, second, third = (await sent.get_json())["photo_ids"]
+    none_inside("upload")
     await run_pool_until_idle(services)
+    none_inside("processing")
     assert (await replace(admin, gid, first, shot(4))).status_code == 202
+    none_inside("replacement")
     await run_pool_until_idle(services)
     assert (await step(admin, gid, first, "confirm")).status_code == 200
     assert (await admin.client.delete(f"/api/admin/photos/{second}", headers=admin.headers())).status_code == 204
+    none_inside("confirm and delete")
     # A crash between an upload's reservation and its row, an hour ago; and an original lost from the disk.
     crashed = new_key()
     await services.db.write(reservations_q.reserve, crashed, services.clock() - 3600)
@@ -129,10 +137,10 @@ async def test_no_storage_call_happens_inside_a_write_transaction(admin: AuthAct
     lost = sql(services, "SELECT storage_key FROM photos WHERE id = ?", third)[0]["storage_key"]
     os.unlink(storage.original_path(lost))
     counts = await Janitor(services).reconcile()
+    none_inside("reconciler")
     assert (counts["orphans_removed"], counts["missing_failed"]) == (1, 1)
     assert not storage.has_original(crashed)
     assert sql(services, "SELECT status FROM photos WHERE id = ?", third)[0]["status"] == "failed"
-    assert storage.inside == [], f"storage calls inside a write transaction: {sorted(set(storage.inside))}"
     # Not vacuous: the watch saw the writes and the storage calls of all of the above.
     assert services.db.writes > 10  # type: ignore[attr-defined]
     assert {"commit_original", "has_original", "remove_photo_files"} <= set(storage.outside)
