@@ -138,6 +138,7 @@ async def test_no_storage_call_happens_inside_a_write_transaction(admin: AuthAct
     temp = storage.new_temp_path()
     temp.write_bytes(b"stored, never committed")
     storage.commit_original(temp, crashed)
+    os.utime(storage.original_path(crashed), (time.time() - 3600,) * 2)
     lost = sql(services, "SELECT storage_key FROM photos WHERE id = ?", third)[0]["storage_key"]
     os.unlink(storage.original_path(lost))
     counts = await Janitor(services).reconcile()

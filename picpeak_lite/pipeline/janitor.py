@@ -34,6 +34,7 @@ The first pass runs before ``started()``: when the server says it is ready, reco
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import trio
@@ -153,8 +154,9 @@ class Janitor:
 
     def _orphan_candidates(self, known: set[str], reserved: dict[str, float], now: float) -> tuple[set[str], set[str]]:
         """(keys with files and no row, the keys to claim): of the listed keys without a row (as of the read
-        above), those reserved before the grace period began, or not reserved and with files older than it; and
-        every expired reservation, whose upload died before its row, with or without a file."""
+        above), those whose files are older than the grace period and that are not reserved or were reserved
+        before it began; and every expired reservation without a file (its upload died before writing it).
+        Candidates only: :func:`claim_orphans` decides."""
         reserved_before = now - self.orphan_grace
         listed: dict[str, float] = {}
         for key, mtime in self.storage.iter_original_keys():
@@ -163,8 +165,8 @@ class Janitor:
             listed[key] = max(mtime, listed.get(key, mtime))
         unknown = {key: mtime for key, mtime in listed.items() if key not in known}
         candidates = {key for key, mtime in unknown.items()
-                      if (reserved[key] < reserved_before if key in reserved else now - mtime > self.orphan_grace)}
-        candidates |= {key for key, at in reserved.items() if at < reserved_before}
+                      if now - mtime > self.orphan_grace and reserved.get(key, -math.inf) < reserved_before}
+        candidates |= {key for key, at in reserved.items() if at < reserved_before and key not in listed}
         return set(unknown), candidates
 
     async def _fail_if_still_missing(self, photo_id: int, now: float) -> bool:

@@ -43,10 +43,3 @@ def reserved(conn: Connection) -> dict[str, float]:
     rows = conn.execute("SELECT storage_key, reserved_at FROM key_reservations").fetchall()
     return {r["storage_key"]: r["reserved_at"] for r in rows}
 
-
-def expired(conn: Connection, reserved_before: float) -> list[str]:
-    """Keys reserved before ``reserved_before``: uploads that crashed or gave up between reserving and their row
-    (their file may or may not have been written)."""
-    rows = conn.execute("SELECT storage_key FROM key_reservations WHERE reserved_at < ? ORDER BY storage_key",
-                        (reserved_before,)).fetchall()
-    return [r["storage_key"] for r in rows]
