@@ -558,9 +558,9 @@ async def test_guests_see_only_complete_photos(services: Services, client: Any, 
 
 async def test_a_slow_uploads_files_are_never_lost_to_the_reconciler(services: Services, conn: Any,
                                                                       gallery_id: int) -> None:
-    """A file renamed into storage long before its upload commits (a phone on a slow link) looks like an orphan
-    to the reconciler. The upload's commit and the reconciler decide under the same write lock: the upload
-    reports the file lost instead of answering with a photo whose original is gone."""
+    """A file stored long before its upload commits (a phone on a slow link): its key's reservation expires and
+    the reconciler deletes it, then removes the file. The upload's commit finds its reservation gone (a database
+    read, no storage call) and reports the file lost instead of answering with a photo whose original is gone."""
     from picpeak_lite.pipeline.intake import Intake, Limits
 
     services.storage.create_dirs()
@@ -572,8 +572,8 @@ async def test_a_slow_uploads_files_are_never_lost_to_the_reconciler(services: S
         entry = await intake.finish_file(first)
         assert entry is not None and entry.key is not None
         stored = services.storage.original_path(entry.key)
-        old = time.time() - 3600
-        os.utime(stored, (old, old))  # the rest of the body took an hour to arrive
+        later = time.time() + 3600
+        services.clock = lambda: later  # the rest of the body took an hour to arrive
         counts = await Janitor(services).reconcile()
         assert counts["orphans_removed"] == 1 and not stored.exists()
         second = intake.start_file("second.jpg")

@@ -89,9 +89,9 @@ async def test_replace_keeps_id_place_and_favourites_and_revert_and_confirm(
     storage = services.storage
     assert storage.exists(original_name(before["storage_key"]))
     assert storage.exists(derived_name(before["storage_key"], "grid"))
-    from picpeak_lite.pipeline.janitor import remove_orphans
+    from picpeak_lite.pipeline.janitor import claim_orphans
 
-    assert await services.db.write(remove_orphans, storage, {before["storage_key"]}) == set()
+    assert await services.db.write(claim_orphans, {before["storage_key"]}, services.clock() + 3600) == set()
 
     # A second replacement waits for this one to be confirmed or reverted.
     assert (await replace(admin, gid, photo, shot(9))).status_code == 409

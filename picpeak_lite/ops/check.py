@@ -30,10 +30,11 @@ from pathlib import Path, PurePath
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import ConfigError
 from picpeak_lite.pipeline import transitions
-from picpeak_lite.pipeline.janitor import remove_orphans
+from picpeak_lite.pipeline.janitor import claim_orphans
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import replacement as replacement_q
+from picpeak_lite.store.queries import reservations as reservations_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import DERIVATIVES, Storage, open_storage, original_name
 
@@ -139,6 +140,8 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
         with db.transaction(conn, immediate=False):
             current = {r["id"]: r for r in photo_q.rows_for_check(conn)}
             live_keys = {r["storage_key"] for r in current.values()} | replacement_q.previous_keys(conn)
+            # An upload still writing or committing its file (a reservation within the grace period).
+            live_keys |= {key for key, at in reservations_q.reserved(conn).items() if now - at <= grace}
         for photo_id in suspects["missing"]:
             found = current.get(photo_id)
             if found is not None and found["status"] != PhotoStatus.FAILED and not storage.has_original(
@@ -152,13 +155,14 @@ def check_data_dir(settings: Settings, *, grace: float = DEFAULT_GRACE_SECONDS, 
                 report.missing_derivatives.append(photo_id)
         report.orphans = sorted(p for key, paths in orphan_keys.items() if key not in live_keys for p in paths)
         if repair:
-            _repair(conn, settings, storage, report, now)
+            _repair(conn, settings, storage, report, now, grace)
     finally:
         conn.close()
     return report
 
 
-def _repair(conn: db.Connection, settings: Settings, storage: Storage, report: Report, now: float) -> None:
+def _repair(conn: db.Connection, settings: Settings, storage: Storage, report: Report, now: float,
+            grace: float) -> None:
     for photo_id in report.missing_derivatives:
         with db.transaction(conn):
             report.requeued += photo_q.requeue_for_derivatives(conn, photo_id)
@@ -166,7 +170,9 @@ def _repair(conn: db.Connection, settings: Settings, storage: Storage, report: R
         with db.transaction(conn):
             report.failed_now += transitions.fail_missing_original(conn, settings.webhooks, photo_id, now) is not None
     if report.orphans:
-        # Under the write lock, as the reconciler does: never remove a file that has a row by now.
+        # Claimed in a write transaction from rows alone, as the reconciler does (never a key that has a row or a
+        # live reservation by now); the files go after it committed.
         with db.transaction(conn):
-            removed = remove_orphans(conn, storage, {path.name.split(".", 1)[0] for path in report.orphans})
+            removed = claim_orphans(conn, {path.name.split(".", 1)[0] for path in report.orphans}, now - grace)
+        storage.remove_files_of(sorted(removed))
         report.orphans_removed += sum(path.name.split(".", 1)[0] in removed for path in report.orphans)

@@ -2,10 +2,13 @@
 
 A file travels: bytes -> :class:`FileSink` (a temp file in ``data_dir/tmp``, its sha256 computed on the way,
 bytes counted against the per-file limit as they arrive) -> duplicate check by sha256 -> the cheap header
-check (``images.sniff`` in a thread: magic bytes and header, no decode) -> ``Storage.commit_original`` (fsync,
-atomic rename under a generated key, fsync of the directory) -> a transaction that re-checks who may upload,
-duplicates and the gallery's cap, creates the upload group and a ``pending`` row per new photo. A crash
-between rename and commit leaves a file without a row (the reconciler's business), never a row without a file.
+check (``images.sniff`` in a thread: magic bytes and header, no decode) -> a short transaction that reserves a
+generated storage key (schema 27) -> ``Storage.commit_original`` (fsync, atomic rename under that key, fsync of
+the directory) -> a transaction that re-checks who may upload, duplicates and the gallery's cap, takes the key's
+reservation (gone: the reconciler removed the file as expired, and the file is reported lost), creates the upload
+group and a ``pending`` row per new photo. That transaction asks the storage nothing (with S3 it would be a
+network call holding the writer). A crash between reservation and commit leaves a reserved file without a row
+(the reconciler's business once the reservation expired), never a row without a file.
 
 Two ways to commit. The importer stages files and calls :meth:`Intake.commit` per batch. An HTTP upload
 passes an :class:`Uploader`: each file's row is committed as soon as its original is durable, so the workers
@@ -61,6 +64,7 @@ from picpeak_lite.pipeline import attempts, transitions, video_intake
 from picpeak_lite.store import locks
 from picpeak_lite.store.db import Connection, Database
 from picpeak_lite.store.queries import photos as photo_q
+from picpeak_lite.store.queries import reservations as reservations_q
 from picpeak_lite.store.storage import Storage, disk_errors, new_key, remove_quietly
 
 MB = 1024 * 1024
@@ -494,6 +498,9 @@ class Intake:
             entry.error, entry.status = gallery_full(self._cap), 409
             return
         entry.key = new_key()  # before the hop: if the rename half-happens, the exit removes both places
+        # Reserved (committed) before the file is written: the reconciler leaves a reserved key's files alone until
+        # the reservation expires, and the commit below takes it (pipeline/janitor.py says the order and why).
+        await self.db.write(reservations_q.reserve, entry.key, self.clock())
         if sink.referenced:
             await trio.to_thread.run_sync(self.storage.link_original, sink.temp, entry.key, limiter=io_limiter())
         else:
@@ -551,7 +558,7 @@ class Intake:
             rows = [(e.key, e.sha256, e.filename, e.size, e.header, e.video) for e in staged]
             lease = self.settings.lease_seconds if provisional else None
             upload_id, outcomes = await self.db.write(
-                _record, self.storage, authorize, self.gallery_id, rows, self.upload_id, uploaded_by,
+                _record, authorize, self.gallery_id, rows, self.upload_id, uploaded_by,
                 guest_session_id, guest_name, self.settings.gallery_photo_cap, self.clock(), lease,
             )
             # No checkpoint between the write returning and these marks: a cancellation that arrives now
@@ -620,10 +627,11 @@ def gallery_full(cap: int) -> str:
     return _("The gallery is full: it holds at most %(cap)s photos.") % {"cap": cap}
 
 
-def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id: int, rows: list[tuple[Any, ...]],
+def _record(conn: Connection, authorize: Authorize, gallery_id: int, rows: list[tuple[Any, ...]],
             upload_id: str | None, uploaded_by: str, guest_session_id: int | None, guest_name: str | None,
             default_cap: int, now: float, lease: float | None = None) -> tuple[str | None, list[Outcome]]:
-    """``lease``: the rows are provisional and the group is receiving for that long (renewed each time)."""
+    """``lease``: the rows are provisional and the group is receiving for that long (renewed each time). Each
+    file's key reservation is taken here; no storage call is made (the transaction holds the writer)."""
     locks.hold(conn, locks.PHOTO_ROWS)
     gallery = authorize(conn)
     if gallery["id"] != gallery_id:
@@ -636,16 +644,17 @@ def _record(conn: Connection, storage: Storage, authorize: Authorize, gallery_id
     count = photo_q.count_in_gallery(conn, gallery_id)
     outcomes: list[Outcome] = []
     for key, sha256, name, size, header, clip in rows:
+        # Taken whatever becomes of the file: a row points at it now, or the intake removes it after this commit.
+        reserved = reservations_q.take(conn, key)
         existing = photo_q.find_by_sha(conn, gallery_id, sha256)
         if existing is not None:
             if existing["status"] == "failed":
                 photo_q.retry(conn, existing["id"])
             outcomes.append((existing["id"], True, None))
             continue
-        if not storage.has_original(key):
-            # Checked under the write lock that the reconciler also takes before it removes an orphan: a file
-            # that waited too long for its row (a very slow upload) was removed, and this says so instead of
-            # answering 202 for a photo without its file.
+        if not reserved:
+            # The reconciler deleted the reservation as expired (a very slow upload) and so removes the file: this
+            # says so instead of answering 202 for a photo without its file.
             outcomes.append((None, False, LOST))
             continue
         if count >= cap:

@@ -11,9 +11,22 @@
 * Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash); unfinished tus
   uploads past their expiry lose their bytes (``resumable.expire``, in the process that serves HTTP only).
 * Audit trail rows older than ``audit_retention_days`` are removed (with the reconciler's round).
-* The reconciler removes stored files that have no row (a crash between the rename and the commit), after a
-  grace period so that an upload in the middle of committing is never touched, and fails rows whose original
-  is missing.
+* The reconciler removes stored files that have no row (a crash between the rename and the commit), and fails
+  rows whose original is missing. It never asks the storage anything inside a write transaction (with S3 each
+  question is a network call, and the write would hold every other writer meanwhile): uploads and the
+  reconciler agree through key reservations (schema 27, ``store/queries/reservations.py``), rows in the database.
+
+  The order that keeps every file that a row or a 202 points at, whatever crashes where:
+
+  1. An upload reserves its new key (a committed row) before it writes the file; it takes the reservation in
+     the transaction that inserts the photo's row, and says "lost" instead of 202 when the reservation is gone.
+  2. The reconciler, in one transaction (:func:`claim_orphans`), gives up a key only if it has no row and either
+     no reservation (nothing can ever give it a row: rows come only from reservations) or an expired one, which
+     it deletes there. It removes the files only after that transaction committed.
+
+  A crash after 1's reservation leaves a reservation (expired after the grace period: step 2 removes whatever
+  was written); a crash between 2's commit and the removal leaves files with neither row nor reservation, which
+  the next round removes once they are older than the grace period. Never a row without its file.
 
 The first pass runs before ``started()``: when the server says it is ready, recovery has been done.
 """
@@ -21,6 +34,7 @@ The first pass runs before ``started()``: when the server says it is ready, reco
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import trio
@@ -28,13 +42,13 @@ import trio
 from picpeak_lite.errors import StorageUnavailable
 from picpeak_lite.pipeline import attempts, intake, resumable, transitions
 from picpeak_lite.services import Services
-from picpeak_lite.store import locks
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import archive as archive_q
 from picpeak_lite.store.queries import audit as audit_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import replacement as replacement_q
+from picpeak_lite.store.queries import reservations as reservations_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import Storage
 
@@ -116,16 +130,18 @@ class Janitor:
         if self.expire_tus:
             await resumable.expire(svc)
         await svc.db.write(audit_q.prune, now - svc.settings.audit_retention_days * 86400)
-        rows = await svc.db.read(photo_q.rows_with_keys)
-        known = {r["storage_key"] for r in rows} | await svc.db.read(replacement_q.previous_keys)
-        candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, now)
-        # Decided again under the write lock, which an upload's commit also holds when it checks that its files
-        # are still there: either the row wins or the upload reports the file lost; never a row without a file.
-        orphans = len(await svc.db.write(remove_orphans, self.storage, candidates)) if candidates else 0
+        rows, known, reserved = await svc.db.read(_keys_in_use)
+        reserved_before = now - self.orphan_grace
+        listed, candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, reserved, now)
+        # Decided again in a transaction (claim_orphans), from rows alone; the files go after it committed.
+        claimed = await svc.db.write(claim_orphans, candidates, reserved_before) if candidates else set()
+        if claimed:
+            await trio.to_thread.run_sync(_remove_files, self.storage, sorted(claimed))
+        orphans = len(claimed & listed)  # an expired reservation whose file was never written is no orphan file
         missing = await trio.to_thread.run_sync(self._rows_missing_original, rows)
         failed = 0
         for photo_id in missing:
-            if await svc.db.write(_fail_if_still_missing, self.storage, svc.settings.webhooks, photo_id, now):
+            if await self._fail_if_still_missing(photo_id, now):
                 failed += 1
         if failed:
             svc.webhooks_bell.ring()
@@ -136,13 +152,34 @@ class Janitor:
                         counts, pruned, abandoned)
         return counts
 
-    def _orphan_candidates(self, known: set[str], now: float) -> set[str]:
-        """Storage keys with files older than the grace period and no row (as of the read above)."""
-        candidates = {key for key, mtime in self.storage.iter_original_keys()
-                      if key not in known and now - mtime > self.orphan_grace}
-        candidates |= {key for key, _, mtime in self.storage.iter_derived()
-                       if key not in known and now - mtime > self.orphan_grace}
-        return candidates
+    def _orphan_candidates(self, known: set[str], reserved: dict[str, float], now: float) -> tuple[set[str], set[str]]:
+        """(keys with files and no row, the keys to claim): of the listed keys without a row (as of the read
+        above), those whose files are older than the grace period and that are not reserved or were reserved
+        before it began; and every expired reservation without a file (its upload died before writing it).
+        Candidates only: :func:`claim_orphans` decides."""
+        reserved_before = now - self.orphan_grace
+        listed: dict[str, float] = {}
+        for key, mtime in self.storage.iter_original_keys():
+            listed[key] = max(mtime, listed.get(key, mtime))
+        for key, _, mtime in self.storage.iter_derived():
+            listed[key] = max(mtime, listed.get(key, mtime))
+        unknown = {key: mtime for key, mtime in listed.items() if key not in known}
+        candidates = {key for key, mtime in unknown.items()
+                      if now - mtime > self.orphan_grace and reserved.get(key, -math.inf) < reserved_before}
+        candidates |= {key for key, at in reserved.items() if at < reserved_before and key not in listed}
+        return set(unknown), candidates
+
+    async def _fail_if_still_missing(self, photo_id: int, now: float) -> bool:
+        """A photo the listing found without its original: read its guard, ask the storage once more (outside any
+        transaction), and fail it only if the guard is unchanged (:func:`_fail_unchanged`): a delete, a
+        replacement or an archive may have raced the listing."""
+        svc = self.svc
+        seen = await svc.db.read(photo_q.original_guard, photo_id)
+        if seen is None or seen["status"] == PhotoStatus.FAILED or seen["archive_state"] != archive_q.ACTIVE:
+            return False
+        if await trio.to_thread.run_sync(self.storage.has_original, seen["storage_key"]):
+            return False
+        return await svc.db.write(_fail_unchanged, svc.settings.webhooks, seen, now)
 
     def _rows_missing_original(self, rows: list[dict[str, Any]]) -> list[int]:
         stored = {key for key, _ in self.storage.iter_original_keys()}  # one listing, not a look-up per row
@@ -151,24 +188,43 @@ class Janitor:
                 if r["status"] != PhotoStatus.FAILED and not r["archived"] and r["storage_key"] not in stored]
 
 
-def remove_orphans(conn: Connection, storage: Storage, keys: set[str]) -> set[str]:
-    """Remove the files of every key that still has no row; returns those keys. Run it in a write transaction:
-    an upload checks its files under the same lock before it inserts their rows."""
-    locks.hold(conn, locks.PHOTO_ROWS)
-    removed = set()
+def _keys_in_use(conn: Connection) -> tuple[list[dict[str, Any]], set[str], dict[str, float]]:
+    """One snapshot: every photo's row (for the missing-original check), the keys rows point at (previous versions
+    of replaced photos too), and the reserved keys with their times."""
+    rows = photo_q.rows_with_keys(conn)
+    known = {r["storage_key"] for r in rows} | replacement_q.previous_keys(conn)
+    return rows, known, reservations_q.reserved(conn)
+
+
+def claim_orphans(conn: Connection, keys: set[str], reserved_before: float) -> set[str]:
+    """The keys of ``keys`` whose files may go: no row, and no reservation or one made before
+    ``reserved_before`` (deleted here). Run it in a write transaction and remove the returned keys' files only
+    after it committed; no storage call happens in here.
+
+    The reservation is deleted first and the row looked for last: on PostgreSQL an upload's commit that took the
+    same reservation concurrently makes this delete wait and then find nothing, and the row it inserted is then
+    visible to the statements that follow (read committed), so the key is kept. A key never reserved (or whose
+    reservation was taken) and without a row can never get one: rows are inserted only by taking a reservation.
+    """
+    claimed = set()
     for key in sorted(keys):
-        if not photo_q.key_in_use(conn, key):
-            storage.remove_photo_files(key)
-            removed.add(key)
-    return removed
+        released = reservations_q.release_expired(conn, key, reserved_before)
+        if not released and reservations_q.is_reserved(conn, key):
+            continue  # an upload still writing or committing it
+        if photo_q.key_in_use(conn, key):
+            continue
+        claimed.add(key)
+    return claimed
 
 
-def _fail_if_still_missing(conn: Connection, storage: Storage, endpoints: Any, photo_id: int, now: float) -> bool:
-    """Checked again inside the write transaction: a delete may have raced the scan."""
-    row = photo_q.get(conn, photo_id)
-    if row is None or archive_q.photo_archived(conn, photo_id) or storage.has_original(row["storage_key"]):
+def _fail_unchanged(conn: Connection, endpoints: Any, seen: dict[str, Any], now: float) -> bool:
+    """Fail the photo if it is still exactly as it was when its original was found missing (``seen``, read before
+    that storage call): the same key and status, its gallery active and not archived again since (``archived_at``).
+    Then nothing can have brought the file back meanwhile: a restore needs an archive in between, a replacement
+    or a revert changes the key, a delete removes the row."""
+    if photo_q.original_guard(conn, seen["id"]) != seen:
         return False
-    return transitions.fail_missing_original(conn, endpoints, photo_id, now) is not None
+    return transitions.fail_missing_original(conn, endpoints, seen["id"], now) is not None
 
 
 def _remove_files(storage: Storage, keys: list[str]) -> None:

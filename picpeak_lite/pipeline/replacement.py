@@ -27,6 +27,7 @@ from picpeak_lite.services import Services
 from picpeak_lite.store.db import INTEGER_MAX, Connection, Row
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import replacement as replacement_q
+from picpeak_lite.store.queries import reservations as reservations_q
 
 FAILURES: dict[int, type[AppError]] = {413: TooLarge, 415: UnsupportedMedia, 409: Conflict}
 
@@ -64,7 +65,7 @@ async def replace(svc: Services, intake: Intake, photo_id: int, actor: Actor) ->
         raise UnsupportedMedia(_("Only photos can be replaced; upload a video as a new one."))
     assert entry.key is not None and entry.header is not None
     key, header = entry.key, entry.header
-    storage, gallery_id = svc.storage, intake.gallery_id
+    gallery_id = intake.gallery_id
 
     def swap(conn: Connection) -> Row:
         row = photo_q.get(conn, photo_id)
@@ -73,7 +74,7 @@ async def replace(svc: Services, intake: Intake, photo_id: int, actor: Actor) ->
         _check_replaceable(row)
         if photo_q.find_by_sha(conn, gallery_id, entry.sha256) is not None:
             raise Conflict(_("This file is already in the gallery."))
-        if not storage.has_original(key):
+        if not reservations_q.take(conn, key):  # a database read, never a storage call under the writer
             raise Conflict(_("The file was lost before it could be saved; please send it again."))
         changed = replacement_q.start(conn, row, storage_key=key, sha256=entry.sha256, size=entry.size,
                                       format=header.format, width=header.width, height=header.height)

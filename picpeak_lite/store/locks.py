@@ -10,12 +10,12 @@ agrees on them; the high bytes spell "PPKL", our schema's application id.
 * :data:`CHANGE_LOG`: every transaction that changes a photo row takes it in the change-log trigger (see
   ``schema_pg.py``) and keeps it until it commits, so change sequence numbers become visible in their own order
   and the feed's ``seq > last`` can never step over a change that commits late.
-* :data:`PHOTO_ROWS`: an upload's commit (``pipeline/intake.py`` ``_record``: its files are still there, the
-  gallery's cap counted then filled, the gallery still active), the reconciler's removal of files without a row
-  (``pipeline/janitor.py`` ``remove_orphans``) and the first step of archiving (``pipeline/archive.py``
-  ``request_archive``). Each reads and then writes on what the others change: without one lock between them,
-  an upload could count the cap with another's rows uncommitted, or have its file removed as an orphan between
-  its check and its row.
+* :data:`PHOTO_ROWS`: an upload's commit (``pipeline/intake.py`` ``_record``: the gallery's cap counted then
+  filled, the gallery still active) and the first step of archiving (``pipeline/archive.py``
+  ``request_archive``). Each reads and then writes on what the other changes: without one lock between them,
+  an upload could count the cap with another's rows uncommitted. (Whether an upload's file is still there is
+  not decided under a lock but by its key reservation's row, which the upload's commit and the reconciler both
+  delete: the row lock decides; see ``store/queries/reservations.py``.)
 """
 
 from __future__ import annotations

@@ -632,6 +632,18 @@ MIGRATIONS: tuple[str, ...] = (
     """
     -- nothing to change on SQLite
     """,
+    # key reservations (issue 30): a storage key an upload is writing its original under, reserved in a short
+    # transaction before the file is written and taken (deleted) in the transaction that inserts its row. The
+    # reconciler never removes the files of a key with a row or a live reservation; an expired reservation it
+    # deletes first, in its own transaction, and removes the files after that commit. So uploads and the
+    # reconciler agree through these rows alone, with no storage call inside a write (pipeline/janitor.py).
+    """
+    CREATE TABLE key_reservations (
+        storage_key TEXT PRIMARY KEY,
+        reserved_at REAL NOT NULL
+    ) STRICT;
+    CREATE INDEX key_reservations_age ON key_reservations(reserved_at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

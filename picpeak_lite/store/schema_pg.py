@@ -544,6 +544,14 @@ STEPS: dict[int, str] = {
     CREATE TRIGGER email_outbox_notify AFTER INSERT ON email_outbox REFERENCING NEW TABLE AS added
         FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify('picpeak_email');
     """,
+    # 28: key reservations (issue 30): uploads and the reconciler agree through rows, not storage calls
+    28: """
+    CREATE TABLE key_reservations (
+        storage_key TEXT PRIMARY KEY,
+        reserved_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX key_reservations_age ON key_reservations(reserved_at);
+    """,
 }
 
 

@@ -377,6 +377,14 @@ def rows_with_keys(conn: Connection) -> list[Row]:
                         "FROM photos p JOIN galleries g ON g.id = p.gallery_id").fetchall()
 
 
+def original_guard(conn: Connection, photo_id: int) -> Row | None:
+    """What the reconciler compares before and after it asks the storage for a photo's original: the key, the
+    status, and the gallery's archive state with the time of its last archiving (a restore in between changes it)."""
+    rows = conn.execute("SELECT p.id, p.storage_key, p.status, g.archive_state, g.archived_at FROM photos p "
+                        "JOIN galleries g ON g.id = p.gallery_id WHERE p.id = ?", (photo_id,)).fetchall()
+    return rows[0] if rows else None
+
+
 def count_pending(conn: Connection) -> int:
     """Photos waiting for a worker (on the queue's index)."""
     return conn.execute("SELECT count(*) AS n FROM photos WHERE status = 'pending'").fetchall()[0]["n"]
