@@ -19,6 +19,7 @@ import trio
 
 from picpeak_lite.config import Settings
 from picpeak_lite.errors import TooManyRequests
+from picpeak_lite.pipeline.janitor import Janitor
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
 from picpeak_lite.store.queries import limits as limits_q
@@ -182,7 +183,8 @@ async def test_a_bucket_is_one_bucket_for_two_processes(services: Services, seco
 
 
 async def test_the_tables_stay_bounded(services: Services) -> None:
-    """Full buckets, forgotten failures and expired reservations go; past ``max_keys`` the stalest go."""
+    """Full buckets, forgotten failures and expired reservations go; past ``max_keys`` the stalest go; the
+    janitor's reconcile round runs the prune."""
     now = [1000.0]
     bucket = RateLimit("test", 2, 0.001, db=services.db, clock=lambda: now[0])
     for key in range(5):
@@ -198,8 +200,8 @@ async def test_the_tables_stay_bounded(services: Services) -> None:
     removed = await services.db.write(limits_q.prune, now[0], 2)
     assert removed == {"buckets": 3, "attempts": 2}  # over the cap: the keys beyond two
     assert await services.db.read(limits_q.count_rows) == {"rate_buckets": 2, "password_attempts": 4}
-    now[0] += 2 * services.settings.login_window_seconds + 1
-    await services.db.write(limits_q.prune, now[0], 1000)
+    # The janitor's round, on the services' own (real) clock: long past all of it.
+    await Janitor(services).reconcile()
     assert await services.db.read(limits_q.count_rows) == {"rate_buckets": 0, "password_attempts": 0}
 
 
