@@ -40,9 +40,10 @@ MAX_BACKOFF_STEPS = 32  # failures kept past the limit: the wait has reached the
 # A check normally holds its reservation for one hash (~50 ms) plus its turn for the hash limiter; a minute is
 # far past that, and short enough that a crashed process's reservation frees its key soon.
 RESERVATION_SECONDS = 60.0
-# How long an attempt waits for others of its key still in flight before it is answered 429; and how often a
+# How long an attempt waits for others of its key still in flight before it is answered 429 (a busy machine may
+# take seconds over a few hashes; a stuck one holds its key at most RESERVATION_SECONDS); and how often a
 # waiting attempt looks again (an attempt answered in this process wakes it at once).
-MAX_WAIT_SECONDS = 10.0
+MAX_WAIT_SECONDS = 20.0
 POLL_SECONDS = 0.05
 _NEVER = -1e18
 
