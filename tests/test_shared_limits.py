@@ -228,3 +228,20 @@ async def test_the_cost_of_a_check(services: Services, capsys: pytest.CaptureFix
     figures(capsys, f"limits: check_ms_p50={ms(taps, 50)} p95={ms(taps, 95)} "
                     f"password_attempt_ms_p50={ms(attempts, 50)} p95={ms(attempts, 95)}")
     assert len(taps) == 300 and len(attempts) == 100
+
+
+async def test_a_clock_behind_another_processs_refills_nothing_and_takes_nothing_back(services: Services,
+                                                                                    second: Services) -> None:
+    """Hosts' clocks differ a little: a bucket last written by a process ten seconds ahead is neither refilled
+    nor drained by one behind it (negative elapsed time counts as none)."""
+    ahead, behind = [1010.0], [1000.0]
+    fast = RateLimit("test", 3, 1.0, db=services.db, clock=lambda: ahead[0])
+    slow = RateLimit("test", 3, 1.0, db=second.db, clock=lambda: behind[0])
+    await fast.take("k")
+    await slow.take("k")
+    await slow.take("k")
+    with pytest.raises(TooManyRequests) as refused:
+        await slow.take("k")
+    assert refused.value.retry_after == 1  # one second after the later clock's last take, not eleven
+    ahead[0] += 1
+    await fast.take("k")
