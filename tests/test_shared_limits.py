@@ -3,8 +3,8 @@
 Two apps, each with its own ``Services`` and ``Database`` on one database, stand for two server processes behind
 one proxy: a limit of N guesses is N across both (each kept its own count before), guesses sent to both at once
 cannot pass the limit, a reservation left by a process that stopped answering mid-check expires, and a token
-bucket's burst is one burst for both. Then the tables stay bounded (the janitor's prune), and the cost of one
-check is printed: ``limits: check_ms_p50= ...``.
+bucket's burst is one burst for both (also when one host's clock is behind). Then the tables stay bounded (the
+janitor's prune), and the cost of one check is printed: ``limits: check_ms_p50= ...``.
 """
 
 from __future__ import annotations
