@@ -119,17 +119,17 @@ async def test_hearts_are_rate_limited_per_session(guest: Any, admin: AuthAction
     assert int(blocked.headers["Retry-After"]) >= 1
 
 
-def test_rate_limit_refills() -> None:
+async def test_rate_limit_refills(services: Services) -> None:
     now = [0.0]
-    limit = RateLimit(2, 0.5, clock=lambda: now[0])
-    limit.take("k")
-    limit.take("k")
+    limit = RateLimit("test", 2, 0.5, db=services.db, clock=lambda: now[0])
+    await limit.take("k")
+    await limit.take("k")
     try:
-        limit.take("k")
+        await limit.take("k")
     except Exception as error:
         assert getattr(error, "retry_after", None) == 2
     else:
         raise AssertionError("the third action should be refused")
     now[0] = 2.0
-    limit.take("k")  # one token back after 2 s
-    limit.take("other")  # keys are independent
+    await limit.take("k")  # one token back after 2 s
+    await limit.take("other")  # keys are independent

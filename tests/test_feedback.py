@@ -100,7 +100,8 @@ async def test_comments_are_rate_limited_per_session(guest: Any, admin: AuthActi
                                                      services: Services) -> None:
     client = app.test_client()  # a second guest's browser
     now = [0.0]
-    app.extensions["picpeak_limits"].comment_rate_limit = RateLimit(10, 0.1, clock=lambda: now[0])
+    app.extensions["picpeak_limits"].comment_rate_limit = RateLimit("comment", 10, 0.1, db=services.db,
+                                                                    clock=lambda: now[0])
     gallery = await published(admin, name="G")
     slug, photo = gallery["slug"], add_photo(services, gallery["id"])
     csrf, other_csrf = await guest_csrf(guest, slug), await guest_csrf(client, slug)

@@ -474,12 +474,13 @@ class _Clock:
         return self.now
 
 
-def _small_budgets(clock: _Clock, **budgets: tuple[float, float]) -> ratelimit.GuestUploadLimits:
+def _small_budgets(db: Any, clock: _Clock, **budgets: tuple[float, float]) -> ratelimit.GuestUploadLimits:
     """The app's guest upload budgets with some of its buckets made small: (burst, refill per second) by the
     bucket's name. The buckets are the limits object's public parts; no module constant is patched."""
-    limits = ratelimit.GuestUploadLimits(clock)
+    limits = ratelimit.GuestUploadLimits(db, clock)
     for name, (burst, per_second) in budgets.items():
-        setattr(limits, name, ratelimit.RateLimit(burst, per_second, clock=clock, message=ratelimit.UPLOAD_SLOW_DOWN))
+        setattr(limits, name, ratelimit.RateLimit(name, burst, per_second, db=db, clock=clock,
+                                                  message=ratelimit.UPLOAD_SLOW_DOWN))
     return limits
 
 
@@ -491,7 +492,8 @@ async def _guest_upload(guest: Any, slug: str, csrf: str, files: list[tuple[str,
 async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin: AuthActions, guest: Any,
                                                                 services: Any, settings: Any) -> None:
     clock = _Clock()
-    app.extensions["picpeak_limits"].guest_upload_limits = _small_budgets(clock, per_session=(3, 0.01),
+    app.extensions["picpeak_limits"].guest_upload_limits = _small_budgets(services.db, clock,
+                                                                          per_session=(3, 0.01),
                                                                           per_ip=(4, 0.01))
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
@@ -516,7 +518,8 @@ async def test_guest_uploads_are_limited_per_session_and_per_ip(app: Any, admin:
 
 async def test_guest_uploads_have_a_byte_budget(app: Any, admin: AuthActions, guest: Any, services: Any) -> None:
     clock = _Clock()
-    app.extensions["picpeak_limits"].guest_upload_limits = _small_budgets(clock, bytes_per_session=(10_000, 100.0))
+    app.extensions["picpeak_limits"].guest_upload_limits = _small_budgets(services.db, clock,
+                                                                          bytes_per_session=(10_000, 100.0))
     gallery = await published(admin, name="Party", allow_guest_uploads=True)
     csrf = await start_guest_session(services, guest)
     big = imagefactory.save(imagefactory.photo(200, 150, seed=1), "png")  # noisy pixels: tens of KB

@@ -10,7 +10,9 @@
   taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
 * Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash); unfinished tus
   uploads past their expiry lose their bytes (``resumable.expire``, in the process that serves HTTP only).
-* Audit trail rows older than ``audit_retention_days`` are removed (with the reconciler's round).
+* Audit trail rows older than ``audit_retention_days`` are removed (with the reconciler's round), and so are the
+  limits' rows that say nothing any more (full token buckets, forgotten password failures, expired
+  reservations), the stalest past ``limits_q.MAX_KEYS`` too (``limits_q.prune``).
 * The reconciler removes stored files that have no row (a crash between the rename and the commit), and fails
   rows whose original is missing. It never asks the storage anything inside a write transaction (with S3 each
   question is a network call, and the write would hold every other writer meanwhile): uploads and the
@@ -46,6 +48,7 @@ from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import archive as archive_q
 from picpeak_lite.store.queries import audit as audit_q
 from picpeak_lite.store.queries import guests as guest_q
+from picpeak_lite.store.queries import limits as limits_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import replacement as replacement_q
 from picpeak_lite.store.queries import reservations as reservations_q
@@ -130,6 +133,7 @@ class Janitor:
         if self.expire_tus:
             await resumable.expire(svc)
         await svc.db.write(audit_q.prune, now - svc.settings.audit_retention_days * 86400)
+        await svc.db.write(limits_q.prune, now, limits_q.MAX_KEYS)
         rows, known, reserved = await svc.db.read(_keys_in_use)
         reserved_before = now - self.orphan_grace
         listed, candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, reserved, now)

@@ -16,6 +16,9 @@ agrees on them; the high bytes spell "PPKL", our schema's application id.
   an upload could count the cap with another's rows uncommitted. (Whether an upload's file is still there is
   not decided under a lock but by its key reservation's row, which the upload's commit and the reconciler both
   delete: the row lock decides; see ``store/queries/reservations.py``.)
+* :data:`PASSWORD_ATTEMPTS`: a password attempt's reservation (``web/throttle.py``): it counts the key's failures
+  and attempts in flight, then adds its own; two processes must not both count before either adds. One lock for
+  every key: it is held for a few statements, never over a password hash.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ _BASE = 0x50504B4C << 16
 SCHEMA = _BASE + 1
 CHANGE_LOG = _BASE + 2
 PHOTO_ROWS = _BASE + 3
+PASSWORD_ATTEMPTS = _BASE + 4
 
 
 def hold(conn: Connection, key: int) -> None:

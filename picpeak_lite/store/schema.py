@@ -644,6 +644,36 @@ MIGRATIONS: tuple[str, ...] = (
     ) STRICT;
     CREATE INDEX key_reservations_age ON key_reservations(reserved_at);
     """,
+    # Limits for the whole service, not per process (issue 31): web/ratelimit.py's token buckets and
+    # web/throttle.py's password attempts. rate_buckets: one row per (bucket, key) with the tokens held at ``at``
+    # (epoch seconds; negative is debt) and full_at, when it holds its burst again: from then on the row says
+    # nothing a missing row would not, and the janitor removes it. granted: whether the last take was granted
+    # (what the one statement that decides returns). password_attempts: one row per failed attempt, or per
+    # attempt in flight (pending_until set: it counts as a failure until its answer is known or until then, so a
+    # crashed process does not hold it forever); forget_at: when the row may go.
+    """
+    CREATE TABLE rate_buckets (
+        bucket TEXT NOT NULL,
+        key TEXT NOT NULL,
+        tokens REAL NOT NULL,
+        at REAL NOT NULL,
+        full_at REAL NOT NULL,
+        granted INTEGER NOT NULL,
+        PRIMARY KEY (bucket, key)
+    ) STRICT;
+    CREATE INDEX rate_buckets_full ON rate_buckets(full_at);
+    CREATE TABLE password_attempts (
+        id INTEGER PRIMARY KEY,
+        throttle TEXT NOT NULL,
+        target TEXT NOT NULL,
+        client TEXT NOT NULL,
+        at REAL NOT NULL,
+        pending_until REAL,
+        forget_at REAL NOT NULL
+    ) STRICT;
+    CREATE INDEX password_attempts_key ON password_attempts(throttle, target, client, at);
+    CREATE INDEX password_attempts_forget ON password_attempts(forget_at);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

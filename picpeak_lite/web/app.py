@@ -21,7 +21,7 @@ from picpeak_lite.web import errors, locale
 from picpeak_lite.web.accesslog import AccessLog
 from picpeak_lite.web.asgi import BackpressureHTTPConnection, BoundedRequest
 from picpeak_lite.web.auth import ADMIN_COOKIE, GUEST_COOKIE, services
-from picpeak_lite.web.limits import WebLimits
+from picpeak_lite.web.limits import WebLimits, wall_clock
 from picpeak_lite.web.passwords import DEVICE_COOKIE, DEVICE_COOKIE_DAYS
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,8 @@ def create_app(svc: Services, *, templates_dir: Path = TEMPLATES_DIR, static_dir
     app.extensions["picpeak"] = svc
     # Before any blueprint adds its rules: a rule takes its converter when it is added to the map.
     app.url_map.converters["int"] = RowId
-    app.extensions["picpeak_limits"] = WebLimits.for_settings(svc.settings, svc.monotonic)
+    app.extensions["picpeak_limits"] = WebLimits.for_settings(
+        svc.settings, svc.db, wall_clock(svc.clock, svc.monotonic))
     # One log line per request and WebSocket (Quart's documented place for ASGI middleware).
     app.asgi_app = AccessLog(app.asgi_app, svc.settings.trusted_proxies)  # type: ignore[method-assign,assignment]
     # Forms and JSON are read whole and limited to 16 MiB; upload bodies are streamed (BoundedBody.stream) and

@@ -1,6 +1,8 @@
 """What the web app bounds per client or per kind of work, made with the app by ``create_app``.
 
-None of this matters to the background tasks, so it lives here and not in ``Services``.
+None of this matters to the background tasks, so it lives here and not in ``Services``. The throttles and rate
+limits keep their state in the database, so that they hold for the whole service however many processes serve
+it; the limiters below bound this process's own work.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 import trio
 
 from picpeak_lite.config import Settings
+from picpeak_lite.store.db import Database
 from picpeak_lite.web.passwords import PasswordThrottle
 from picpeak_lite.web.ratelimit import GuestUploadLimits, RateLimit
 
@@ -49,6 +52,23 @@ class LiveFeeds:
         return before, self.open
 
 
+def wall_clock(clock: Callable[[], float], monotonic: Callable[[], float]) -> Callable[[], float]:
+    """The limits' clock: epoch seconds (``clock``, as at the first call) advanced by ``monotonic`` since then.
+
+    Limits stored in the database are compared across processes, so they need a time every process agrees on:
+    epoch seconds, not a monotonic clock (each process's starts anywhere). Advancing it by the monotonic clock
+    keeps it from stepping back when the system clock is set back while the process runs, and lets tests drive it
+    with trio's ``autojump_clock`` (``Services.monotonic``)."""
+    start: list[float] = []
+
+    def now() -> float:
+        if not start:
+            start.extend((clock(), monotonic()))
+        return start[0] + (monotonic() - start[1])
+
+    return now
+
+
 @dataclass
 class WebLimits:
     # Failed passwords at the admin login and at galleries, per device or IP (web/passwords.py).
@@ -70,23 +90,24 @@ class WebLimits:
     # "Find me" searches, per guest session: 5 at once, then one each 10 s (each costs a face detection, ~0.2 s
     # of a core in an image child); at most two selfies looked at at once in the whole server, and two
     # comparisons with a gallery's faces (threads: a matrix product over at most a few MB).
-    findme_rate_limit: RateLimit = field(default_factory=lambda: RateLimit(5, 0.1))
+    findme_rate_limit: RateLimit
     findme_limiter: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
     findme_compare: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(2))
 
     @classmethod
-    def for_settings(cls, settings: Settings, monotonic: Callable[[], float]) -> WebLimits:
+    def for_settings(cls, settings: Settings, db: Database, clock: Callable[[], float]) -> WebLimits:
+        """``clock``: epoch seconds that every process agrees on (:func:`wall_clock`)."""
         return cls(
             password_throttle=PasswordThrottle(settings.login_attempts, settings.login_window_seconds,
-                                               settings.login_backoff_seconds, clock=monotonic),
-            guest_rate_limit=RateLimit(60, 2, clock=monotonic),
-            comment_rate_limit=RateLimit(10, 0.1, clock=monotonic),
-            guest_upload_limits=GuestUploadLimits(monotonic),
+                                               settings.login_backoff_seconds, db=db, clock=clock),
+            guest_rate_limit=RateLimit("guest", 60, 2, db=db, clock=clock),
+            comment_rate_limit=RateLimit("comment", 10, 0.1, db=db, clock=clock),
+            guest_upload_limits=GuestUploadLimits(db, clock),
             watermark_limiter=trio.CapacityLimiter(1),
             download_limiter=trio.CapacityLimiter(4),
             websockets=trio.CapacityLimiter(settings.max_websockets or math.inf),
             feeds=LiveFeeds(),
-            findme_rate_limit=RateLimit(5, 0.1, clock=monotonic),
+            findme_rate_limit=RateLimit("findme", 5, 0.1, db=db, clock=clock),
             findme_limiter=trio.CapacityLimiter(2),
             findme_compare=trio.CapacityLimiter(2),
         )

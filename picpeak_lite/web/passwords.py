@@ -26,11 +26,12 @@ import base64
 import hashlib
 import hmac
 import secrets
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
-from picpeak_lite.web.throttle import Throttle
+from picpeak_lite.store.db import Database
+from picpeak_lite.web.throttle import Attempt, Attempts, Throttle
 
 DEVICE_COOKIE = "pp_device"
 DEVICE_COOKIE_DAYS = 400  # what browsers keep a cookie at most
@@ -86,45 +87,22 @@ def device_mac(password_hash: str, device_id: str, target: str) -> str:
     return base64.urlsafe_b64encode(digest).decode()[:_MAC_CHARS]
 
 
-class Attempt:
-    """One password check inside :meth:`PasswordThrottle.guard`: tell it how the check went."""
-
-    def __init__(self, throttle: PasswordThrottle, target: str, ip: str, device: str | None) -> None:
-        self._throttle, self._target, self._ip, self._device = throttle, target, ip, device
-
-    def failed(self) -> None:
-        t = self._throttle
-        if self._device is not None:
-            t.devices.failed(self._target, self._device)
-        else:
-            t.untrusted.failed(self._target, self._ip)
-            t.untrusted_total.failed(self._target, "*")
-
-    def succeeded(self) -> None:
-        t = self._throttle
-        if self._device is not None:
-            t.devices.succeeded(self._target, self._device)
-        else:
-            t.untrusted.succeeded(self._target, self._ip)  # the target's total is not forgiven by one success
-
-
 class PasswordThrottle:
-    """The throttles of the module docstring, for every password target (``admin``, ``gallery:<id>``)."""
+    """The throttles of the module docstring, for every password target (``admin``, ``gallery:<id>``), kept in the
+    database ``db`` for the whole service (web/throttle.py)."""
 
-    def __init__(self, limit: int, window: float, backoff: float, *, clock: Callable[[], float]) -> None:
-        self.devices = Throttle(limit, window, clock=clock)
-        self.untrusted = Throttle(limit, window, backoff=backoff, clock=clock)
-        self.untrusted_total = Throttle(limit * UNTRUSTED_FACTOR, window, backoff=backoff, clock=clock)
+    def __init__(self, limit: int, window: float, backoff: float, *, db: Database,
+                 clock: Callable[[], float]) -> None:
+        self.devices = Throttle("device", limit, window)
+        self.untrusted = Throttle("untrusted", limit, window, backoff=backoff)
+        self.untrusted_total = Throttle("total", limit * UNTRUSTED_FACTOR, window, backoff=backoff,
+                                        forgiving=False)  # the target's total is not forgiven by one success
+        self.attempts = Attempts(db, clock)
 
-    @asynccontextmanager
-    async def guard(self, target: str, ip: str, device: str | None) -> AsyncIterator[Attempt]:
-        """Raise TooManyRequests (before any hashing) when this client may not try now; otherwise hold its turn
-        while the password is checked. ``device``: the id of a device cookie that proved ``target``'s current
-        password, or None for an untrusted client."""
-        async with AsyncExitStack() as stack:
-            if device is not None:
-                await stack.enter_async_context(self.devices.guard(target, device))
-            else:
-                await stack.enter_async_context(self.untrusted.guard(target, ip))
-                self.untrusted_total.check(target, "*")
-            yield Attempt(self, target, ip, device)
+    def guard(self, target: str, ip: str, device: str | None) -> AbstractAsyncContextManager[Attempt]:
+        """Raise TooManyRequests (before any hashing) when this client may not try now; otherwise hold its
+        reservation while the password is checked. ``device``: the id of a device cookie that proved ``target``'s
+        current password, or None for an untrusted client."""
+        if device is not None:
+            return self.attempts.guard([(self.devices, target, device)])
+        return self.attempts.guard([(self.untrusted, target, ip), (self.untrusted_total, target, "*")])

@@ -139,7 +139,7 @@ async def send_favourites(slug: str) -> dict[str, Any]:
     guest = await current_guest(create=False)
     await check_guest_state_change(guest)
     assert guest is not None
-    limits().guest_rate_limit.take(guest.id)
+    await limits().guest_rate_limit.take(guest.id)
     link = base_url()
     queued = await svc.db.write(lambda conn: email.queue_favourites(conn, svc.settings, gallery, guest.id,
                                                                     base_url=link, now=svc.clock()))

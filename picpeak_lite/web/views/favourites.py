@@ -30,7 +30,7 @@ async def _guest_change(slug: str) -> tuple[dict[str, Any], Any]:
     guest = await current_guest(create=False)
     await check_guest_state_change(guest)
     assert guest is not None
-    limits().guest_rate_limit.take(guest.id)
+    await limits().guest_rate_limit.take(guest.id)
     return gallery, guest
 
 

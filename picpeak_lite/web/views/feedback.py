@@ -46,7 +46,7 @@ async def _guest_change(slug: str) -> tuple[dict[str, Any], Any]:
     guest = await current_guest(create=False)
     await check_guest_state_change(guest)
     assert guest is not None
-    limits().guest_rate_limit.take(guest.id)
+    await limits().guest_rate_limit.take(guest.id)
     return gallery, guest
 
 
@@ -128,7 +128,7 @@ async def comment(slug: str, photo_id: int) -> tuple[dict[str, Any], int]:
     if not name:
         raise BadRequest(_("Tell us your name first: it is shown with your comment."))
     try:
-        limits().comment_rate_limit.take(guest.id)
+        await limits().comment_rate_limit.take(guest.id)
     except TooManyRequests as error:
         raise TooManyRequests(error.retry_after, _("You are commenting very fast: please wait %(seconds)d seconds "
                                                    "and try again.") % {"seconds": error.retry_after}) from None

@@ -116,7 +116,7 @@ async def search(slug: str) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > MAX_SELFIE:
         raise TooLarge(_("The picture is too large; at most %(mb)d MB.") % {"mb": MAX_SELFIE // (1024 * 1024)})
     try:
-        limits().findme_rate_limit.take(guest.id)
+        await limits().findme_rate_limit.take(guest.id)
     except TooManyRequests as error:
         raise TooManyRequests(error.retry_after,
                               _("Too many searches at once; please wait a few seconds and try again.")) from None
@@ -154,7 +154,7 @@ def _match_json(slug: str, match: faces.Match) -> dict[str, Any]:
 @blueprint.post("/api/g/<slug>/findme/not-me")
 async def not_me(slug: str) -> dict[str, Any]:
     gallery, guest = await _searching_guest(slug)
-    limits().guest_rate_limit.take(guest.id)
+    await limits().guest_rate_limit.take(guest.id)
     data = await request.get_json(force=True, silent=True)
     if not isinstance(data, dict):
         raise BadRequest(_("Send a JSON object."))

@@ -37,7 +37,7 @@ would otherwise reach it only at its timeout.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import quote
@@ -195,7 +195,7 @@ async def guest_create(slug: str) -> Any:
     owner, authorize, _ = await _guest(slug)
     _check_protocol()
     budgets, ip = limits().guest_upload_limits, client_ip()
-    budgets.take(owner.guest_session_id or 0, ip)
+    await budgets.take(owner.guest_session_id or 0, ip)
     return await _create(authorize, Limits.guest(services().settings), owner,
                          lambda tus_id: url_for("tus.guest_upload", slug=slug, tus_id=tus_id),
                          client_ip=ip, on_created=_charge(owner, ip))
@@ -240,7 +240,7 @@ async def _guest(slug: str) -> tuple[Owner, Authorize, dict[str, Any]]:
     return Owner("guest", guest.id, guest.name), authorize, gallery
 
 
-def _charge(owner: Owner, ip: str) -> Callable[[int], None]:
+def _charge(owner: Owner, ip: str) -> Callable[[int], Awaitable[None]]:
     budgets = limits().guest_upload_limits
     return lambda size: budgets.charge_bytes(owner.guest_session_id or 0, ip, size)
 
@@ -271,7 +271,7 @@ def _number(name: str) -> int:
 
 
 async def _create(authorize: Authorize, file_limits: Limits, owner: Owner, location: Callable[[str], str], *,
-                  client_ip: str, on_created: Callable[[int], None] | None = None) -> Any:
+                  client_ip: str, on_created: Callable[[int], Awaitable[None]] | None = None) -> Any:
     if "Upload-Concat" in request.headers:
         # Not in Tus-Extension: taken, a client's parallel mode would end in a refusal only after every part.
         raise BadRequest(_("Upload-Concat (tus concatenation) is not supported: send the file as one upload."))
@@ -283,7 +283,7 @@ async def _create(authorize: Authorize, file_limits: Limits, owner: Owner, locat
     row = await resumable.create(services(), authorize=authorize, owner=owner, limits=file_limits, length=length,
                                  metadata=request.headers.get("Upload-Metadata"), client_ip=client_ip)
     if on_created is not None:
-        on_created(length)
+        await on_created(length)
     headers = {"Location": location(row["id"]), "Upload-Expires": _http_date(row["expires_at"])}
     if request.mimetype == OFFSET_TYPE:  # creation-with-upload: the body is the first chunk
         offset, done = await _receive(row, 0)

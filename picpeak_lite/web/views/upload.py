@@ -35,7 +35,7 @@ is 404 must never be handed out.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any
 
 import trio
@@ -177,7 +177,7 @@ async def guest_upload(slug: str) -> Any:
     if sent is not None and not security.tokens_equal(sent, guest.csrf_token):
         raise Forbidden(_(CSRF_MESSAGE))
     budgets, ip = limits().guest_upload_limits, client_ip()
-    budgets.take(guest.id, ip)
+    await budgets.take(guest.id, ip)
     authorize = functools.partial(guest_upload_gallery, slug=slug, guest_session_id=guest.id, clock=svc.clock)
     return await _upload(
         authorize, Limits.guest(svc.settings), uploaded_by="guest", guest_session_id=guest.id,
@@ -188,7 +188,7 @@ async def guest_upload(slug: str) -> Any:
 
 async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_session_id: int | None = None,
                   default_name: str | None = None, form_csrf: str | None = None,
-                  on_accepted: Callable[[int], None] | None = None) -> Any:
+                  on_accepted: Callable[[int], Awaitable[None]] | None = None) -> Any:
     """``on_accepted`` is told the bytes of the files accepted (duplicates included) once they are committed."""
     svc = services()
     gallery = await svc.db.read(authorize)
@@ -236,7 +236,7 @@ async def _upload(authorize: Any, limits: Limits, *, uploaded_by: str, guest_ses
             await _drop_rest(request.body, limits.max_request_bytes)
         raise
     if on_accepted is not None:
-        on_accepted(sum(e.size for e in intake.accepted()))
+        await on_accepted(sum(e.size for e in intake.accepted()))
     if not intake.accepted():
         error: AppError = FAILURES.get(intake.failure_status(), BadRequest)(
             _("None of the files could be accepted."), errors=intake.errors_json())
