@@ -1,7 +1,7 @@
 """Is the server still responsive while it processes at full speed? Issue 18's third table, from outside.
 
     python bench/bench_responsive.py [--photos 30] [--megapixels 24] [--guests 20]
-                                     [--build NAME=PYTHON ... --rounds 3]
+                                     [--build NAME=PYTHON ... --rounds 3] [--find-me off on]
 
 Runs ``picpeak-lite serve`` (``picpeak_lite.ops.bench.Server``: a fresh data directory, port 0, its defaults)
 and measures, on one published gallery:
@@ -18,12 +18,19 @@ and measures, on one published gallery:
 * **settled**: the guests again for 5 s once every photo is processed, so the idle thumbnail line has photos
   to fetch (the idle phase's gallery is still empty): listing and thumbnail latency.
 
+``--find-me off on`` runs each build with "Find me" off and on for the gallery (issue 36: indexing must delay
+neither a photo nor a guest page): with it on, the face indexer's lane runs after each photo is complete, so the
+busy and settled phases carry its work; the bench photos hold no faces, so what it costs is the detection that
+every photo pays. It prints how long until every photo was complete and how many the indexer had scanned when
+the settled phase ended.
+
 Targets (issue 18): live push p95 < 50 ms, guest listing p95 < 100 ms while busy and < 50 ms idle.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -43,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from picpeak_lite.ops import bench
 from picpeak_lite.store import db
+from picpeak_lite.store.queries import faces as faces_q
 from picpeak_lite.store.queries import photos as photo_q
 
 POLL_SECONDS = 0.2
@@ -89,7 +97,7 @@ async def body(paths: list[Path], sent_at: dict[str, float]) -> AsyncIterator[by
         await trio.lowlevel.checkpoint()
 
 
-async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
+async def measure(server: bench.Server, paths: list[Path], guests: int, find_me: bool = False) -> None:
     auth = {"Authorization": f"Bearer {server.token}"}
     async with httpx.AsyncClient(base_url=server.url, headers=auth, timeout=600) as api:
         answer = await api.post("/api/admin/galleries", json={"name": "Responsive"})
@@ -97,6 +105,9 @@ async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
         gallery = answer.json()
         answer = await api.post(f"/api/admin/galleries/{gallery['id']}/publish")
         assert answer.status_code == 200, answer.text
+        if find_me:
+            answer = await api.post(f"/admin/galleries/{gallery['id']}/findme", data={"find_me": "on"})
+            assert answer.status_code in (200, 303), answer.text[:300]
         idle: list[float] = []
         idle_thumbnails: list[float] = []  # stays empty: the gallery has no photos yet
         stop = trio.Event()
@@ -123,6 +134,7 @@ async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
             await nursery.start(follow)
             nursery.start_soon(guests_poll, server.url, gallery["slug"], guests, busy, busy_thumbnails, stop)
             sent_at: dict[str, float] = {}
+            began = time.time()
             answer = await api.post(
                 f"/api/admin/galleries/{gallery['id']}/upload", content=body(paths, sent_at),
                 headers={"Content-Type": f"multipart/form-data; boundary={bench.BOUNDARY}",
@@ -130,6 +142,7 @@ async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
             assert answer.status_code == 202, answer.text[:300]
             with trio.fail_after(600):
                 await stop.wait()
+            all_complete_s = time.time() - began
         settled: list[float] = []
         settled_thumbnails: list[float] = []
         stop = trio.Event()
@@ -141,9 +154,12 @@ async def measure(server: bench.Server, paths: list[Path], guests: int) -> None:
     try:
         with db.transaction(conn, immediate=False):
             rows = photo_q.timings(conn)
+            scanned = faces_q.progress(conn, gallery["id"])
     finally:
         conn.close()
     push = [received[r["id"]] - r["completed_at"] for r in rows if r["id"] in received and r["completed_at"]]
+    print(f"responsive: photos={len(paths)} guests={guests} find_me={'on' if find_me else 'off'} "
+          f"all_complete_s={all_complete_s:.2f} faces_scanned={dict(scanned)}", flush=True)
     print(f"responsive: photos={len(paths)} guests={guests} guest_listing_idle {quantiles(idle)}", flush=True)
     print(f"responsive: guest_listing_busy {quantiles(busy)}", flush=True)
     print(f"responsive: guest_thumbnail_idle {quantiles(settled_thumbnails)} (after processing, "
@@ -161,6 +177,8 @@ def main() -> None:
     parser.add_argument("--build", action="append", default=[], metavar="NAME=PYTHON",
                         help="run the server of each build in turn (a name and its venv's Python), same photos; "
                              "default: this checkout's")
+    parser.add_argument("--find-me", nargs="+", choices=["off", "on"], default=["off"],
+                        help="run each build with Find me off and/or on for the gallery")
     parser.add_argument("--rounds", type=int, default=1, help="how many times the builds run, interleaved")
     args = parser.parse_args()
     # Absolute, as the server starts in its data directory's parent (not resolved: a venv's python is a link).
@@ -170,12 +188,12 @@ def main() -> None:
         root = Path(tmp)
         paths = bench.make_photos(root / "photos", args.photos, args.megapixels)
         for round_ in range(args.rounds):
-            for name, python in builds:
-                print(f"responsive: round {round_ + 1}, build {name}", flush=True)
+            for (name, python), find_me in itertools.product(builds, args.find_me):
+                print(f"responsive: round {round_ + 1}, build {name}, find me {find_me}", flush=True)
                 server = bench.Server(root / "data", python=python)
                 server.start()
                 try:
-                    trio.run(measure, server, paths, args.guests)
+                    trio.run(measure, server, paths, args.guests, find_me == "on")
                 finally:
                     server.stop()
                     shutil.rmtree(server.data_dir)  # 30 originals and their images: a fresh directory per run

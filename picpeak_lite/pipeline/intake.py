@@ -2,13 +2,14 @@
 
 A file travels: bytes -> :class:`FileSink` (a temp file in ``data_dir/tmp``, its sha256 computed on the way,
 bytes counted against the per-file limit as they arrive) -> duplicate check by sha256 -> the cheap header
-check (``images.sniff`` in a thread: magic bytes and header, no decode) -> a short transaction that reserves a
-generated storage key (schema 27) -> ``Storage.commit_original`` (fsync, atomic rename under that key, fsync of
-the directory) -> a transaction that re-checks who may upload, duplicates and the gallery's cap, takes the key's
-reservation (gone: the reconciler removed the file as expired, and the file is reported lost), creates the upload
-group and a ``pending`` row per new photo. That transaction asks the storage nothing (with S3 it would be a
-network call holding the writer). A crash between reservation and commit leaves a reserved file without a row
-(the reconciler's business once the reservation expired), never a row without a file.
+check (``images.sniff`` in a thread: magic bytes and header, no decode) -> a generated storage key, reserved by
+a short transaction (schema 28; a block of keys at a time, :meth:`Intake._reserved_key`) ->
+``Storage.commit_original`` (fsync, atomic rename under that key, fsync of the directory) -> a transaction that
+re-checks who may upload, duplicates and the gallery's cap, takes the key's reservation (gone: the reconciler
+removed the file as expired, and the file is reported lost), creates the upload group and a ``pending`` row per
+new photo. That transaction asks the storage nothing (with S3 it would be a network call holding the writer). A
+crash between reservation and commit leaves a reserved file without a row (the reconciler's business once the
+reservation expired), never a row without a file.
 
 Two ways to commit. The importer stages files and calls :meth:`Intake.commit` per batch. An HTTP upload
 passes an :class:`Uploader`: each file's row is committed as soon as its original is durable, so the workers
@@ -68,6 +69,12 @@ from picpeak_lite.store.queries import reservations as reservations_q
 from picpeak_lite.store.storage import Storage, disk_errors, new_key, remove_quietly
 
 MB = 1024 * 1024
+# Keys are reserved in blocks that double from 1 up to this (Intake._reserved_key): a request of many files pays
+# a few short writes instead of one per file (each a commit the workers' writes queue with, on SQLite an fsync).
+KEY_BLOCK_MAX = 32
+# Spare keys older than this are given back and fresh ones reserved: a key's reservation must be far younger than
+# the reconciler's grace period when its file is written (a slow phone may take minutes over a block of files).
+KEY_FRESH_SECONDS = 60.0
 WRITE_BATCH = 1024 * 1024  # bytes collected before one thread hop writes them (memory per upload vs. hops)
 PART_OVERHEAD = 64 * 1024  # per-part headers and boundaries, for the request-size cap
 NAME_MAX_BYTES = 255
@@ -326,6 +333,9 @@ class Intake:
         self._seen: dict[str, Entry] = {}
         self._uploader = uploader
         self._finished = False
+        self._spare_keys: list[str] = []  # reserved, no file written under them yet
+        self._spare_since = 0.0
+        self._key_block = 1
 
     def __enter__(self) -> Intake:
         assert self._uploader is None, "an HTTP upload's intake is entered with 'async with'"
@@ -344,6 +354,36 @@ class Intake:
             if self.upload_id is not None:
                 receiving_uploads().discard(self.upload_id)
             self._exit()
+            if self._spare_keys:
+                with trio.CancelScope(shield=True):
+                    await self._release_spare_keys()
+
+    async def _release_spare_keys(self) -> None:
+        """Give back the keys reserved for files that never came. Should this fail (or the process die first),
+        they expire and the reconciler deletes them: no file was written under them, so nothing else goes."""
+        spare, self._spare_keys = self._spare_keys, []
+        try:
+            await self.db.write(reservations_q.release, spare)
+        except Exception as error:
+            log.warning("upload: %d unused key reservations left to expire (%s)", len(spare), error)
+
+    async def _reserved_key(self) -> str:
+        """A new storage key, reserved (committed) before its file is written: the reconciler leaves a reserved
+        key's files alone until the reservation expires, and the commit of the file's row takes it
+        (pipeline/janitor.py says the order and why). Reserved in blocks that double up to
+        :data:`KEY_BLOCK_MAX`; an intake entered with ``with`` (the importer, hot folders) leaves its spare keys
+        to expire."""
+        now = self.clock()
+        if not self._spare_keys or now - self._spare_since > KEY_FRESH_SECONDS:
+            stale, block = self._spare_keys, [new_key() for _ in range(self._key_block)]
+
+            def renew(conn: Connection) -> None:
+                reservations_q.release(conn, stale)
+                reservations_q.reserve(conn, block, now)
+            await self.db.write(renew)
+            self._spare_keys, self._spare_since = block, now
+            self._key_block = min(KEY_BLOCK_MAX, self._key_block * 2)
+        return self._spare_keys.pop()
 
     async def _abandon(self) -> None:
         assert self.upload_id is not None
@@ -497,10 +537,8 @@ class Intake:
             self._drop(sink)
             entry.error, entry.status = gallery_full(self._cap), 409
             return
-        entry.key = new_key()  # before the hop: if the rename half-happens, the exit removes both places
-        # Reserved (committed) before the file is written: the reconciler leaves a reserved key's files alone until
-        # the reservation expires, and the commit below takes it (pipeline/janitor.py says the order and why).
-        await self.db.write(reservations_q.reserve, entry.key, self.clock())
+        # Set before the hop: if the rename half-happens, the exit removes both places.
+        entry.key = await self._reserved_key()
         if sink.referenced:
             await trio.to_thread.run_sync(self.storage.link_original, sink.temp, entry.key, limiter=io_limiter())
         else:

@@ -16,7 +16,7 @@
 * The reconciler removes stored files that have no row (a crash between the rename and the commit), and fails
   rows whose original is missing. It never asks the storage anything inside a write transaction (with S3 each
   question is a network call, and the write would hold every other writer meanwhile): uploads and the
-  reconciler agree through key reservations (schema 27, ``store/queries/reservations.py``), rows in the database.
+  reconciler agree through key reservations (schema 28, ``store/queries/reservations.py``), rows in the database.
 
   The order that keeps every file that a row or a 202 points at, whatever crashes where:
 

@@ -1,4 +1,4 @@
-"""SQL for key reservations (schema 27): how an upload and the orphan reconciler agree on a stored file.
+"""SQL for key reservations (schema 28): how an upload and the orphan reconciler agree on a stored file.
 
 An upload reserves its new storage key in a short transaction before it writes the original, and takes (deletes)
 the reservation in the transaction that inserts the photo's row. The reconciler removes the files of a key only
@@ -13,9 +13,19 @@ from __future__ import annotations
 from picpeak_lite.store.db import Connection
 
 
-def reserve(conn: Connection, storage_key: str, now: float) -> None:
-    """Reserve a freshly generated key before its file is written (keys are random: never reserved twice)."""
-    conn.execute("INSERT INTO key_reservations (storage_key, reserved_at) VALUES (?, ?)", (storage_key, now))
+def reserve(conn: Connection, storage_keys: list[str], now: float) -> None:
+    """Reserve freshly generated keys before their files are written (keys are random: never reserved twice)."""
+    if storage_keys:
+        values = ", ".join(["(?, ?)"] * len(storage_keys))
+        conn.execute(f"INSERT INTO key_reservations (storage_key, reserved_at) VALUES {values}",
+                     [v for key in storage_keys for v in (key, now)])
+
+
+def release(conn: Connection, storage_keys: list[str]) -> None:
+    """Give back reserved keys no file was written under (an upload that ended with keys to spare)."""
+    if storage_keys:
+        marks = ", ".join("?" * len(storage_keys))
+        conn.execute(f"DELETE FROM key_reservations WHERE storage_key IN ({marks})", storage_keys)
 
 
 def take(conn: Connection, storage_key: str) -> bool:
