@@ -24,6 +24,7 @@ write lock; where correctness needs one writer at a time a named lock says so, s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -125,6 +126,21 @@ class PgCursor:
         return row
 
 
+@contextlib.contextmanager
+def _translated(disk_full: str) -> Iterator[None]:
+    """psycopg's errors as the callers of ``db.Connection`` catch them (as apsw's are in ``db.transaction``): a
+    constraint violation, a full disk (``disk_full`` is the sentence the client gets), a server that did not
+    answer."""
+    try:
+        yield
+    except pg_errors.IntegrityError as error:
+        raise ConstraintError(str(error).strip()) from error
+    except pg_errors.DiskFull as error:
+        raise InsufficientStorage(disk_full) from error
+    except psycopg.OperationalError as error:
+        raise DatabaseError(f"The database server did not answer: {str(error).strip()}") from error
+
+
 class PgConnection:
     """One psycopg connection behind ``db.Connection``'s methods."""
 
@@ -156,14 +172,8 @@ class PgConnection:
         cursor = self._conn.cursor()
         # Without values psycopg reads no placeholders, so a % must then stay as it is.
         query = translate(statements) if bindings else ("BEGIN" if statements == "BEGIN IMMEDIATE" else statements)
-        try:
+        with _translated("The database server's disk is full; the photo was not saved."):
             cursor.execute(query, bindings or None)
-        except pg_errors.IntegrityError as error:
-            raise ConstraintError(str(error).strip()) from error
-        except pg_errors.DiskFull as error:
-            raise InsufficientStorage("The database server's disk is full; the photo was not saved.") from error
-        except psycopg.OperationalError as error:
-            raise DatabaseError(f"The database server did not answer: {str(error).strip()}") from error
         self._changes = max(cursor.rowcount, 0)
         return PgCursor(cursor)
 
@@ -172,16 +182,10 @@ class PgConnection:
         (``ops/dbmove.py``) writes with, many times faster than an INSERT of as many values."""
         statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
             sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in columns))
-        try:
-            with self._conn.cursor() as cursor, cursor.copy(statement) as copy:
-                for row in rows:
-                    copy.write_row(row)
-        except pg_errors.IntegrityError as error:
-            raise ConstraintError(str(error).strip()) from error
-        except pg_errors.DiskFull as error:
-            raise InsufficientStorage("The database server's disk is full.") from error
-        except psycopg.OperationalError as error:
-            raise DatabaseError(f"The database server did not answer: {str(error).strip()}") from error
+        with _translated("The database server's disk is full."), self._conn.cursor() as cursor, \
+                cursor.copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
 
     def changes(self) -> int:
         return self._changes
