@@ -50,6 +50,7 @@ from picpeak_lite.pipeline.resumable import Finisher
 from picpeak_lite.pipeline.video_previews import PreviewLane
 from picpeak_lite.pipeline.worker import WorkerPool
 from picpeak_lite.runtime import memory
+from picpeak_lite.runtime.lease import run_while_held
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
 from picpeak_lite.web import gate
@@ -153,7 +154,8 @@ async def run(
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled, serving=True)
             await nursery.start(ChangeFeed(svc, svc.broker).run)
             await nursery.start(svc.activity.run)  # stores the last counts when the server stops
-            await nursery.start(HotFolders(svc).run)  # galleries' hot folders (ops/hotfolder.py)
+            # Galleries' hot folders (ops/hotfolder.py), watched by one process of the service at a time.
+            await nursery.start(functools.partial(run_while_held, svc.lease("hot_folders"), HotFolders(svc).run))
             binds = await nursery.start(_serve, svc, listener, shutdown, nursery.cancel_scope)
             task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown,
                                               admin_password=password))

@@ -22,6 +22,7 @@ from picpeak_lite.runtime.backlog import Backlog
 from picpeak_lite.runtime.bell import Bell
 from picpeak_lite.runtime.broker import Broker
 from picpeak_lite.runtime.budget import MemoryBudget
+from picpeak_lite.runtime.lease import Lease, instance_id
 from picpeak_lite.runtime.memory import MemoryTrimmer
 from picpeak_lite.store.db import Database
 from picpeak_lite.store.storage import Storage, open_storage
@@ -48,6 +49,8 @@ class Services:
     # process committed a change (events/listener.py): the change feed reads the change log now.
     changes_bell: Bell = field(default_factory=Bell)
     broker: Broker = field(default_factory=Broker)
+    # This process among the service's processes and hosts: the holder named in the leases it takes.
+    instance: str = field(default_factory=instance_id)
     # The URL the server listens on: from the settings until server.run binds (port 0 resolved), then the real
     # one. Share links fall back to it when a request's Host is not trusted (web/views/common.py).
     bind_url: str = ""
@@ -70,6 +73,11 @@ class Services:
         self.decode_budget = MemoryBudget.megabytes(s.decode_memory_mb)
         self.backlog = Backlog(self.db, s.upload_lead)
         self.activity = Activity(self.db, lambda: self.clock())
+
+    def lease(self, name: str) -> Lease:
+        """A named lease of this process (``runtime/lease.py``), as long as a photo's claim: a dead holder's work
+        is taken over as soon as its photos are."""
+        return Lease(self.db, name, holder=self.instance, seconds=self.settings.lease_seconds, clock=self.clock)
 
     async def hash_password(self, password: str) -> str:
         return await trio.to_thread.run_sync(security.hash_password, password, limiter=self.hash_limiter)

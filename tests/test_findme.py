@@ -299,6 +299,9 @@ async def test_search_finds_only_what_this_guest_may_see_and_not_me_refines(
     response = await guest.post(f"/api/g/{slug}/findme", data=picture("obama2"), headers=_selfie_headers(csrf))
     again = {m["face_id"] for m in (await response.get_json())["matches"]}
     assert again == {m["face_id"] for m in body["matches"]} - hidden
+    # Kept in the database, not one process's memory: a search answered by another process or host knows it.
+    remembered = await rows(services, "SELECT face_id FROM findme_not_me WHERE gallery_id = ?", a["id"])
+    assert {r["face_id"] for r in remembered} == hidden | set(biden_faces.values())
     for bad in ({"face": refused["face_id"], "shown": [1, 2]}, {"face": "1", "shown": []},
                 {"face": refused["face_id"], "shown": [{"face": 1, "distance": "near"}]}):
         response = await guest.post(f"/api/g/{slug}/findme/not-me", headers={"X-CSRF-Token": csrf}, json=bad)

@@ -17,8 +17,8 @@ that for a gallery found in ``archiving`` or ``restoring``:
   back the archive object is removed and, in one transaction, the photos go back to ``pending`` and the gallery
   to ``active``.
 
-The :class:`Archiver` runs in the serving process only (one driver per data directory); the command line runs
-:func:`advance` itself.
+The :class:`Archiver` runs in every serving process, and archives only while it holds the ``archiver`` lease (one
+driver for the whole service, ``runtime/lease.py``); the command line runs :func:`advance` itself.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from picpeak_lite.errors import Conflict, InsufficientStorage, NotFound, Storage
 from picpeak_lite.i18n import _
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import transitions
+from picpeak_lite.runtime.lease import LeaseLost
 from picpeak_lite.services import Services
 from picpeak_lite.store import locks, packing
 from picpeak_lite.store.db import Connection, Database
@@ -257,6 +258,9 @@ class Archiver:
 
     def __init__(self, svc: Services) -> None:
         self.svc = svc
+        # One process of the service archives at a time (runtime/lease.py); the others look again soon.
+        self.lease = svc.lease("archiver")
+        self.deferred = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # Ready at once: what it resumes may take minutes (a big gallery's originals), and nothing else waits on
@@ -265,11 +269,28 @@ class Archiver:
         while True:
             ring = self.svc.archive_bell.listen()
             await self.pass_once()
-            with trio.move_on_after(self.svc.settings.archive_check_seconds):
+            # Another process was archiving: what was asked of this one (its bell) is done after that one ends.
+            wait = self.lease.seconds / 3 if self.deferred else self.svc.settings.archive_check_seconds
+            with trio.move_on_after(wait):
                 await ring.wait()
 
     async def pass_once(self) -> list[Outcome]:
-        """Mark expired galleries set to archive, then advance every gallery with work. Returns the outcomes."""
+        """Mark expired galleries set to archive, then advance every gallery with work, holding the ``archiver``
+        lease; when another process holds it, nothing (``deferred``). Returns the outcomes."""
+        self.deferred = not await self.lease.take()
+        if self.deferred:
+            return []
+        try:
+            async with self.lease.kept():
+                return await self._advance_all()
+        except LeaseLost:
+            self.deferred = True
+            return []
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.lease.release()
+
+    async def _advance_all(self) -> list[Outcome]:
         svc = self.svc
         marked = await svc.db.write(archive_q.mark_expired, svc.clock())
         if marked:

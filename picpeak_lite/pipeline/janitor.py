@@ -9,10 +9,13 @@
   process receives; an upload whose lease ran out (its process died mid-request) has its provisional photos
   taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
 * Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash); unfinished tus
-  uploads past their expiry lose their bytes (``resumable.expire``, in the process that serves HTTP only).
+  uploads past their expiry lose their bytes (``resumable.expire``, in the process that serves HTTP only). Every
+  process does this for its own host (:meth:`Janitor.sweep_local`).
 * Audit trail rows older than ``audit_retention_days`` are removed (with the reconciler's round), and so are the
   limits' rows that say nothing any more (full token buckets, forgotten password failures, expired
   reservations), the stalest past ``limits_q.MAX_KEYS`` too (``limits_q.prune``).
+* The reconciler's round is shared by the whole service, so one process does it at a time: the one that takes
+  the ``reconciler`` lease as its turn (``runtime/lease.py``), every ``reconcile_every`` between them all.
 * The reconciler removes stored files that have no row (a crash between the rename and the commit), and fails
   rows whose original is missing. It never asks the storage anything inside a write transaction (with S3 each
   question is a network call, and the write would hold every other writer meanwhile): uploads and the
@@ -43,6 +46,7 @@ import trio
 
 from picpeak_lite.errors import StorageUnavailable
 from picpeak_lite.pipeline import attempts, intake, resumable, transitions
+from picpeak_lite.runtime.lease import LeaseLost
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import archive as archive_q
@@ -72,24 +76,50 @@ class Janitor:
         self.orphan_grace = orphan_grace
         self.reconcile_every = reconcile_every
         self.interval = max(1.0, svc.settings.lease_seconds / 4)
+        self.turn = svc.lease("reconciler")  # whose turn the round is (runtime/lease.py)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self.requeue_expired()
-        await self._reconcile()
+        await self._sweep_local()
+        await self.reconcile_if_due()
         task_status.started()
-        last_reconcile = trio.current_time()
+        last_sweep = trio.current_time()
         while True:
             await trio.sleep(self.interval)
             await self.requeue_expired()
-            if trio.current_time() - last_reconcile >= self.reconcile_every:
-                await self._reconcile()
-                last_reconcile = trio.current_time()
+            if trio.current_time() - last_sweep >= self.reconcile_every:
+                await self._sweep_local()
+                last_sweep = trio.current_time()
+            await self.reconcile_if_due()
 
-    async def _reconcile(self) -> None:
+    async def _sweep_local(self) -> None:
         try:
-            await self.reconcile()
-        except StorageUnavailable:  # the bucket is down: nothing was changed half; tried again next round
+            await self.sweep_local()
+        except StorageUnavailable:
+            log.warning("janitor: the photo storage did not answer; trying again later")
+
+    async def reconcile_if_due(self) -> bool:
+        """The reconciler's round, when it is this process's turn: one process of the service takes the
+        ``reconciler`` lease, does the round and keeps the lease until the next round is due, so that N processes
+        (or hosts) do one round per ``reconcile_every`` between them. A process that dies mid-round lets its
+        lease run out; another one does the round then."""
+        turn = self.turn
+        try:
+            if not await turn.take():
+                return False
+        except Exception as error:  # the database did not answer: the next tick tries again
+            log.warning("reconciler: could not take its turn (%s)", error)
+            return False
+        try:
+            async with turn.kept():
+                await self.reconcile_storage()
+        except LeaseLost:
+            return False
+        except StorageUnavailable:  # the bucket is down: nothing was changed half; another try after a lease
             log.warning("reconciler: the photo storage did not answer; trying again later")
+            return False
+        await turn.hold_until(self.svc.clock() + self.reconcile_every)
+        return True
 
     async def renew_and_abandon_uploads(self) -> int:
         """Renew the leases of this process's requests still arriving; take back those nobody renews. Returns
@@ -124,14 +154,30 @@ class Janitor:
         return requeued, failed
 
     async def reconcile(self) -> dict[str, int]:
-        """Take back dead requests' rows, sweep temp files, remove orphan files, fail rows without an original.
-        Returns counts."""
+        """The whole round at once, whoever's turn it is: :meth:`sweep_local`, then :meth:`reconcile_storage`.
+        Returns the counts of both."""
+        swept = await self.sweep_local()
+        return {"temp_swept": swept, **await self.reconcile_storage()}
+
+    async def sweep_local(self) -> int:
+        """This host's own files: temp files left by cut-off requests, expired tus uploads. Every process does
+        it (hosts do not share their temp directories). Returns how many temp files went."""
+        svc = self.svc
+        swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds,
+                                              svc.clock())
+        if self.expire_tus:
+            await resumable.expire(svc)
+        if swept:
+            log.warning("janitor: %d temp files of cut-off requests removed", swept)
+        return swept
+
+    async def reconcile_storage(self) -> dict[str, int]:
+        """What is shared by the whole service, one process at a time (:meth:`reconcile_if_due`): take back dead
+        requests' rows, remove orphan files, fail rows without an original, prune the audit trail, the limits'
+        rows and idle guest sessions. Returns counts."""
         svc = self.svc
         abandoned = await self.renew_and_abandon_uploads()
         now = svc.clock()
-        swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds, now)
-        if self.expire_tus:
-            await resumable.expire(svc)
         await svc.db.write(audit_q.prune, now - svc.settings.audit_retention_days * 86400)
         await svc.db.write(limits_q.prune, now, limits_q.MAX_KEYS)
         rows, known, reserved = await svc.db.read(_keys_in_use)
@@ -150,8 +196,8 @@ class Janitor:
         if failed:
             svc.webhooks_bell.ring()
         pruned = await svc.db.write(guest_q.prune_idle_sessions, now - IDLE_GUEST_SESSION_SECONDS)
-        counts = {"temp_swept": swept, "orphans_removed": orphans, "missing_failed": failed}
-        if swept or orphans or failed or pruned or abandoned:
+        counts = {"orphans_removed": orphans, "missing_failed": failed}
+        if orphans or failed or pruned or abandoned:
             log.warning("reconciler: %s, idle guest sessions pruned: %d, photos of dead requests taken back: %d",
                         counts, pruned, abandoned)
         return counts

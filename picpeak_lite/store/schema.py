@@ -674,6 +674,24 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX password_attempts_key ON password_attempts(throttle, target, client, at);
     CREATE INDEX password_attempts_forget ON password_attempts(forget_at);
     """,
+    # 30: several processes, one service (issues 29 and 31). leases: what one process of the service does at a
+    # time (runtime/lease.py): its holder (a process's instance id), the token its writes are fenced by, and
+    # until when it holds (epoch seconds; past it any process may take it). findme_not_me: the faces a guest said
+    # were not them, per guest session and gallery, so that every process knows.
+    """
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        token TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    ) STRICT;
+    CREATE TABLE findme_not_me (
+        guest_session_id INTEGER NOT NULL REFERENCES guest_sessions(id) ON DELETE CASCADE,
+        gallery_id INTEGER NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        face_id INTEGER NOT NULL,
+        PRIMARY KEY (guest_session_id, gallery_id, face_id)
+    ) STRICT, WITHOUT ROWID;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

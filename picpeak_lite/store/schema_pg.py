@@ -577,6 +577,21 @@ STEPS: dict[int, str] = {
     CREATE INDEX password_attempts_key ON password_attempts(throttle, target, client, at);
     CREATE INDEX password_attempts_forget ON password_attempts(forget_at);
     """,
+    # 30: several processes, one service (issues 29 and 31): leases (runtime/lease.py) and "not me" in Find me
+    30: """
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        token TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE findme_not_me (
+        guest_session_id BIGINT NOT NULL REFERENCES guest_sessions(id) ON DELETE CASCADE,
+        gallery_id BIGINT NOT NULL REFERENCES galleries(id) ON DELETE CASCADE,
+        face_id BIGINT NOT NULL,
+        PRIMARY KEY (guest_session_id, gallery_id, face_id)
+    );
+    """,
 }
 
 

@@ -99,3 +99,22 @@ def embeddings_of(conn: Connection, gallery_id: int, face_ids: list[int]) -> lis
     marks = ", ".join("?" * len(face_ids))
     return conn.execute(f"SELECT id, photo_id, embedding FROM faces WHERE gallery_id = ? AND id IN ({marks})",
                         (gallery_id, *face_ids)).fetchall()
+
+
+def not_me_of(conn: Connection, guest_session_id: int, gallery_id: int) -> set[int]:
+    """The faces this guest said were not them in this gallery (schema 30: in the database, so that every
+    process and host leaves them out)."""
+    rows = conn.execute("SELECT face_id FROM findme_not_me WHERE guest_session_id = ? AND gallery_id = ?",
+                        (guest_session_id, gallery_id)).fetchall()
+    return {row["face_id"] for row in rows}
+
+
+def add_not_me(conn: Connection, guest_session_id: int, gallery_id: int, face_ids: list[int], most: int) -> None:
+    """Remember ``face_ids`` as not this guest, up to ``most`` faces per guest and gallery (a bound on what one
+    session can make us store); they go with the guest session or the gallery."""
+    held = conn.execute("SELECT count(*) AS n FROM findme_not_me WHERE guest_session_id = ? AND gallery_id = ?",
+                        (guest_session_id, gallery_id)).fetchone()
+    room = most - (held["n"] if held is not None else 0)
+    for face_id in face_ids[: max(0, room)]:
+        conn.execute("INSERT INTO findme_not_me (guest_session_id, gallery_id, face_id) VALUES (?, ?, ?) "
+                     "ON CONFLICT DO NOTHING", (guest_session_id, gallery_id, face_id))

@@ -14,11 +14,9 @@ photos are indexed) and ``POST /admin/galleries/<id>/findme/delete`` (the index 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
-from quart import Blueprint, current_app, redirect, render_template, request, url_for
-from quart.blueprints import BlueprintSetupState
+from quart import Blueprint, redirect, render_template, request, url_for
 
 from picpeak_lite.domain import galleries
 from picpeak_lite.errors import BadRequest, NotFound, TooLarge, TooManyRequests, Unprocessable, UnsupportedMedia
@@ -41,36 +39,8 @@ blueprint = Blueprint("findme", __name__)
 
 MAX_SELFIE = 12 * 1024 * 1024
 MAX_SHOWN = 1000
-# "Not me" is remembered per guest session and gallery, in this app's memory only, for the most recent sessions.
-MAX_SESSIONS = 10_000
+# "Not me" is remembered per guest session and gallery, at most this many faces (store/queries/faces.py).
 MAX_EXCLUDED = 2000
-
-
-class NotMe:
-    """The faces each guest said were not them, per (guest session, gallery); bounded (the stalest go)."""
-
-    def __init__(self) -> None:
-        self._faces: OrderedDict[tuple[int, int], set[int]] = OrderedDict()
-
-    def of(self, guest_id: int, gallery_id: int) -> set[int]:
-        return self._faces.get((guest_id, gallery_id), set())
-
-    def add(self, guest_id: int, gallery_id: int, face_ids: list[int]) -> None:
-        key = (guest_id, gallery_id)
-        refused = self._faces.setdefault(key, set())
-        refused.update(face_ids[: max(0, MAX_EXCLUDED - len(refused))])
-        self._faces.move_to_end(key)
-        while len(self._faces) > MAX_SESSIONS:
-            self._faces.popitem(last=False)
-
-
-@blueprint.record_once
-def _add_not_me(state: BlueprintSetupState) -> None:
-    state.app.extensions["picpeak_findme_not_me"] = NotMe()
-
-
-def _not_me() -> NotMe:
-    return current_app.extensions["picpeak_findme_not_me"]
 
 
 def _problem(kind: str) -> str:
@@ -134,8 +104,8 @@ async def search(slug: str) -> dict[str, Any]:
         raise Unprocessable(_problem(problem.kind), kind=problem.kind) from None
     finally:
         del data
-    matches = await faces.search(svc, gallery["id"], query, _not_me().of(guest.id, gallery["id"]),
-                                 limiter=limits().findme_compare)
+    excluded = await svc.db.read(faces_q.not_me_of, guest.id, gallery["id"])
+    matches = await faces.search(svc, gallery["id"], query, excluded, limiter=limits().findme_compare)
     return {"matches": [_match_json(gallery["slug"], match) for match in matches], "message": _found(len(matches))}
 
 
@@ -161,10 +131,11 @@ async def not_me(slug: str) -> dict[str, Any]:
     refused, shown = data.get("face"), _shown(data.get("shown", []))
     if not isinstance(refused, int) or not fits_integer(refused) or shown is None:
         raise BadRequest(_("Say which face is not you (its number) and which faces are shown."))
-    hide = await faces.like_refused(services(), gallery["id"], refused, shown)
+    svc = services()
+    hide = await faces.like_refused(svc, gallery["id"], refused, shown)
     if not hide:
         raise NotFound(_("That face is not in this gallery."))
-    _not_me().add(guest.id, gallery["id"], hide)
+    await svc.db.write(faces_q.add_not_me, guest.id, gallery["id"], hide, MAX_EXCLUDED)
     return {"hide": hide, "message": _found(len(set(shown) - set(hide)))}
 
 
