@@ -97,20 +97,38 @@ def cli() -> None:
 @click.option("--host", help=FIELDS["host"].metadata["help"] + " [default: 127.0.0.1]")
 @click.option("--port", type=int, help=FIELDS["port"].metadata["help"] + " [default: 8080]")
 @click.option("--data-dir", help=FIELDS["data_dir"].metadata["help"] + " [default: ./picpeak-data]")
+@click.option("--processes", type=int, help=FIELDS["processes"].metadata["help"] + " [default: 1]")
 @click.option("--config", "config", help=CONFIG_HELP)
-def serve(host: str | None, port: int | None, data_dir: str | None, config: str | None) -> None:
+# A serving process started by `serve --processes N` (picpeak_lite/supervisor.py): the socket it serves and where
+# it says it is ready. Not for people.
+@click.option("--listen-fd", type=int, hidden=True)
+@click.option("--ready-fd", type=int, hidden=True)
+def serve(host: str | None, port: int | None, data_dir: str | None, processes: int | None, config: str | None,
+          listen_fd: int | None, ready_fd: int | None) -> None:
     """Run the web server (with its photo workers) until SIGINT or SIGTERM."""
     from picpeak_lite import server
 
-    settings = _settings(config, host=host, port=port, data_dir=data_dir)
+    settings = _settings(config, host=host, port=port, data_dir=data_dir, processes=processes)
     # Bind before anything else: a port in use is then the one line printed, never one printed after (and
     # scrolling away) the generated admin password.
-    listener = server.bind(settings)
+    if listen_fd is not None:
+        listener = server.Listener(address=settings.listen_address, fds=[listen_fd])
+    else:
+        listener = server.bind(settings)
     _start_logging(settings, config)
+    if settings.processes > 1 and listen_fd is None:
+        flags = [f"--{name.replace('_', '-')}={value}" for name, value in
+                 (("host", host), ("port", port), ("data_dir", data_dir), ("config", config)) if value is not None]
+        _supervise(settings, listener, flags)
+        return
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             running = await nursery.start(functools.partial(server.run, settings, listener=listener))
+            if ready_fd is not None:  # a child of `serve --processes N`: the supervisor prints the rest
+                os.write(ready_fd, b"r")
+                os.close(ready_fd)
+                return
             if running.admin_password is not None:
                 click.echo(f"Created the admin account '{settings.admin_username}' with the password: "
                            f"{running.admin_password}")
@@ -118,6 +136,30 @@ def serve(host: str | None, port: int | None, data_dir: str | None, config: str 
             click.echo(f"PicPeak is running at {running.url}/admin  (data in {settings.data_path.resolve()})")
 
     _run_trio(main)
+    if ready_fd is None:
+        click.echo("Stopped.")
+
+
+def _supervise(settings: Settings, listener: Any, flags: list[str]) -> None:
+    """``serve --processes N``: the supervisor (``picpeak_lite/supervisor.py``) on the socket bound above."""
+    from picpeak_lite import supervisor
+
+    [fd] = listener.fds  # hypercorn binds one socket per address; ours is one host and port
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(supervisor.supervise, settings, fd, flags, settings.processes)
+            if running.admin_password is not None:
+                click.echo(f"Created the admin account '{settings.admin_username}' with the password: "
+                           f"{running.admin_password}")
+                click.echo("This password is shown only once. Change it with `picpeak-lite admin set-password`.")
+            click.echo(f"PicPeak is running at {running.url}/admin  (data in {settings.data_path.resolve()}, "
+                       f"{settings.processes} processes)")
+
+    try:
+        _run_trio(main)
+    finally:
+        listener.close()
     click.echo("Stopped.")
 
 

@@ -120,6 +120,8 @@ class Settings:
     # Processing
     processing_enabled: bool = _setting(True, "Process photos here; off: they wait for `picpeak-lite worker`.")
     workers: int = _setting(0, "Image children (photos made at once); 0 means one per CPU core.")
+    processes: int = _setting(
+        1, "Serving processes on the one port (`serve`): more receive uploads and answer guests on more cores.")
     image_nice: int = _setting(10, "OS priority (nice, 0-19) of the image children below the web server; 0: the same.")
     lease_seconds: float = _setting(60.0, "How long a claim lasts without renewal; a crash is recovered after this.")
     max_attempts: int = _setting(3, "Attempts before a photo whose image child keeps dying is given up.")
@@ -401,6 +403,7 @@ def _validate(s: Settings) -> None:
     require(0.1 <= s.hot_folder_settle_seconds <= 600, "hot_folder_settle_seconds", "must be between 0.1 and 600")
     require(s.upload_lead >= 0, "upload_lead", "must be 0 (no limit) or more")
     require(s.workers >= 0, "workers", "must be 0 (one per core) or more")
+    require(1 <= s.processes <= 64, "processes", "must be from 1 to 64")
     require(0 <= s.image_nice <= 19, "image_nice", "must be between 0 (the server's own priority) and 19")
     require(s.lease_seconds >= 5, "lease_seconds", "must be at least 5")
     require(s.max_pixels >= 100, "max_pixels", "must be at least 100")

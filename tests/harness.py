@@ -104,8 +104,9 @@ class ServerProcess:
     """One ``picpeak-lite serve`` process at a time on a data directory; restartable."""
 
     def __init__(self, data_dir: Path, config: Path, *, env: dict[str, str] | None = None,
-                 nofile: int | None = None) -> None:
+                 nofile: int | None = None, args: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
+        self.args = args  # more `serve` flags (e.g. --processes 2)
         self.config = config
         self.nofile = nofile  # RLIMIT_NOFILE, soft and hard, for the server (as a unit's LimitNOFILE sets it)
         database = pgserver.database_for(data_dir)
@@ -121,7 +122,7 @@ class ServerProcess:
         assert self.proc is None, "already running"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(self.data_dir),
-             "--config", str(self.config)],
+             "--config", str(self.config), *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
             preexec_fn=None if self.nofile is None else functools.partial(_limit_nofile, self.nofile),
         )

@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "__main__": 12,
     "cli": 11,
     "server": 10,
+    "supervisor": 10,
     "web": 9,
     "ops": 9,
     "pipeline": 8,
