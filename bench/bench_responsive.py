@@ -2,6 +2,7 @@
 
     python bench/bench_responsive.py [--photos 30] [--megapixels 24] [--guests 20]
                                      [--build NAME=PYTHON ... --rounds 3] [--find-me off on]
+                                     [--processes 1 2]
 
 Runs ``picpeak-lite serve`` (``picpeak_lite.ops.bench.Server``: a fresh data directory, port 0, its defaults)
 and measures, on one published gallery:
@@ -23,6 +24,9 @@ neither a photo nor a guest page): with it on, the face indexer's lane runs afte
 busy and settled phases carry its work; the bench photos hold no faces, so what it costs is the detection that
 every photo pays. It prints how long until every photo was complete and how many the indexer had scanned when
 the settled phase ended.
+
+``--processes 1 2`` runs each build as ``serve --processes N`` for each N (issue 29): guests' requests and the
+upload are then spread over N event loops.
 
 Targets (issue 18): live push p95 < 50 ms, guest listing p95 < 100 ms while busy and < 50 ms idle.
 """
@@ -180,6 +184,8 @@ def main() -> None:
     parser.add_argument("--find-me", nargs="+", choices=["off", "on"], default=["off"],
                         help="run each build with Find me off and/or on for the gallery")
     parser.add_argument("--rounds", type=int, default=1, help="how many times the builds run, interleaved")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1],
+                        help="run each build with `serve --processes N` for each N given")
     args = parser.parse_args()
     # Absolute, as the server starts in its data directory's parent (not resolved: a venv's python is a link).
     builds = [(name, os.path.abspath(python)) for name, python in (b.split("=", 1) for b in args.build)]
@@ -188,9 +194,11 @@ def main() -> None:
         root = Path(tmp)
         paths = bench.make_photos(root / "photos", args.photos, args.megapixels)
         for round_ in range(args.rounds):
-            for (name, python), find_me in itertools.product(builds, args.find_me):
-                print(f"responsive: round {round_ + 1}, build {name}, find me {find_me}", flush=True)
-                server = bench.Server(root / "data", python=python)
+            for (name, python), find_me, processes in itertools.product(builds, args.find_me, args.processes):
+                print(f"responsive: round {round_ + 1}, build {name}, find me {find_me}, processes {processes}",
+                      flush=True)
+                server = bench.Server(root / "data", python=python,
+                                      args=("--processes", str(processes)) if processes > 1 else ())
                 server.start()
                 try:
                     trio.run(measure, server, paths, args.guests, find_me == "on")

@@ -4,8 +4,8 @@
                                   [--uploaders 1 2] [--rounds 1]
 
 For each combination of N processes x W workers x C uploaders (interleaved over ``--rounds``): a fresh
-``picpeak-lite serve`` (``picpeak_lite.ops.bench.Server``) with ``workers = W`` (0: one per core), plus N-1
-``picpeak-lite worker`` processes with the same W on the same data directory, and C clients each uploading its
+``picpeak-lite serve --processes N`` (``picpeak_lite.ops.bench.Server``) with ``workers = W`` image children in
+each process (0: the default, the cores shared out between the processes), and C clients each uploading its
 share of the camera-like photos (``picpeak_lite.media.samples``) as the bulk uploader does (batches of at most
 50 files, one request at a time per client). It prints, per run:
 
@@ -23,7 +23,6 @@ import concurrent.futures
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -53,17 +52,11 @@ def decode_floor(paths: list[Path], cores: int, repeat: int = 3) -> float:
 
 
 def one_run(root: Path, paths: list[Path], processes: int, workers: int, uploaders: int) -> dict[str, float]:
-    env = {"PICPEAK_WORKERS": str(workers)}
-    server = bench.Server(root / "data", env=env)
+    env = {"PICPEAK_WORKERS": str(workers)} if workers else {}
+    server = bench.Server(root / "data", env=env, args=("--processes", str(processes)))
     server.start()
-    extra: list[subprocess.Popen[bytes]] = []
     try:
-        for _ in range(processes - 1):
-            extra.append(subprocess.Popen(
-                [sys.executable, "-m", "picpeak_lite", "worker", "--data-dir", str(server.data_dir)],
-                env={**server.env, **env}, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        time.sleep(1.0)  # the worker processes open the database and start their pools
-        pids = [server.pid, *(p.pid for p in extra)]
+        pids = [server.pid]
         admin = bench._Client(server.url, server.token)
         _, gallery = admin.call("POST", "/api/admin/galleries", json.dumps({"name": "Scaling"}).encode(),
                                 {"Content-Type": "application/json"})
@@ -108,10 +101,6 @@ def one_run(root: Path, paths: list[Path], processes: int, workers: int, uploade
         admin.close()
         return {"photos_per_s": len(paths) / wall, "cores_busy": cpu / wall, "cpu_per_photo": cpu / len(paths)}
     finally:
-        for proc in extra:
-            proc.terminate()
-        for proc in extra:
-            proc.wait()
         server.stop()
 
 
@@ -137,7 +126,7 @@ def main() -> None:
                 run_root = root / f"run-{round_}-{n}-{w}-{c}"
                 run_root.mkdir()
                 got = one_run(run_root, paths, n, w, c)
-                print(f"scaling: processes={n} workers={w or cores} uploaders={c} "
+                print(f"scaling: processes={n} workers_per_process={w or max(1, cores // n)} uploaders={c} "
                       f"photos_per_s={got['photos_per_s']:.2f} cores_busy={got['cores_busy']:.2f} "
                       f"cpu_per_photo_s={got['cpu_per_photo']:.3f} "
                       f"share_of_decode_floor={got['photos_per_s'] / floor:.0%}", flush=True)

@@ -117,8 +117,10 @@ def batches(paths: list[Path], max_files: int = BATCH_FILES, max_bytes: int = BA
 class Server:
     """``picpeak-lite serve`` in a subprocess on ``data_dir``, port 0; ``python`` may be another checkout's."""
 
-    def __init__(self, data_dir: Path, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, python: str = sys.executable, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
+        self.args = args  # more `serve` flags (--processes N)
         self.python = python
         self.env = {**os.environ, "PICPEAK_ADMIN_PASSWORD": PASSWORD, "PICPEAK_LOG_LEVEL": "warning", **(env or {})}
         self.log_path = data_dir.parent / "server.log"
@@ -136,7 +138,7 @@ class Server:
         with open(self.log_path, "wb") as log:  # a file, not a pipe: nobody has to keep reading it
             self.proc = subprocess.Popen(
                 [self.python, "-m", "picpeak_lite", "serve", "--port", "0", "--host", "127.0.0.1",
-                 "--data-dir", str(self.data_dir)], stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                 "--data-dir", str(self.data_dir), *self.args], stdout=log, stderr=subprocess.STDOUT, env=self.env,
                 cwd=self.data_dir.parent)  # not ours: `-m` would import the package from the working directory
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
