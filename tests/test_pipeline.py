@@ -29,7 +29,7 @@ from picpeak_lite.store.queries import webhooks as webhook_q
 from picpeak_lite.store.storage import new_key
 
 from . import bombs, imagefactory
-from .conftest import AuthActions, own_services
+from .conftest import AuthActions, own_services, sql
 from .factories import create_gallery, photo_jpeg, run_pool_until_idle, stage_photo
 from .hostile import tree_pids
 
@@ -329,29 +329,35 @@ async def test_view_images_follow_a_watermark_turned_on_later(services: Services
 
 async def test_an_older_render_never_replaces_a_newer_one(services: Services, client: Any, admin: AuthActions,
                                                           conn: Any, gallery_id: int) -> None:
-    """Two processes may make the same photo's images again; the one that read older settings loses."""
+    """One process at a time makes a photo's images again (its views lease); a render that read older settings
+    writes nothing once they changed, and leaves the photo marked for a render from the newer ones."""
     photo, _ = stage_photo(services, gallery_id, imagefactory.save(imagefactory.flat(800, 600), "jpeg"))
     await run_pool_until_views_fresh(services)
     view = services.storage.derived_path(status_of(conn, photo)["storage_key"], "view")
+    unmarked = view.read_bytes()
     assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"watermark": True, "name": "First"},
                                headers=admin.headers())).status_code == 200
     slow = WorkerPool(services, count=1)
-    # The limiter is let go before the nursery waits: the slow render, from "First", then tries to save.
-    async with trio.open_nursery() as nursery, slow.image_limiter:
-        nursery.start_soon(slow.refresh_stale_views, photo % slow.tasks)  # the task whose share holds the photo
-        while slow.image_limiter.statistics().tasks_waiting == 0:  # it has read the settings, waits to decode
-            await trio.sleep(0.005)
-        assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"name": "Second"},
-                                   headers=admin.headers())).status_code == 200
-        await run_pool_until_views_fresh(services)  # the other process makes it with "Second"
-        newest = view.read_bytes()
-    assert view.read_bytes() == newest and status_of(conn, photo)["views_stale"] == 0
+    async with trio.open_nursery() as nursery:
+        async with slow.image_limiter:
+            nursery.start_soon(slow.refresh_stale_views, photo % slow.tasks)  # the task whose share holds the photo
+            while slow.image_limiter.statistics().tasks_waiting == 0:  # it has read the settings, waits to decode
+                await trio.sleep(0.005)
+            # Meanwhile no other worker takes the photo: its lease is held.
+            assert await services.db.read(photo_q.next_stale_views, 0, 1, services.clock()) is None
+            assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"name": "Second"},
+                                       headers=admin.headers())).status_code == 200
+        # The limiter let go: the slow render, from "First", finds the mark changed and writes nothing.
+    assert view.read_bytes() == unmarked and status_of(conn, photo)["views_stale"] > 0
+    assert sql(services, "SELECT name FROM leases") == []  # given back
+    await run_pool_until_views_fresh(services)  # made with "Second"
+    assert view.read_bytes() != unmarked and status_of(conn, photo)["views_stale"] == 0
 
 
 @pytest.mark.sqlite
 async def test_the_stale_views_query_seeks_its_index(conn: Any) -> None:
-    plan = conn.execute("EXPLAIN QUERY PLAN " + photo_q.NEXT_STALE_VIEWS["sqlite"], (2, 0)).fetchall()
-    assert [row["detail"] for row in plan] == ["SCAN photos USING INDEX photos_views_stale"]  # stale rows only
+    plan = conn.execute("EXPLAIN QUERY PLAN " + photo_q.NEXT_STALE_VIEWS["sqlite"], (2, 0, 0.0)).fetchall()
+    assert plan[0]["detail"] == "SCAN photos USING INDEX photos_views_stale"  # stale rows only
 
 
 async def test_lease_is_renewed_while_working(tmp_path: Path, autojump_clock: Any) -> None:

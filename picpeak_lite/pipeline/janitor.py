@@ -52,6 +52,7 @@ from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import archive as archive_q
 from picpeak_lite.store.queries import audit as audit_q
 from picpeak_lite.store.queries import guests as guest_q
+from picpeak_lite.store.queries import leases as leases_q
 from picpeak_lite.store.queries import limits as limits_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries import replacement as replacement_q
@@ -180,6 +181,7 @@ class Janitor:
         now = svc.clock()
         await svc.db.write(audit_q.prune, now - svc.settings.audit_retention_days * 86400)
         await svc.db.write(limits_q.prune, now, limits_q.MAX_KEYS)
+        await svc.db.write(leases_q.prune, now - IDLE_GUEST_SESSION_SECONDS)  # a day past their end
         rows, known, reserved = await svc.db.read(_keys_in_use)
         reserved_before = now - self.orphan_grace
         listed, candidates = await trio.to_thread.run_sync(self._orphan_candidates, known, reserved, now)

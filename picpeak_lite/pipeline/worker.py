@@ -16,8 +16,8 @@ decode, so a child that finishes a photo finds the next one ready instead of wai
 write in turn.
 
 When no photo waits, a worker makes the view and grid images of a photo again whose gallery's watermark changed
-since it was made (``views_stale``, schema 6). That needs no claim: the photo stays ``complete`` and visible, and
-the new files replace the old ones only in the transaction that clears the mark, if no newer change marked it since the
+since it was made (``views_stale``, schema 6). The photo stays ``complete`` and visible; one process at a time makes
+them, under the photo's ``views:<id>`` lease, and the mark is cleared only if no newer change marked it since the
 settings were read (see :meth:`WorkerPool.refresh_stale_views`).
 """
 
@@ -36,6 +36,7 @@ from picpeak_lite.errors import InsufficientStorage, StorageUnavailable
 from picpeak_lite.media import images
 from picpeak_lite.pipeline import attempts, imagejobs, transitions, video_work
 from picpeak_lite.pipeline.imageprocs import ChildCrashed, ImageProcesses
+from picpeak_lite.runtime.lease import Lease, LeaseLost
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -170,14 +171,33 @@ class WorkerPool:
         the step that marks grids made before issue 35), while it stays complete and visible. Only when no photo
         waits to be processed. False when there was nothing to do.
 
-        No claim: two processes may both make the same photo's images. The files are replaced only in the
-        transaction that clears the mark, and only if the mark is still what it was when this render read the
-        settings, so a render from older settings can never overwrite one from newer settings.
+        The photo's ``views:<id>`` lease (``runtime/lease.py``) is held meanwhile, so one process at a time makes
+        its images again, and no storage call is made inside a transaction. The files are written only while the
+        mark is still what it was when this render read the settings and the lease is held; the mark is cleared
+        in a transaction that checks both again. A render from older settings whose write lost a race with a
+        newer change leaves the photo marked, so it is made again (after this lease is given back) from the
+        newer settings: the last images written are always from the settings the mark was cleared for.
         """
         svc = self.svc
-        row = await svc.db.read(photo_q.next_stale_views, index, self.tasks)
+        row = await svc.db.read(photo_q.next_stale_views, index, self.tasks, svc.clock())
         if row is None:
             return False
+        lease = Lease(svc.db, photo_q.views_lease(row["id"]), holder=svc.instance,
+                      seconds=svc.settings.decode_deadline_seconds + svc.settings.lease_seconds, clock=svc.clock)
+        if not await lease.take():
+            return True  # another process took it just now: look for the next one
+        try:
+            async with lease.kept():
+                return await self._refresh(row, lease)
+        except LeaseLost:
+            log.warning("photo %s: its images were being made again too slowly; left to another process", row["id"])
+            return True
+        finally:
+            with trio.CancelScope(shield=True):
+                await lease.release()
+
+    async def _refresh(self, row: dict[str, Any], lease: Lease) -> bool:
+        svc = self.svc
         rendered = await self._render(row)
         if rendered is HandBack.STORAGE_DOWN:
             raise StorageUnavailable()
@@ -187,22 +207,18 @@ class WorkerPool:
             log.warning("photo %s: could not make its images again: %s", row["id"], rendered)
             await svc.db.write(photo_q.views_refreshed, row["id"], row["views_stale"])
             return True
-        storage = self.storage
-
-        def replace_if_still_stale(conn: Any) -> bool:
-            if not photo_q.views_still_stale(conn, row["id"], row["views_stale"]):
-                return False  # changed again (or gone) since we read the settings: made again from the newer ones
-            storage.write_derivative(row["storage_key"], "view", rendered.view_jpeg)
-            storage.write_derivative(row["storage_key"], "grid", rendered.grid_jpeg)  # made from the marked view
-            return photo_q.views_refreshed(conn, row["id"], row["views_stale"])
-
+        if not await svc.db.read(photo_q.views_still_stale, row["id"], row["views_stale"]) or not lease.held:
+            return True  # changed again (or gone) since we read the settings: made again from the newer ones
+        write = self.storage.write_derivative
         try:
-            await svc.db.write(replace_if_still_stale)
+            await trio.to_thread.run_sync(write, row["storage_key"], "view", rendered.view_jpeg)
+            await trio.to_thread.run_sync(write, row["storage_key"], "grid", rendered.grid_jpeg)  # from the view
         except InsufficientStorage:
             raise
         except OSError as error:  # the mark stays: tried again after the worker's pause
             log.error("photo %s: could not save its new images: %s", row["id"], error)
             return False
+        await svc.db.write(photo_q.views_refreshed, row["id"], row["views_stale"], lease.token)
         return True
 
     async def _process(self, row: dict[str, Any]) -> dict[str, Any] | str | HandBack | Crashed:

@@ -42,3 +42,10 @@ def holder_of(conn: Connection, name: str, now: float) -> Row | None:
     """Who holds ``name`` now (holder, expires_at), or None when nobody does."""
     return conn.execute("SELECT holder, expires_at FROM leases WHERE name = ? AND expires_at > ?",
                         (name, float(now))).fetchone()
+
+
+def prune(conn: Connection, before: float) -> int:
+    """Remove leases that ran out before ``before``: those of processes that died holding them (a photo's
+    ``views:<id>``); a lease in use is renewed, and a turn ends in the future. Returns how many went."""
+    conn.execute("DELETE FROM leases WHERE expires_at < ?", (float(before),))
+    return conn.changes()

@@ -238,17 +238,26 @@ def mark_views_stale(conn: Connection, gallery_ids: list[int]) -> int:
 
 # One form per engine: SQLite's planner, left to itself, walks every complete photo through photos_queue, so the
 # index is named; PostgreSQL's picks the partial index by itself and has no such hint.
-_STALE_VIEWS_WHERE = "WHERE views_stale > 0 AND status = 'complete' AND id % ? = ? ORDER BY id LIMIT 1"
+# A photo whose images another process is making again holds the lease 'views:<id>' (runtime/lease.py).
+_STALE_VIEWS_WHERE = ("WHERE views_stale > 0 AND status = 'complete' AND id % ? = ? AND NOT EXISTS "
+                      "(SELECT 1 FROM leases WHERE leases.name = 'views:' || photos.id AND leases.expires_at > ?) "
+                      "ORDER BY id LIMIT 1")
 NEXT_STALE_VIEWS = {
     "sqlite": f"SELECT * FROM photos INDEXED BY photos_views_stale {_STALE_VIEWS_WHERE}",
     "postgresql": f"SELECT * FROM photos {_STALE_VIEWS_WHERE}",
 }
 
 
-def next_stale_views(conn: Connection, worker: int, workers: int) -> Row | None:
-    """A complete photo whose images are to be made again; workers of one pool take disjoint photos."""
-    rows = conn.execute(NEXT_STALE_VIEWS[conn.dialect], (workers, worker)).fetchall()
+def next_stale_views(conn: Connection, worker: int, workers: int, now: float) -> Row | None:
+    """A complete photo whose images are to be made again and that no process is making again now; workers of
+    one pool look at disjoint photos."""
+    rows = conn.execute(NEXT_STALE_VIEWS[conn.dialect], (workers, worker, float(now))).fetchall()
     return rows[0] if rows else None
+
+
+def views_lease(photo_id: int) -> str:
+    """The name of the lease held while a photo's images are made again."""
+    return f"views:{photo_id}"
 
 
 def views_still_stale(conn: Connection, photo_id: int, stale: int) -> bool:
@@ -259,10 +268,13 @@ def views_still_stale(conn: Connection, photo_id: int, stale: int) -> bool:
     return bool(rows)
 
 
-def views_refreshed(conn: Connection, photo_id: int, stale: int) -> bool:
+def views_refreshed(conn: Connection, photo_id: int, stale: int, token: str | None = None) -> bool:
     """The images were made again from the settings of the time ``stale`` was read; False when the watermark
-    changed once more since (the photo stays marked and is made again)."""
-    conn.execute("UPDATE photos SET views_stale = 0 WHERE id = ? AND views_stale = ?", (photo_id, stale))
+    changed once more since (the photo stays marked and is made again), or, with ``token``, when the photo's
+    views lease is no longer that token's (another process may have made them since)."""
+    conn.execute("UPDATE photos SET views_stale = 0 WHERE id = ? AND views_stale = ? AND (? IS NULL OR EXISTS "
+                 "(SELECT 1 FROM leases WHERE leases.name = ? AND leases.token = ?))",
+                 (photo_id, stale, token, views_lease(photo_id), token))
     return conn.changes() == 1
 
 
