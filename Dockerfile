@@ -8,6 +8,10 @@ COPY picpeak_lite ./picpeak_lite
 COPY templates ./templates
 COPY static ./static
 RUN pip install --no-cache-dir . && rm -rf /src
+# pg_dump and pg_restore, for `picpeak-lite backup` and `restore` with database_url on PostgreSQL (Debian 12's 15:
+# the server's version or newer is needed).
+RUN apt-get update && apt-get install -y --no-install-recommends postgresql-client \
+    && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --system --uid 10001 --home-dir /data picpeak && mkdir /data && chown picpeak /data
 USER picpeak
