@@ -19,7 +19,7 @@ RULES = [
     ("multipart parse (werkzeug)", r"sansio/multipart|_Receiver\.feed"),
     ("hash + temp write", r"_write_batch|FileSink"),
     ("sniff / commit_original", r"sniff|commit_original"),
-    ("sqlite", r"_run_in_transaction|apsw|store/db\.py"),
+    ("sqlite", r"_write_in_thread|_read_in_thread|apsw|store/db\.py"),
     ("decode", r"\bdecode \(picpeak_lite/media"),
     ("view resize", r"make_view"),
     ("grid", r"make_grid"),

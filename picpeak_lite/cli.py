@@ -19,7 +19,14 @@ import trio
 from picpeak_lite import security
 from picpeak_lite.config import FIELDS, Settings, find_config_file, load_settings
 from picpeak_lite.domain import accounts
-from picpeak_lite.errors import AppError, CommandFailed, ConfigError, DatabaseError, StorageUnavailable
+from picpeak_lite.errors import (
+    AppError,
+    CommandFailed,
+    ConfigError,
+    DatabaseError,
+    DatabaseUnavailable,
+    StorageUnavailable,
+)
 from picpeak_lite.ops import bootstrap
 from picpeak_lite.store import db
 from picpeak_lite.store.queries import admin as admin_q
@@ -707,7 +714,8 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"picpeak-lite: error: {error.message}", err=True)
         sys.exit(75)  # EX_TEMPFAIL: the same command works once the bucket answers again
     except DatabaseError as error:  # e.g. PostgreSQL unreachable: psycopg's reason runs over lines, we print one
-        click.echo(f"picpeak-lite: error: {' '.join(error.message.split())}", err=True)
+        reason = error.detail if isinstance(error, DatabaseUnavailable) else error.message
+        click.echo(f"picpeak-lite: error: {' '.join(reason.split())}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

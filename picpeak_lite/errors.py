@@ -156,6 +156,27 @@ class DatabaseError(AppError):
     title = N_("Database error")
 
 
+class DatabaseUnavailable(DatabaseError):
+    """The database server did not answer (PostgreSQL restarting, the network to it cut). Nothing was recorded
+    by this request; the client is told to try again shortly, and the connection is opened again by the next
+    one (``store/db.py`` ``Database``). ``detail`` is the driver's own reason, for logs and the command line."""
+
+    status = 503
+    title = N_("The database is not reachable")
+
+    def __init__(self, detail: str, retry_after: int = 5) -> None:
+        super().__init__(_("The database is not answering just now; nothing was saved. "
+                           "Please try again in a few seconds."))
+        self.detail = detail
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return self.detail
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
 class CommandFailed(Exception):
     """An operator command that could not finish (a file that could not be read or stored). The CLI prints it as
     one line and exits 1; the command says in it whether running it again goes on from there."""

@@ -338,15 +338,14 @@ async def test_an_older_render_never_replaces_a_newer_one(services: Services, cl
     assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"watermark": True, "name": "First"},
                                headers=admin.headers())).status_code == 200
     slow = WorkerPool(services, count=1)
-    async with trio.open_nursery() as nursery:
-        async with slow.image_limiter:
-            nursery.start_soon(slow.refresh_stale_views, photo % slow.tasks)  # the task whose share holds the photo
-            while slow.image_limiter.statistics().tasks_waiting == 0:  # it has read the settings, waits to decode
-                await trio.sleep(0.005)
-            # Meanwhile no other worker takes the photo: its lease is held.
-            assert await services.db.read(photo_q.next_stale_views, 0, 1, services.clock()) is None
-            assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"name": "Second"},
-                                       headers=admin.headers())).status_code == 200
+    async with trio.open_nursery() as nursery, slow.image_limiter:
+        nursery.start_soon(slow.refresh_stale_views, photo % slow.tasks)  # the task whose share holds the photo
+        while slow.image_limiter.statistics().tasks_waiting == 0:  # it has read the settings, waits to decode
+            await trio.sleep(0.005)
+        # Meanwhile no other worker takes the photo: its lease is held.
+        assert await services.db.read(photo_q.next_stale_views, 0, 1, services.clock()) is None
+        assert (await client.patch(f"/api/admin/galleries/{gallery_id}", json={"name": "Second"},
+                                   headers=admin.headers())).status_code == 200
         # The limiter let go: the slow render, from "First", finds the mark changed and writes nothing.
     assert view.read_bytes() == unmarked and status_of(conn, photo)["views_stale"] > 0
     assert sql(services, "SELECT name FROM leases") == []  # given back

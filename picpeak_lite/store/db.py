@@ -19,6 +19,7 @@ the request that asked for it is cancelled. That is what we want for durability.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,9 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast
 import apsw
 import trio
 
-from picpeak_lite.errors import DatabaseError, InsufficientStorage
+from picpeak_lite.errors import DatabaseError, DatabaseUnavailable, InsufficientStorage
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -56,6 +59,8 @@ class Connection(Protocol):
     def in_transaction(self) -> bool: ...
     @property
     def filename(self) -> str: ...
+    @property
+    def broken(self) -> bool: ...
     def execute(self, statements: str, bindings: Any = None) -> Cursor: ...
     def changes(self) -> int: ...
     def last_insert_rowid(self) -> int: ...
@@ -82,6 +87,7 @@ SQLITE_URL = "sqlite:///"
 
 class SqliteConnection(apsw.Connection):
     dialect = "sqlite"
+    broken = False  # a file has no server to lose
 
 
 def sqlite_path(target: str | os.PathLike[str]) -> Path | None:
@@ -120,14 +126,15 @@ def _row_as_dict(cursor: apsw.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def transaction(conn: Connection, *, immediate: bool = True) -> Iterator[Connection]:
+def transaction(conn: Connection, *, immediate: bool = True, begun: bool = False) -> Iterator[Connection]:
     """One unit of work: ``BEGIN [IMMEDIATE]`` ... ``COMMIT``, rolled back on any exception.
 
     When SQLite hits disk-full or an I/O error it rolls the transaction back by itself; our own ``ROLLBACK``
     then fails with "cannot rollback - no transaction is active" and would hide the real error. We raise the
-    real cause instead, translated into our own error types.
+    real cause instead, translated into our own error types. ``begun``: the caller sent the ``BEGIN``.
     """
-    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    if not begun:
+        conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
     try:
         yield conn
     except BaseException as error:
@@ -174,9 +181,7 @@ class Database:
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in one ``BEGIN IMMEDIATE`` transaction on the writer connection."""
         async with self._write_lock:
-            result = await trio.to_thread.run_sync(
-                self._run_in_transaction, self._writer, True, fn, args, limiter=self._write_limiter
-            )
+            result = await trio.to_thread.run_sync(self._write_in_thread, fn, args, limiter=self._write_limiter)
         for listener in self.commit_listeners:
             listener()
         return result
@@ -184,18 +189,42 @@ class Database:
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in one deferred (read) transaction on a reader connection."""
         async with self._read_limiter:
-            conn = self._readers.pop()
+            held = [self._readers.pop()]
             try:
-                return await trio.to_thread.run_sync(self._run_in_transaction, conn, False, fn, args)
+                return await trio.to_thread.run_sync(self._read_in_thread, held, fn, args)
             finally:
-                self._readers.append(conn)
+                self._readers.append(held[0])
 
-    @staticmethod
-    def _run_in_transaction(
-        conn: Connection, immediate: bool, fn: Callable[..., T], args: tuple[Any, ...]
-    ) -> T:
-        with transaction(conn, immediate=immediate):
-            return fn(conn, *args)
+    def _write_in_thread(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        self._writer = self._begun(self._writer, immediate=True)
+        with transaction(self._writer, begun=True):
+            return fn(self._writer, *args)
+
+    def _read_in_thread(self, held: list[Connection], fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        held[0] = self._begun(held[0], immediate=False)
+        with transaction(held[0], immediate=False, begun=True):
+            return fn(held[0], *args)
+
+    def _begun(self, conn: Connection, *, immediate: bool) -> Connection:
+        """A connection with a transaction begun on it: ``conn``, or a new connection in its place when the
+        server dropped it (PostgreSQL restarted). A drop found by ``BEGIN`` sent nothing of the work, so it is
+        opened again once, at once: after a restart no request fails for a connection that sat idle through it.
+        While the server is down, connecting raises ``DatabaseUnavailable`` (503, Retry-After) and the next
+        request tries again."""
+        for attempt in range(2):
+            if conn.broken:
+                fresh = connect(self.target)
+                log.warning("database: a dropped connection was opened again (%s)", fresh.filename)
+                with contextlib.suppress(Exception):
+                    conn.close()
+                conn = fresh
+            try:
+                conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+                return conn
+            except DatabaseUnavailable:
+                if attempt or not conn.broken:
+                    raise
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Close every connection; the writer last, so that it can checkpoint the WAL."""

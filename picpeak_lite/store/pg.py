@@ -39,7 +39,7 @@ from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.numeric import Int8Dumper
 
-from picpeak_lite.errors import DatabaseError, InsufficientStorage
+from picpeak_lite.errors import DatabaseError, DatabaseUnavailable, InsufficientStorage
 from picpeak_lite.store import db
 
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -138,7 +138,7 @@ def _translated(disk_full: str) -> Iterator[None]:
     except pg_errors.DiskFull as error:
         raise InsufficientStorage(disk_full) from error
     except psycopg.OperationalError as error:
-        raise DatabaseError(f"The database server did not answer: {str(error).strip()}") from error
+        raise DatabaseUnavailable(f"The database server did not answer: {str(error).strip()}") from error
 
 
 class PgConnection:
@@ -162,6 +162,11 @@ class PgConnection:
     @property
     def filename(self) -> str:
         return redact(self.url)
+
+    @property
+    def broken(self) -> bool:
+        """The server dropped this connection (it restarted, the network was cut): only a new one will do."""
+        return self._conn.broken or self._conn.closed
 
     @property
     def raw(self) -> psycopg.Connection[dict[str, Any]]:
@@ -201,7 +206,7 @@ def connect(url: str) -> PgConnection:
     try:
         return PgConnection(url)
     except psycopg.OperationalError as error:
-        raise DatabaseError(f"cannot connect to the database at {redact(url)}: {str(error).strip()}") from None
+        raise DatabaseUnavailable(f"cannot connect to the database at {redact(url)}: {str(error).strip()}") from None
 
 
 class Notifications:
