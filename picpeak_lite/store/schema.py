@@ -674,6 +674,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX password_attempts_key ON password_attempts(throttle, target, client, at);
     CREATE INDEX password_attempts_forget ON password_attempts(forget_at);
     """,
+    # Which process claimed a photo (issue 31, several hosts): "<host name> pid <pid>", set by each claim and kept
+    # after it ends, so an operator (and the multi-host suite) can tell which host holds or made a photo.
+    """
+    ALTER TABLE photos ADD COLUMN claimed_by TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

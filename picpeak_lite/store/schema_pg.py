@@ -577,6 +577,10 @@ STEPS: dict[int, str] = {
     CREATE INDEX password_attempts_key ON password_attempts(throttle, target, client, at);
     CREATE INDEX password_attempts_forget ON password_attempts(forget_at);
     """,
+    # 30: which process claimed a photo (issue 31, several hosts; schema.py says why)
+    30: """
+    ALTER TABLE photos ADD COLUMN claimed_by TEXT;
+    """,
 }
 
 
