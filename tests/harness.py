@@ -104,16 +104,18 @@ class ServerProcess:
     """One ``picpeak-lite serve`` process at a time on a data directory; restartable."""
 
     def __init__(self, data_dir: Path, config: Path, *, env: dict[str, str] | None = None,
-                 nofile: int | None = None, netns: str | None = None, host: str = "127.0.0.1",
+                 nofile: int | None = None, netns: str | None = None, host: str = "127.0.0.1", port: int = 0,
                  database_url: str | None = None) -> None:
         self.data_dir = data_dir
         self.config = config
         self.nofile = nofile  # RLIMIT_NOFILE, soft and hard, for the server (as a unit's LimitNOFILE sets it)
         # The multi-host suite (tests/multihost.py): a network namespace to run in (``ip netns exec`` execs the
-        # server itself, so its pid is the server's), the address it listens on there, and a database shared by
-        # every host instead of this data directory's own.
+        # server itself, so its pid is the server's), the address and port it listens on there (each namespace has
+        # ports of its own: every host may take 8080, as behind a balancer), and a database shared by every host
+        # instead of this data directory's own.
         self.netns = netns
         self.host = host
+        self.port = port
         database = database_url or pgserver.database_for(data_dir)
         self.env = {**os.environ, "PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD, "PICPEAK_WEBHOOK_ALLOW_PRIVATE": "true",
                     **({"PICPEAK_DATABASE_URL": database} if database else {}), **(env or {})}
@@ -127,7 +129,7 @@ class ServerProcess:
         assert self.proc is None, "already running"
         wrap = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen(
-            [*wrap, sys.executable, "-m", "picpeak_lite", "serve", "--host", self.host, "--port", "0",
+            [*wrap, sys.executable, "-m", "picpeak_lite", "serve", "--host", self.host, "--port", str(self.port),
              "--data-dir", str(self.data_dir), "--config", str(self.config)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
             preexec_fn=None if self.nofile is None else functools.partial(_limit_nofile, self.nofile),

@@ -24,9 +24,11 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +38,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from . import pgserver
-from .harness import ADMIN_PASSWORD, WEBHOOK_SECRET, ServerProcess, WebhookReceiver
+from .harness import ADMIN_PASSWORD, REPO, WEBHOOK_SECRET, ServerProcess, WebhookReceiver
 from .s3server import S3rverServer
 
+PORT = 8080  # every host's, in its own namespace (deploy/several-hosts.md's)
 NAME = "ppmh"  # every namespace and link of this suite starts with it, then the run's pid
 PUBLIC_URL = "http://photos.multihost.test"  # the same on every host, as behind one load balancer
 
@@ -166,7 +169,8 @@ class Cluster:
                 data_dir.mkdir(parents=True)
                 config = self._config(data_dir, i)
                 self.hosts.append(ServerProcess(data_dir, config, netns=self.net.namespaces[i],
-                                                host=self.net.addresses[i], database_url=self.database_url))
+                                                host=self.net.addresses[i], port=PORT,
+                                                database_url=self.database_url))
             self._stack.callback(self._stop_hosts)
             self.token = self._token()
             self.urls = self._start_all()
@@ -229,7 +233,60 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     host.kill()
 
+    def restart(self, index: int) -> None:
+        """Start host ``index`` again (after a kill or a stop), on the same address, port and data directory."""
+        self.urls[index] = self.hosts[index].start()
+        self.claimants[index] = f"{os.uname().nodename} pid {self.hosts[index].pid}"
+
     def query(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         """SQL on the shared database, from the root namespace (``?`` placeholders, as our queries write them)."""
         with psycopg.connect(self.database_url, autocommit=True, row_factory=dict_row) as conn:
             return conn.execute(sql.replace("?", "%s"), args).fetchall()  # the tests' own SQL
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
+                                          if os.access(p, os.X_OK)), None)
+
+
+@contextlib.contextmanager
+def nginx_balancer(cluster: Cluster, root: Path) -> Iterator[str]:
+    """``deploy/nginx-several-hosts.conf`` as shipped in front of the cluster, with two changes only: its upstream
+    addresses are the cluster's hosts, and its HTTPS server is a plain listener on 127.0.0.1 (no certificate, no
+    redirect). Yields the balancer's URL."""
+    nginx = nginx_binary()
+    assert nginx is not None
+    snippet = (REPO / "deploy" / "nginx-several-hosts.conf").read_text()
+    shipped = list(dict.fromkeys(re.findall(r"server (10\.0\.0\.\d+:8080)", snippet)))
+    assert len(shipped) == cluster.count, shipped
+    for old, new in zip(shipped, cluster.net.addresses, strict=True):
+        snippet = snippet.replace(f"server {old} ", f"server {new}:{PORT} ")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    snippet = re.sub(r"server \{\s*listen 80;.*?\}\n", "", snippet, flags=re.DOTALL)
+    snippet = snippet.replace("listen 443 ssl http2;", f"listen 127.0.0.1:{port};")
+    snippet = re.sub(r"\n\s*ssl_certificate(_key)? [^;]+;", "", snippet)
+    assert "ssl" not in snippet and "listen 80" not in snippet
+    (root / "picpeak.conf").write_text(snippet)
+    temp = "".join(f"    {name}_temp_path {root / name};\n" for name in ("client_body", "proxy", "fastcgi", "uwsgi",
+                                                                           "scgi"))
+    (root / "nginx.conf").write_text(
+        f"user root;\npid {root / 'nginx.pid'};\nerror_log {root / 'error.log'};\nevents {{}}\nhttp {{\n"
+        f"    access_log off;\n{temp}    include {root / 'picpeak.conf'};\n}}\n")
+    proc = subprocess.Popen([nginx, "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60  # a hung-start stop only
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("nginx did not start:\n" + (root / "error.log").read_text()) from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)

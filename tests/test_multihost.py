@@ -18,6 +18,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +27,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 from . import imagefactory, multihost
-from .harness import WebhookReceiver, figures, guest_client, multipart, percentile, unique_jpeg
+from .harness import ADMIN_PASSWORD, WebhookReceiver, figures, guest_client, multipart, percentile, unique_jpeg
 
 pytestmark = [pytest.mark.system, pytest.mark.postgresql]
 
@@ -67,17 +68,19 @@ async def new_gallery(cluster: multihost.Cluster, name: str) -> dict[str, Any]:
     return gallery
 
 
-async def upload_round_robin(cluster: multihost.Cluster, gallery_id: int, photos: list[tuple[str, bytes]]
-                             ) -> dict[int, tuple[int, str]]:
-    """Multipart requests of ``PER_REQUEST`` photos, request i to host i mod N, three at a time. Returns each
-    acknowledged photo's id -> (the host that took it, the sha256 of what was sent)."""
+async def upload_round_robin(cluster: multihost.Cluster, gallery_id: int, photos: list[tuple[str, bytes]],
+                             urls: list[str] | None = None) -> dict[int, tuple[int, str]]:
+    """Multipart requests of ``PER_REQUEST`` photos, request i to host i mod N (or to ``urls`` in turn), three at a
+    time. Returns each acknowledged photo's id -> (the index of the URL that took it, the sha256 of what was
+    sent)."""
     acked: dict[int, tuple[int, str]] = {}
+    urls = urls or cluster.urls
     limiter = trio.CapacityLimiter(HOSTS)
     clients = [httpx.AsyncClient(base_url=url, timeout=120, headers={"Authorization": f"Bearer {cluster.token}"})
-               for url in cluster.urls]
+               for url in urls]
 
     async def send(index: int, files: list[tuple[str, bytes]]) -> None:
-        host = index % HOSTS
+        host = index % len(urls)
         sent = {name: hashlib.sha256(data).hexdigest() for name, data in files}
         body, headers = multipart(files)
         async with limiter:
@@ -177,6 +180,51 @@ async def test_uploads_on_every_host_complete_once_and_every_hosts_feed_sees_the
         assert host.tracebacks() == [], host.log_tail()
 
 
+async def test_through_the_nginx_recipe_any_host_answers_any_request(
+        cluster: multihost.Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """deploy/nginx-several-hosts.conf in front of the three hosts (its upstreams pointed at them, plain HTTP):
+    without stickiness an admin's session, a guest's password form and CSRF token, uploads and the live feed's
+    WebSocket work whichever host each request reaches."""
+    if multihost.nginx_binary() is None:
+        pytest.skip("no nginx binary (CI installs Debian's: .ci/apt-packages)")
+    gallery = await new_gallery(cluster, "Balanced")
+    slug = gallery["slug"]
+    with multihost.nginx_balancer(cluster, tmp_path) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as browser:
+            login = await browser.post("/admin/login", data={"username": "admin", "password": ADMIN_PASSWORD})
+            assert login.status_code == 302, login.text
+            for _ in range(3 * HOSTS):
+                page = await browser.get("/admin/")
+                assert page.status_code == 200, page.headers.get("location")  # not sent back to the login
+        guest, _csrf = await guest_client(url, slug, PASSWORD)  # the form's page and its POST: any hosts
+        cookie = guest.cookies.get("pp_guest")
+        await guest.aclose()
+        seen: set[int] = set()
+        acked: dict[int, tuple[int, str]] = {}
+        with trio.fail_after(HANG_GUARD):
+            async with open_websocket_url(url.replace("http://", "ws://") + f"/ws/g/{slug}",
+                                          extra_headers=[("Cookie", f"pp_guest={cookie}")]) as feed:
+                assert json.loads(await feed.get_message())["type"] == "snapshot"
+                acked = await upload_round_robin(cluster, gallery["id"], camera_photos(18, "balanced"), [url])
+                while not set(acked) <= seen:
+                    frame = json.loads(await feed.get_message())
+                    if frame["type"] == "photo" and frame["status"] == "complete":
+                        seen.add(frame["id"])
+    ids = sorted(acked)
+    counted = completions(cluster, ids)
+    lost = [i for i in ids if counted[i] == 0]
+    duplicates = [i for i in ids if counted[i] > 1]
+    logs = ["".join(host.output) for host in cluster.hosts]
+    pages = [log.count('"GET /admin/ HTTP/1.1" 200') for log in logs]
+    uploads = [log.count(f'"POST /api/admin/galleries/{gallery["id"]}/upload HTTP/1.1" 202') for log in logs]
+    figures(capsys, f"multihost-balancer: hosts={HOSTS} proxy=nginx acked={len(ids)} lost={len(lost)} "
+                    f"duplicates={len(duplicates)} admin_pages_per_host={pages} uploads_per_host={uploads} "
+                    f"feed_saw={len(seen & set(ids))}")
+    assert lost == [] and duplicates == []
+    assert sum(pages) == 3 * HOSTS and sum(1 for n in pages if n) >= 2, pages  # one session, several hosts
+    assert sum(uploads) == 18 // PER_REQUEST
+
+
 async def test_a_killed_hosts_claims_are_taken_over_once(
         cluster: multihost.Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     receiver = cluster.receiver
@@ -233,3 +281,4 @@ async def test_a_killed_hosts_claims_are_taken_over_once(
     assert receiver.bad_signatures == 0
     for host in cluster.hosts[:victim]:
         assert host.tracebacks() == [], host.log_tail()
+    await trio.to_thread.run_sync(cluster.restart, victim)  # the service whole again, for any test after this
