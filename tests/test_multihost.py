@@ -233,25 +233,29 @@ async def test_a_killed_hosts_claims_are_taken_over_once(
     gallery = await new_gallery(cluster, "Kill")
     acked: dict[int, tuple[int, str]] = {}
     held: list[int] = []
+    killed_at = 0.0
     with trio.fail_after(HANG_GUARD):
-        for round_ in range(5):  # until the victim is caught holding a claim (on a fast box it may finish first)
+        for round_ in range(5):  # until the victim is killed holding a claim (on a fast box it may finish first)
             acked.update(await upload_round_robin(cluster, gallery["id"], camera_photos(30, f"kill{round_}")))
             while True:
-                held = [row["id"] for row in cluster.query(
-                    "SELECT id FROM photos WHERE status = 'processing' AND claimed_by = ?",
-                    cluster.claimants[victim])]
+                holding = cluster.query("SELECT id FROM photos WHERE status = 'processing' AND claimed_by = ?",
+                                        cluster.claimants[victim])
                 left = cluster.query("SELECT count(*) AS n FROM photos WHERE status IN ('pending', 'processing') "
                                      "AND id = ANY(?)", sorted(acked))[0]["n"]
-                if held or not left:
+                if holding or not left:
                     break
                 await trio.sleep(0.01)
+            if not holding:
+                continue
+            await trio.to_thread.run_sync(cluster.hosts[victim].kill)
+            killed_at = time.monotonic()
+            # What it held when it died (its last claim may have ended between the look and the kill).
+            held = [row["id"] for row in cluster.query(
+                "SELECT id FROM photos WHERE status = 'processing' AND claimed_by = ?", cluster.claimants[victim])]
             if held:
                 break
-        assert held, "the host to be killed never held a claim"
-        await trio.to_thread.run_sync(cluster.hosts[victim].kill)
-        killed_at = time.monotonic()
-        held = [row["id"] for row in cluster.query(
-            "SELECT id FROM photos WHERE status = 'processing' AND claimed_by = ?", cluster.claimants[victim])]
+            await trio.to_thread.run_sync(cluster.restart, victim)
+        assert held, "the host to be killed never held a claim when it was killed"
         ids = sorted(acked)
         while cluster.query("SELECT count(*) AS n FROM photos WHERE status IN ('pending', 'processing') "
                             "AND id = ANY(?)", ids)[0]["n"]:
