@@ -205,11 +205,13 @@ def test_the_several_hosts_balancers_name_the_same_hosts_without_stickiness(tmp_
                      "proxy_next_upstream error timeout"):
         assert expected in directives, expected
     assert "non_idempotent" not in nginx  # an upload a host began to read is never sent to another
+    assert not re.search(r"^\s*keepalive ", nginx, re.MULTILINE)  # a stopping host refuses; it drops no upload
     proxies = re.findall(r"reverse_proxy ([^{]+)\{(.*?)\}", caddy, re.DOTALL)
     assert len(proxies) == 2
     for targets, body in proxies:
         assert targets.split() == hosts
         assert "health_uri /healthz" in body and "max_size" not in body
+        assert re.search(r"transport http \{\s*keepalive off", body)
     assert "lb_policy least_conn" in proxies[1][1] and "lb_policy cookie" in proxies[0][1]  # stickiness: tus only
     tus = re.compile(re.search(r"@tus path_regexp (\S+)", caddy).group(1))  # type: ignore[union-attr]
     assert tus.pattern in nginx
