@@ -256,14 +256,8 @@ def nginx_balancer(cluster: Cluster, root: Path) -> Iterator[str]:
     redirect). Yields the balancer's URL."""
     nginx = nginx_binary()
     assert nginx is not None
-    snippet = (REPO / "deploy" / "nginx-several-hosts.conf").read_text()
-    shipped = list(dict.fromkeys(re.findall(r"server (10\.0\.0\.\d+:8080)", snippet)))
-    assert len(shipped) == cluster.count, shipped
-    for old, new in zip(shipped, cluster.net.addresses, strict=True):
-        snippet = snippet.replace(f"server {old} ", f"server {new}:{PORT} ")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    snippet = _pointed_at(cluster, (REPO / "deploy" / "nginx-several-hosts.conf").read_text(), "server ")
+    port = _free_port()
     snippet = re.sub(r"server \{\s*listen 80;.*?\}\n", "", snippet, flags=re.DOTALL)
     snippet = snippet.replace("listen 443 ssl http2;", f"listen 127.0.0.1:{port};")
     snippet = re.sub(r"\n\s*ssl_certificate(_key)? [^;]+;", "", snippet)
@@ -274,8 +268,53 @@ def nginx_balancer(cluster: Cluster, root: Path) -> Iterator[str]:
     (root / "nginx.conf").write_text(
         f"user root;\npid {root / 'nginx.pid'};\nerror_log {root / 'error.log'};\nevents {{}}\nhttp {{\n"
         f"    access_log off;\n{temp}    include {root / 'picpeak.conf'};\n}}\n")
-    proc = subprocess.Popen([nginx, "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with _running([nginx, "-p", str(root), "-c", str(root / "nginx.conf"), "-g", "daemon off;"], port,
+                  root / "error.log") as url:
+        yield url
+
+
+def caddy_binary() -> str | None:
+    return shutil.which("caddy")
+
+
+@contextlib.contextmanager
+def caddy_balancer(cluster: Cluster, root: Path) -> Iterator[str]:
+    """``deploy/Caddyfile.several-hosts`` as shipped in front of the cluster, its upstream addresses the cluster's
+    hosts and its site plain HTTP on 127.0.0.1 (no certificate; Caddy's admin endpoint off)."""
+    caddy = caddy_binary()
+    assert caddy is not None
+    text = _pointed_at(cluster, (REPO / "deploy" / "Caddyfile.several-hosts").read_text(), "")
+    port = _free_port()
+    assert text.count("photos.example.com {") == 1
+    text = text.replace("photos.example.com {", f"http://127.0.0.1:{port} {{")
+    (root / "Caddyfile").write_text("{\n\tadmin off\n\tauto_https off\n}\n" + text)
+    (root / "caddy.log").touch()
+    with _running([caddy, "run", "--adapter", "caddyfile", "--config", str(root / "Caddyfile")], port,
+                  root / "caddy.log", env={**os.environ, "HOME": str(root), "XDG_DATA_HOME": str(root / "data"),
+                                           "XDG_CONFIG_HOME": str(root / "config")}) as url:
+        yield url
+
+
+def _pointed_at(cluster: Cluster, text: str, before: str) -> str:
+    """A balancer's config with the recipe's three host addresses replaced by the cluster's."""
+    shipped = list(dict.fromkeys(re.findall(r"(10\.0\.0\.\d+:8080)", text)))
+    assert len(shipped) == cluster.count, shipped
+    for old, new in zip(shipped, cluster.net.addresses, strict=True):
+        text = text.replace(f"{before}{old}", f"{before}{new}:{PORT}")
+    return text
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _running(command: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A balancer process, once it accepts connections on 127.0.0.1:``port``; stopped after."""
+    with open(log, "a") as output:
+        proc = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 60  # a hung-start stop only
         while True:
@@ -284,7 +323,7 @@ def nginx_balancer(cluster: Cluster, root: Path) -> Iterator[str]:
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("nginx did not start:\n" + (root / "error.log").read_text()) from None
+                    raise RuntimeError(f"{command[0]} did not start:\n" + log.read_text()[-4000:]) from None
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:

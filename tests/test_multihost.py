@@ -180,16 +180,23 @@ async def test_uploads_on_every_host_complete_once_and_every_hosts_feed_sees_the
         assert host.tracebacks() == [], host.log_tail()
 
 
-async def test_through_the_nginx_recipe_any_host_answers_any_request(
-        cluster: multihost.Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """deploy/nginx-several-hosts.conf in front of the three hosts (its upstreams pointed at them, plain HTTP):
-    without stickiness an admin's session, a guest's password form and CSRF token, uploads and the live feed's
-    WebSocket work whichever host each request reaches."""
-    if multihost.nginx_binary() is None:
-        pytest.skip("no nginx binary (CI installs Debian's: .ci/apt-packages)")
-    gallery = await new_gallery(cluster, "Balanced")
+BALANCERS = {"nginx": (multihost.nginx_binary, multihost.nginx_balancer),
+             "caddy": (multihost.caddy_binary, multihost.caddy_balancer)}
+
+
+@pytest.mark.parametrize("proxy", sorted(BALANCERS))
+async def test_through_the_balancer_recipe_any_host_answers_any_request(
+        cluster: multihost.Cluster, proxy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """deploy/nginx-several-hosts.conf or deploy/Caddyfile.several-hosts in front of the three hosts (pointed at
+    them, plain HTTP): without stickiness an admin's session, a guest's password form and CSRF token, uploads and
+    the live feed's WebSocket work whichever host each request reaches."""
+    binary, balancer = BALANCERS[proxy]
+    if binary() is None:
+        pytest.skip(f"no {proxy} binary (CI installs Debian's: .ci/apt-packages)")
+    gallery = await new_gallery(cluster, f"Balanced by {proxy}")
     slug = gallery["slug"]
-    with multihost.nginx_balancer(cluster, tmp_path) as url:
+    before = ["".join(host.output) for host in cluster.hosts]
+    with balancer(cluster, tmp_path) as url:
         async with httpx.AsyncClient(base_url=url, timeout=120) as browser:
             login = await browser.post("/admin/login", data={"username": "admin", "password": ADMIN_PASSWORD})
             assert login.status_code == 302, login.text
@@ -215,9 +222,10 @@ async def test_through_the_nginx_recipe_any_host_answers_any_request(
     lost = [i for i in ids if counted[i] == 0]
     duplicates = [i for i in ids if counted[i] > 1]
     logs = ["".join(host.output) for host in cluster.hosts]
-    pages = [log.count('"GET /admin/ HTTP/1.1" 200') for log in logs]
+    pages = [log.count('"GET /admin/ HTTP/1.1" 200') - old.count('"GET /admin/ HTTP/1.1" 200')
+             for log, old in zip(logs, before, strict=True)]
     uploads = [log.count(f'"POST /api/admin/galleries/{gallery["id"]}/upload HTTP/1.1" 202') for log in logs]
-    figures(capsys, f"multihost-balancer: hosts={HOSTS} proxy=nginx acked={len(ids)} lost={len(lost)} "
+    figures(capsys, f"multihost-balancer: hosts={HOSTS} proxy={proxy} acked={len(ids)} lost={len(lost)} "
                     f"duplicates={len(duplicates)} admin_pages_per_host={pages} uploads_per_host={uploads} "
                     f"feed_saw={len(seen & set(ids))}")
     assert lost == [] and duplicates == []
