@@ -11,7 +11,10 @@ do.
 * :class:`Cluster`: the network, a PostgreSQL server of its own listening on 127.0.0.1 and the gateway (the
   namespaces' connections trusted, as the loopback's are), an s3rver process on the gateway, one bucket, and the
   hosts: :class:`harness.ServerProcess` run through ``ip netns exec``, each with its own data directory and the
-  same settings (``database_url``, ``storage = "s3"``, ``public_url``).
+  same settings (``database_url``, ``storage = "s3"``, ``public_url``), each on port 8080 of its own address;
+  ``restart`` starts a killed or stopped host again.
+* :func:`nginx_balancer` and :func:`caddy_balancer`: the deploy recipe's balancer config, as shipped but pointed at
+  the cluster's hosts and served as plain HTTP on 127.0.0.1, in a process of its own.
 
 Only the gateway address and the hosts' addresses are used: nothing leaves the machine.
 """
