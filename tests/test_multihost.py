@@ -163,9 +163,18 @@ async def test_uploads_on_every_host_complete_once_and_every_hosts_feed_sees_the
     # Cross-host pushes: a feed's frame for a photo another host's worker made (it came through PostgreSQL).
     push_ms = [(seen[feed][i] - made_at[i]) * 1000 for feed in range(HOSTS) for i in ids if by.get(i) != feed]
     triples = sum(1 for feed in range(HOSTS) for i in ids if len({feed, acked[i][0], by.get(i)}) == 3)
+    # From a photo's row (on the host that took it) to its claim by another host's worker: NOTIFY's wake-up plus
+    # the wait for a free worker there.
+    changes = cluster.query("SELECT photo_id, status, min(created_at) AS at FROM photo_changes "
+                            "WHERE photo_id = ANY(?) AND status IN ('pending', 'processing') GROUP BY 1, 2", ids)
+    first = {(row["photo_id"], row["status"]): row["at"] for row in changes}
+    claim_ms = [(first[i, "processing"] - first[i, "pending"]) * 1000 for i in ids
+                if by.get(i) != acked[i][0] and (i, "pending") in first and (i, "processing") in first]
     figures(capsys, f"multihost: hosts={HOSTS} acked={len(ids)} lost={len(lost)} duplicates={len(duplicates)} "
                     f"push_p50={percentile(push_ms, 0.5):.0f}ms push_p95={percentile(push_ms, 0.95):.0f}ms "
-                    f"cross_host_pushes={len(push_ms)} three_host_paths={triples} claims_per_host={claims}")
+                    f"cross_host_pushes={len(push_ms)} three_host_paths={triples} "
+                    f"cross_host_claim_wait_p50={percentile(claim_ms, 0.5):.0f}ms "
+                    f"cross_host_claim_wait_p95={percentile(claim_ms, 0.95):.0f}ms claims_per_host={claims}")
     assert len(ids) == len(photos)
     assert lost == [] and duplicates == []
     assert sum(claims) == len(ids), "every photo was claimed by one of the three hosts"
