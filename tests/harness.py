@@ -48,7 +48,7 @@ ADMIN_PASSWORD = "correct horse battery"
 WEBHOOK_SECRET = "crash-suite-secret-0123456789"
 BOUNDARY = "----picpeak-harness-5c1e"
 REPO = Path(__file__).resolve().parent.parent
-URL_LINE = re.compile(r"running at (http://127\.0\.0\.1:\d+)/admin")
+URL_LINE = re.compile(r"running at (http://[0-9.]+:\d+)/admin")
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -104,12 +104,20 @@ class ServerProcess:
     """One ``picpeak-lite serve`` process at a time on a data directory; restartable."""
 
     def __init__(self, data_dir: Path, config: Path, *, env: dict[str, str] | None = None,
-                 nofile: int | None = None, args: tuple[str, ...] = ()) -> None:
+                 nofile: int | None = None, netns: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                 database_url: str | None = None, args: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
         self.args = args  # more `serve` flags (e.g. --processes 2)
         self.config = config
         self.nofile = nofile  # RLIMIT_NOFILE, soft and hard, for the server (as a unit's LimitNOFILE sets it)
-        database = pgserver.database_for(data_dir)
+        # The multi-host suite (tests/multihost.py): a network namespace to run in (``ip netns exec`` execs the
+        # server itself, so its pid is the server's), the address and port it listens on there (each namespace has
+        # ports of its own: every host may take 8080, as behind a balancer), and a database shared by every host
+        # instead of this data directory's own.
+        self.netns = netns
+        self.host = host
+        self.port = port
+        database = database_url or pgserver.database_for(data_dir)
         self.env = {**os.environ, "PICPEAK_ADMIN_PASSWORD": ADMIN_PASSWORD, "PICPEAK_WEBHOOK_ALLOW_PRIVATE": "true",
                     **({"PICPEAK_DATABASE_URL": database} if database else {}), **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
@@ -120,9 +128,10 @@ class ServerProcess:
     def start(self, timeout: float = 120) -> str:
         """Start and return the URL once the server says it is serving (recovery has run by then)."""
         assert self.proc is None, "already running"
+        wrap = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "picpeak_lite", "serve", "--port", "0", "--data-dir", str(self.data_dir),
-             "--config", str(self.config), *self.args],
+            [*wrap, sys.executable, "-m", "picpeak_lite", "serve", "--host", self.host, "--port", str(self.port),
+             "--data-dir", str(self.data_dir), "--config", str(self.config), *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
             preexec_fn=None if self.nofile is None else functools.partial(_limit_nofile, self.nofile),
         )
@@ -214,6 +223,7 @@ class WebhookReceiver:
     """Counts deliveries by (event type, subject) and by id; refuses bad signatures with 401."""
 
     delay: float = 0.0  # seconds each delivery takes, to widen the window for a kill during delivery
+    host: str = "127.0.0.1"  # the address to listen on (the multi-host suite's bridge address)
     ids_by_event: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     deliveries: int = 0
     bad_signatures: int = 0
@@ -223,7 +233,7 @@ class WebhookReceiver:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+        return f"http://{self.host}:{self._server.server_address[1]}/hook"
 
     def __enter__(self) -> WebhookReceiver:
         receiver = self
@@ -242,7 +252,7 @@ class WebhookReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer((self.host, 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self

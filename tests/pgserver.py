@@ -72,7 +72,11 @@ def _free_port() -> int:
 class PostgresServer:
     """One throwaway cluster: fsync off (a crash of the test machine loses nothing of value)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, listen: tuple[str, ...] = ("127.0.0.1",), clients: tuple[str, ...] = ()) -> None:
+        """``listen``: the addresses to listen on; ``clients``: networks (CIDR) besides loopback whose
+        connections are trusted (the multi-host suite's namespaces)."""
+        self.listen = listen
+        self.clients = clients
         self.bindir = _bindir()
         _stop_orphans(self.bindir)
         self.root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
@@ -94,9 +98,12 @@ class PostgresServer:
     def start(self) -> None:
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
                   "--no-sync", "--locale=C")
+        if self.clients:
+            with open(self.data / "pg_hba.conf", "a") as hba:  # appended: the file stays the server user's
+                hba.writelines(f"host all all {network} trust\n" for network in self.clients)
         for _ in range(5):
             self.port = _free_port()
-            options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
+            options = (f"-c listen_addresses={','.join(self.listen)} -p {self.port} -k {self.root} -c fsync=off "
                        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=400 "
                        "-c shared_buffers=64MB")
             done = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
@@ -114,8 +121,8 @@ class PostgresServer:
         finally:
             conn.close()
 
-    def url(self, name: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+    def url(self, name: str, host: str = "127.0.0.1") -> str:
+        return f"postgresql://postgres@{host}:{self.port}/{name}"
 
     def admin_sql(self, sql: str) -> None:
         import psycopg

@@ -46,15 +46,16 @@ class S3Server:
     private_buckets = True  # an object fetched without a signature is refused
     credentials: ClassVar[dict[str, str]] = CREDENTIALS
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, host: str = "127.0.0.1") -> None:
         self.env = env or dict(os.environ)
+        self.host = host  # the address to listen on (the multi-host suite's bridge address)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.buckets: set[str] = set()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def client(self) -> Any:
         return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1", **self.credentials)
@@ -68,7 +69,7 @@ class S3Server:
         deadline = time.monotonic() + timeout  # a hung-start stop only, not a speed bound
         while True:
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                with socket.create_connection((self.host, self.port), timeout=1):
                     break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -147,15 +148,15 @@ class S3rverServer(S3Server):
     private_buckets = False
     credentials: ClassVar[dict[str, str]] = {"aws_access_key_id": "S3RVER", "aws_secret_access_key": "S3RVER"}
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        super().__init__(host=host)
         if not S3RVER.exists():
             raise RuntimeError(f"s3rver is not installed ({S3RVER} is missing): run `npm ci --prefix tests/s3rver` "
                                "(the README's test command does), with Node.js and npm on the PATH")
         self.directory = Path(tempfile.mkdtemp(prefix="s3rver-"))
 
     def command(self) -> list[str]:
-        return ["node", str(S3RVER), "-d", str(self.directory), "-a", "127.0.0.1", "-p", str(self.port), "-s",
+        return ["node", str(S3RVER), "-d", str(self.directory), "-a", self.host, "-p", str(self.port), "-s",
                 "--no-vhost-buckets"]
 
     def pending_uploads(self, bucket: str) -> list[str]:

@@ -124,6 +124,14 @@ def test_the_nginx_snippet_passes_nginx_t(tmp_path: Path) -> None:
     """Issue 35 #1: the snippet used "http2 on;" (nginx 1.25.1+), which Debian 12's nginx 1.22 refuses, and had no
     port-80 redirect. Here Debian's nginx (in .ci/apt-packages) checks it, inside a minimal nginx.conf whose
     certificate is a self-signed one made for the test; nothing is started."""
+    nginx_t(tmp_path, DEPLOY / "nginx.conf")
+
+
+def test_the_several_hosts_nginx_snippet_passes_nginx_t(tmp_path: Path) -> None:
+    nginx_t(tmp_path, DEPLOY / "nginx-several-hosts.conf")
+
+
+def nginx_t(tmp_path: Path, path: Path) -> None:
     nginx = _nginx()
     if nginx is None:
         pytest.skip("no nginx binary (CI installs Debian's: .ci/apt-packages)")
@@ -131,7 +139,7 @@ def test_the_nginx_snippet_passes_nginx_t(tmp_path: Path) -> None:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
                     "/CN=photos.example.com", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True, timeout=120)
-    snippet = (DEPLOY / "nginx.conf").read_text()
+    snippet = path.read_text()
     snippet = snippet.replace("/etc/letsencrypt/live/photos.example.com/fullchain.pem", str(cert))
     snippet = snippet.replace("/etc/letsencrypt/live/photos.example.com/privkey.pem", str(key))
     assert str(cert) in snippet and str(key) in snippet
@@ -154,8 +162,89 @@ def test_the_nginx_snippet_passes_nginx_t(tmp_path: Path) -> None:
                                                        snippet).group(1)  # type: ignore[union-attr]
 
 
-def test_ci_installs_nginx_for_the_snippet_check() -> None:
-    assert "nginx" in (ROOT / ".ci" / "apt-packages").read_text().split()
+def test_ci_installs_nginx_and_caddy_for_the_snippet_checks() -> None:
+    packages = (ROOT / ".ci" / "apt-packages").read_text().split()
+    assert "nginx" in packages and "caddy" in packages
+
+
+# --- several hosts (deploy/several-hosts.md) -----------------------------------------------------------------
+
+SEVERAL = DEPLOY / "several-hosts.md"
+
+
+def several_hosts_settings(tmp_path: Path) -> Any:
+    """The recipe's picpeak.toml (its one toml block), loaded as a host loads it."""
+    block = SEVERAL.read_text().split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "picpeak.toml").write_text(block)
+    return load_settings(tmp_path / "picpeak.toml", environ={})
+
+
+def test_the_several_hosts_config_shares_the_database_and_the_bucket(tmp_path: Path) -> None:
+    settings = several_hosts_settings(tmp_path)
+    assert settings.database_url.startswith("postgresql://") and settings.storage == "s3" and settings.s3_bucket
+    assert settings.public_url.startswith("https://") and settings.secure_cookies
+    assert "data_dir" not in SEVERAL.read_text().split("```toml", 1)[1].split("```", 1)[0]  # each host's own disk
+
+
+def test_the_several_hosts_balancers_name_the_same_hosts_without_stickiness(tmp_path: Path) -> None:
+    settings = several_hosts_settings(tmp_path)
+    balancer = settings.trusted_proxies.strip()
+    nginx = (DEPLOY / "nginx-several-hosts.conf").read_text()
+    caddy = (DEPLOY / "Caddyfile.several-hosts").read_text()
+    assert f'trusted_proxies = "{balancer}"' in nginx and f'trusted_proxies = "{balancer}"' in caddy
+    upstreams = {name: body for name, body in re.findall(r"upstream (\w+) \{(.*?)\}", nginx, re.DOTALL)}
+    hosts = re.findall(r"server (\S+?:\d+)", upstreams["picpeak"])
+    assert len(hosts) >= 2 and all(h.endswith(f":{settings.port}") for h in hosts)
+    assert re.findall(r"server (\S+?:\d+)", upstreams["picpeak_tus"]) == hosts
+    assert not re.search(r"\b(ip_hash|hash|sticky)\b", upstreams["picpeak"])  # any host answers any request
+    directives = {line.strip().rstrip(";") for line in nginx.splitlines() if line.strip().endswith(";")}
+    for expected in ("proxy_pass http://picpeak", "client_max_body_size 0", "proxy_request_buffering off",
+                     "proxy_http_version 1.1", "proxy_set_header Upgrade $http_upgrade",
+                     "proxy_set_header Connection $picpeak_connection",
+                     "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for",
+                     "proxy_next_upstream error timeout"):
+        assert expected in directives, expected
+    assert "non_idempotent" not in nginx  # an upload a host began to read is never sent to another
+    assert not re.search(r"^\s*keepalive ", nginx, re.MULTILINE)  # a stopping host refuses; it drops no upload
+    proxies = re.findall(r"reverse_proxy ([^{]+)\{(.*?)\}", caddy, re.DOTALL)
+    assert len(proxies) == 2
+    for targets, body in proxies:
+        assert targets.split() == hosts
+        assert "health_uri /healthz" in body and "max_size" not in body
+        assert re.search(r"transport http \{\s*keepalive off", body)
+    assert "lb_policy least_conn" in proxies[1][1] and "lb_policy cookie" in proxies[0][1]  # stickiness: tus only
+    tus = re.compile(re.search(r"@tus path_regexp (\S+)", caddy).group(1))  # type: ignore[union-attr]
+    assert tus.pattern in nginx
+    for path in ("/api/admin/galleries/7/tus", "/api/admin/galleries/7/tus/abc", "/api/g/summer-party/tus/abc"):
+        assert tus.match(path), path
+    for path in ("/api/admin/galleries/7/upload", "/api/g/summer-party/photos", "/g/tus/x"):
+        assert not tus.match(path), path
+
+
+def _caddy() -> str | None:
+    return shutil.which("caddy")
+
+
+@pytest.mark.parametrize("name", ["Caddyfile", "Caddyfile.several-hosts"])
+def test_the_caddyfiles_adapt(name: str) -> None:
+    """``caddy adapt``: the Caddyfile parses and every directive and option is one this Caddy knows (nothing is
+    started, no certificate is asked for)."""
+    caddy = _caddy()
+    if caddy is None:
+        pytest.skip("no caddy binary (CI installs Debian's: .ci/apt-packages)")
+    result = subprocess.run([caddy, "adapt", "--adapter", "caddyfile", "--config", str(DEPLOY / name)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "reverse_proxy" in result.stdout
+
+
+def test_the_readme_points_to_the_several_hosts_recipe() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Several hosts", 1)[1].split("\n## ", 1)[0]
+    assert "deploy/several-hosts.md" in section and SEVERAL.exists()
+    recipe = SEVERAL.read_text()
+    for name in ("Caddyfile.several-hosts", "nginx-several-hosts.conf"):
+        assert f"]({name})" in recipe and (DEPLOY / name).exists()
 
 
 def _unit_service() -> configparser.SectionProxy:

@@ -18,7 +18,7 @@ from picpeak_lite.ops import bootstrap
 from picpeak_lite.resources import TEMPLATES_DIR
 from picpeak_lite.web.app import create_app
 
-from . import served
+from . import pgserver, served
 from .conftest import ADMIN_PASSWORD, make_settings
 
 
@@ -235,3 +235,17 @@ async def test_the_start_says_once_how_share_links_are_made(tmp_path: Any, caplo
         for part in expected.format(port=port, url=running.url).split(" ... "):
             assert part in lines[0], (part, lines[0])
         assert running.services.bind_url == running.url
+
+
+@pytest.mark.postgresql
+async def test_healthz_is_503_with_retry_after_when_the_database_is_gone(services: Any, client: Any) -> None:
+    """Issue 31: a host whose PostgreSQL does not answer must leave the load balancer's rotation (503), not look
+    like a bug (500). The database is dropped under the running app (its connections are ended by the server)."""
+    assert (await client.get("/healthz")).status_code == 200
+    name = services.settings.database_url.rsplit("/", 1)[1]
+    pgserver.server().drop(name)
+    health = await client.get("/healthz")
+    assert health.status_code == 503
+    assert health.headers["Retry-After"] == "5"
+    body = await health.get_json()
+    assert body == {"status": "error", "error": "The database does not answer."}

@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import os
 import secrets
+import socket
 from typing import Any
 
 import trio
@@ -44,6 +46,13 @@ from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import original_name
 
 log = logging.getLogger(__name__)
+
+
+def claimant() -> str:
+    """This process as a claim records it (``photos.claimed_by``): with several hosts on one database, which host
+    holds a photo, or made it, is then one query away."""
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
 
 SAFETY_POLL_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 60.0
@@ -122,7 +131,7 @@ class WorkerPool:
 
     async def _attempt(self, token: str) -> bool:
         svc = self.svc
-        row = await svc.db.write(claims.claim_next, token, svc.clock(), svc.settings.lease_seconds)
+        row = await svc.db.write(claims.claim_next, token, svc.clock(), svc.settings.lease_seconds, claimant())
         if row is None:
             return False
         claim = _Claim(row["id"], token)

@@ -692,6 +692,11 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (guest_session_id, gallery_id, face_id)
     ) STRICT, WITHOUT ROWID;
     """,
+    # 31: which process claimed a photo (issue 31, several hosts): "<host name> pid <pid>", set by each claim and
+    # kept after it ends, so an operator (and the multi-host suite) can tell which host holds or made a photo.
+    """
+    ALTER TABLE photos ADD COLUMN claimed_by TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -592,6 +592,10 @@ STEPS: dict[int, str] = {
         PRIMARY KEY (guest_session_id, gallery_id, face_id)
     );
     """,
+    # 31: which process claimed a photo (issue 31, several hosts; schema.py says why)
+    31: """
+    ALTER TABLE photos ADD COLUMN claimed_by TEXT;
+    """,
 }
 
 

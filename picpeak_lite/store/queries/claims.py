@@ -16,7 +16,7 @@ from picpeak_lite.store.queries.photos import MAX_ERROR_LENGTH
 
 _CLAIMED = (
     "UPDATE photos SET status = 'processing', claim_token = ?, attempts = attempts + 1, lease_until = ?, "
-    "processing_started_at = ?, error = NULL WHERE id = {chosen} AND status = 'pending' RETURNING *"
+    "processing_started_at = ?, claimed_by = ?, error = NULL WHERE id = {chosen} AND status = 'pending' RETURNING *"
 )
 # The one statement written per engine. SQLite: a write transaction excludes every other writer, so the first
 # pending row is the claimant's; two look-ups, so that each walks the photos_queue index. PostgreSQL: workers in
@@ -34,14 +34,15 @@ CLAIM = {
 }
 
 
-def claim_next(conn: Connection, token: str, now: float, lease_seconds: float) -> Row | None:
+def claim_next(conn: Connection, token: str, now: float, lease_seconds: float, claimant: str = "") -> Row | None:
     """The oldest pending photo not yet tried, else the oldest pending one. A photo whose attempt ended with its
     process (a crash, a kill, a power cut: ``interruptions``) or with its image child (``attempts``) waits behind
     the fresh ones: a server stopped again and again (a loaded machine, restarts) does not meet the same photo at
     every start, and one that kills its child does not hold up the good photos. Among those, the least tried goes
     first, so that kills spread over them instead of meeting the oldest each time. Both look-ups walk the
-    ``photos_queue`` index (the second sorts only what the first found none of: photos tried before)."""
-    rows = conn.execute(CLAIM[conn.dialect], (token, now + lease_seconds, now)).fetchall()
+    ``photos_queue`` index (the second sorts only what the first found none of: photos tried before).
+    ``claimant`` names the claiming process (``worker.claimant()``), kept in ``claimed_by``."""
+    rows = conn.execute(CLAIM[conn.dialect], (token, now + lease_seconds, now, claimant or None)).fetchall()
     return rows[0] if rows else None
 
 
