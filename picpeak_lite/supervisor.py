@@ -70,8 +70,7 @@ async def supervise(settings: Settings, listen_fd: int, child_args: Sequence[str
                     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
     """Run ``processes`` children (``python -m picpeak_lite serve <child_args> --listen-fd ... --ready-fd ...``)
     until a signal, then stop them and return. ``child_args`` are the user's own settings flags."""
-    bootstrap.prepare(settings)
-    password = await trio.to_thread.run_sync(bootstrap.ensure_admin, settings)
+    password = await trio.to_thread.run_sync(_first_start, settings)
     env = dict(os.environ)
     workers = default_workers(settings, processes)
     if workers is not None:
@@ -111,6 +110,15 @@ async def supervise(settings: Settings, listen_fd: int, child_args: Sequence[str
             os.close(read_fd)
     if failed_start:
         raise ChildFailed(failed_start[0])
+    if not all_ready.is_set():
+        raise ConfigError("stopped before every serving process was ready")
+
+
+def _first_start(settings: Settings) -> str | None:
+    """The data directory, the schema and, on the very first start, the admin account (its password returned),
+    once, before any child starts."""
+    bootstrap.prepare(settings)
+    return bootstrap.ensure_admin(settings)
 
 
 class ChildFailed(ConfigError):
@@ -154,6 +162,8 @@ async def _keep_child(index: int, command: list[str], env: dict[str, str], write
         process = await trio.lowlevel.open_process(command, env=env, pass_fds=_fds(command, write_fd),
                                                    stdin=subprocess.DEVNULL)
         children[index] = process
+        if stopping.is_set():  # the stop came while it was being started: it gets its SIGTERM too
+            process.send_signal(signal.SIGTERM)
         with trio.CancelScope(shield=True):  # a child is always waited for, never left behind
             status = await process.wait()
         if stopping.is_set():
