@@ -9,6 +9,7 @@ web app needs (throttles, rate limits, the download limiters) is made with the a
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,9 @@ class Services:
     # The URL the server listens on: from the settings until server.run binds (port 0 resolved), then the real
     # one. Share links fall back to it when a request's Host is not trusted (web/views/common.py).
     bind_url: str = ""
+    # This process's name in the leases it holds in the database (a tus upload's writer, pipeline/resumable.py):
+    # random for each Services, so that a lease left by a process that died is nobody's and runs out.
+    instance_id: str = field(default_factory=lambda: secrets.token_hex(8))
     # Started by server.run; code that has just let go of a lot (an upload, a processed photo) calls freed().
     trimmer: MemoryTrimmer = field(default_factory=MemoryTrimmer)
     # The one budget of decode memory (settings.decode_memory_mb) that workers, watermarked downloads and the

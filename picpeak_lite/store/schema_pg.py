@@ -577,6 +577,14 @@ STEPS: dict[int, str] = {
     CREATE INDEX password_attempts_key ON password_attempts(throttle, target, client, at);
     CREATE INDEX password_attempts_forget ON password_attempts(forget_at);
     """,
+    # 30: tus across processes (issue 31, topic: tus): the writer lease and the finishing claim of an upload
+    30: """
+    ALTER TABLE tus_uploads ADD COLUMN writer_id TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN writer_token TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN writer_until DOUBLE PRECISION;
+    ALTER TABLE tus_uploads ADD COLUMN finish_token TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN finish_until DOUBLE PRECISION;
+    """,
 }
 
 
