@@ -597,6 +597,9 @@ class _Chunk:
         except TakenOver:
             await trio.to_thread.run_sync(_close_quietly, file, limiter=io_limiter())
             return None
+        except BaseException:  # the database is down: the file is closed untouched, and the error goes on
+            await trio.to_thread.run_sync(_close_quietly, file, limiter=io_limiter())
+            raise
         await trio.to_thread.run_sync(_close_at, file, self.path, end, limiter=io_limiter())
         return end
 
