@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import trio
 
+from picpeak_lite.errors import NotFound
 from picpeak_lite.pipeline import resumable
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
@@ -178,6 +179,36 @@ async def test_a_patch_to_another_process_while_one_writes_is_423_and_a_dead_wri
             dead.db.close()
         assert row_of(settings, location)["upload_offset"] == len(data)
         assert photos(settings) == [{"id": photo_id, "sha256": hashlib.sha256(data).hexdigest()}]
+    finally:
+        close(a, b)
+
+
+async def test_a_delete_in_another_process_ends_the_upload_and_fences_its_writer(
+        tmp_path: Path, autojump_clock: Any) -> None:
+    """tus termination reaching B while A's request writes: the upload goes at once; A's request, which may not
+    be cancelled from another process, records nothing (its lease went with the row) and is told 404."""
+    settings, a, b = two_processes(tmp_path, autojump=True)
+    try:
+        location = await a.create(100_000)
+        tus_id = location.rsplit("/", 1)[1]
+        deleted: list[int] = []
+
+        async def body() -> AsyncIterator[bytes]:
+            for i in range(10):
+                yield b"x" * 1_000
+                await trio.sleep(4)
+                if i == 2:
+                    deleted.append((await b.http.delete(location, headers=b.auth)).status_code)
+
+        row = await a.svc.db.read(tus_q.get, tus_id)
+        with pytest.raises(NotFound):
+            await resumable.write_chunk(a.svc, row, 0, body(), content_length=None, checksum=None)
+        assert deleted == [204]
+        assert query(settings.data_path, "SELECT count(*) AS n FROM tus_uploads")[0]["n"] == 0
+        assert query(settings.data_path, "SELECT count(*) AS n FROM uploads")[0]["n"] == 0  # its group went too
+        for process in (a, b):
+            assert (await process.head(location)).status_code == 404
+        assert not resumable.partial_path(a.svc.storage, tus_id).exists()
     finally:
         close(a, b)
 

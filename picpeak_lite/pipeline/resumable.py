@@ -476,22 +476,28 @@ async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[
         lease = await _take_lease(svc, tus_id, offset)
         current = lease.row
         chunk = _Chunk(svc, partial_path(svc.storage, tus_id), offset, remaining, checksum, lease)
+        outcome = None
         try:
-            with writer.scope:
-                await chunk.receive(body)
-            if writer.scope.cancelled_caught:
-                raise TakenOver()
-        finally:
-            with trio.CancelScope(shield=True):
-                new_offset = await chunk.settle()
-                outcome = await svc.db.write(_record_offset, tus_id, lease.token, current["upload_id"], offset,
-                                             new_offset, idle_expiry(svc, current["created_at"], svc.clock()))
-                if outcome == RECORDED and new_offset == current["upload_length"]:
-                    # Every byte is durable: the photo is the server's to make now, also when this request
-                    # ends before it asks (the client went after its last byte, a newer request took over).
-                    svc.finisher_bell.ring()
-                if chunk.mismatch and outcome == RECORDED:
-                    raise ChecksumMismatch(_("The chunk does not match its Upload-Checksum; it was not kept."))
+            try:
+                with writer.scope:
+                    await chunk.receive(body)
+                if writer.scope.cancelled_caught:
+                    raise TakenOver()
+            finally:
+                with trio.CancelScope(shield=True):
+                    new_offset = await chunk.settle()
+                    outcome = await svc.db.write(_record_offset, tus_id, lease.token, current["upload_id"], offset,
+                                                 new_offset, idle_expiry(svc, current["created_at"], svc.clock()))
+                    if outcome == RECORDED and new_offset == current["upload_length"]:
+                        # Every byte is durable: the photo is the server's to make now, also when this request
+                        # ends before it asks (the client went after its last byte, a newer request took over).
+                        svc.finisher_bell.ring()
+                    if chunk.mismatch and outcome == RECORDED:
+                        raise ChecksumMismatch(_("The chunk does not match its Upload-Checksum; it was not kept."))
+        except TakenOver:
+            if outcome == GONE:  # its lease went with the upload (deleted in another process, say): told as such
+                raise NotFound(_("There is no such upload.")) from None
+            raise
         if outcome == GONE:  # the upload ended meanwhile (expired, deleted): its bytes are not kept
             raise NotFound(_("There is no such upload."))
         if outcome == TAKEN:  # its lease ran out and another request has the upload now: nothing recorded
