@@ -5,10 +5,11 @@ database connections) with the real app in front of it; where the per-process me
 (the writers of ``pipeline/resumable.py`` are kept per trio run), the other process runs in a trio run of its
 own, in a thread (:func:`in_other_process`). The chunks of one upload alternate between two processes; a PATCH
 reaching one process while a request in another writes the upload is told 423; a writer whose process died is
-taken over once its lease has run out, and its late writes are fenced; the janitor's expiry in another process
-keeps the bytes of an upload being written; the finisher in one process and the last PATCH in another make one
-photo; HEAD in any process answers 423 while a try at the photo holds its claim. Time runs on trio's autojump
-clock, except where two trio runs share the work (real time there, and nothing asserted about it).
+taken over once its lease has run out, and its late writes are fenced; a DELETE in another process fences the
+writer; the janitor's expiry in another process keeps the bytes of an upload being written; the finisher in one
+process and the last PATCH in another make one photo; HEAD in any process answers 423 while a try at the photo
+holds its claim. Time runs on trio's autojump clock, except where two trio runs share the work (real time there,
+and nothing asserted about it).
 """
 
 from __future__ import annotations
