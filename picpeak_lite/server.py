@@ -170,10 +170,9 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
     janitor and (unless processing is off) the worker pool, each ready before the next. Shared by ``run`` and
     by ``picpeak-lite worker``.
 
-    ``serving``: this process answers HTTP, so the tus uploads' writers are its own. Only that process expires
-    idle tus uploads and runs the :class:`Finisher`: what is being written now is known per process (another
-    process's janitor would expire a long PATCH in the middle of its bytes), and a try at an upload's photo is
-    serialised per process (another process's try could race the PATCH's own)."""
+    ``serving``: this process answers HTTP; only it runs the archiver. The tus uploads' janitor pass and the
+    :class:`Finisher` run in every process: who writes an upload and who makes its photo are held in its row
+    (``pipeline/resumable.py``)."""
     svc.storage.create_dirs()
     memory.set_mmap_threshold()
     await nursery.start(svc.trimmer.run)
@@ -184,9 +183,9 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
         await nursery.start(EmailSender(svc.db, svc.settings, bell=svc.email_bell, clock=svc.clock).run)
         await nursery.start(EmailScheduler(svc.db, svc.settings, bell=svc.email_bell, clock=svc.clock,
                                            base_url=lambda: svc.settings.public_url or svc.bind_url).run)
-    await nursery.start(Janitor(svc, expire_tus=serving).run)
+    await nursery.start(Janitor(svc).run)
+    await nursery.start(Finisher(svc).run)
     if serving:
-        await nursery.start(Finisher(svc).run)
         await nursery.start(Archiver(svc).run)
     if workers:
         await nursery.start(WorkerPool(svc).run)

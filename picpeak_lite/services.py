@@ -49,7 +49,9 @@ class Services:
     # process committed a change (events/listener.py): the change feed reads the change log now.
     changes_bell: Bell = field(default_factory=Bell)
     broker: Broker = field(default_factory=Broker)
-    # This process among the service's processes and hosts: the holder named in the leases it takes.
+    # This process among the service's processes and hosts: the holder named in the leases it takes (named
+    # leases, runtime/lease.py; a tus upload's writer, pipeline/resumable.py). Random bits in it make a lease left
+    # by a process that died nobody's, so it runs out.
     instance: str = field(default_factory=instance_id)
     # The URL the server listens on: from the settings until server.run binds (port 0 resolved), then the real
     # one. Share links fall back to it when a request's Host is not trusted (web/views/common.py).

@@ -375,7 +375,8 @@
           tusFailed(item, answer);
           return;
         }
-        if (navigator.onLine) failures += 1;
+        // 423 with Retry-After: another server process is writing this upload (its lease runs out by itself).
+        if (navigator.onLine && !(answer.status === 423 && askLater(answer))) failures += 1;
         if (failures >= MAX_FAILURES) { tusFailed(item, answer); return; }
         if (answer.status !== 409) await pause(item, failures, answer);
         // Where did the server get to? It keeps what arrived of a cut-off chunk.

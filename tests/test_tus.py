@@ -459,10 +459,11 @@ async def test_guest_reservations_are_capped_per_client_and_per_gallery(tmp_path
 # --- a third-party client -------------------------------------------------------------------------------------------
 
 def tuspy_upload(url: str, path: Path, headers: dict[str, str], *, chunk: int, metadata: dict[str, str],
-                 resume: str | None = None, stop_at: int | None = None) -> tuple[str, dict[str, str]]:
+                 resume: str | None = None, stop_at: int | None = None,
+                 retries: int = 0) -> tuple[str, dict[str, str]]:
     """tuspy's own uploader (sync, in a thread): returns the upload URL and the last answer's headers."""
     uploader = tus_client.TusClient(url, headers=headers).uploader(
-        str(path), chunk_size=chunk, metadata=metadata, url=resume, retries=0)
+        str(path), chunk_size=chunk, metadata=metadata, url=resume, retries=retries, retry_delay=1)
     uploader.upload(stop_at=stop_at)
     return uploader.url, uploader.request.response_headers if uploader.request else {}
 
@@ -588,14 +589,20 @@ async def test_kill_9_mid_chunk_then_resume_from_the_durable_offset(tmp_path: Pa
         # What HEAD reports is on disk, byte for byte: never more than what was made durable.
         assert len(on_disk) >= offset and on_disk[:offset] == data[:offset]
         assert offset >= first
+        # The killed process's writer lease on the upload is still live for up to resumable.WRITER_LEASE_SECONDS:
+        # the PATCH is answered 423 with Retry-After meanwhile (nobody else may write it while its holder might
+        # live), and the client retries, as tus clients do, until the lease has run out and is taken over.
+        resumed = time.monotonic()
         _, last = await trio.to_thread.run_sync(lambda: tuspy_upload(
             url + "/api/admin/galleries/1/tus", path, headers, chunk=1_000_000, metadata={"filename": "big.jpg"},
-            resume=location))
+            resume=location, retries=2 * int(resumable.WRITER_LEASE_SECONDS)))
+        resumed_s = time.monotonic() - resumed
         photo_id = int(last["picpeak-photo-id"])
         rows = query(data_dir, "SELECT id, sha256 FROM photos")
         assert rows == [{"id": photo_id, "sha256": hashlib.sha256(data).hexdigest()}]
         figures(capsys, f"tus_kill9: size={len(data)} durable_before_kill={first} head_after_restart={offset} "
-                        f"on_disk_after_restart={len(on_disk)} photos={len(rows)}")
+                        f"on_disk_after_restart={len(on_disk)} photos={len(rows)} "
+                        f"resume_after_restart_s={resumed_s:.1f}")
     finally:
         proc.kill()
 

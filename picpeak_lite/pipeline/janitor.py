@@ -9,8 +9,8 @@
   process receives; an upload whose lease ran out (its process died mid-request) has its provisional photos
   taken back (``transitions.abandon_expired_uploads``), as the request itself would have on its way out.
 * Temp files older than ``temp_max_age_seconds`` are removed (uploads cut off by a crash); unfinished tus
-  uploads past their expiry lose their bytes (``resumable.expire``, in the process that serves HTTP only). Every
-  process does this for its own host (:meth:`Janitor.sweep_local`).
+  uploads past their expiry lose their bytes (``resumable.expire``: any process, a live writer lease spares one).
+  Every process does this for its own host (:meth:`Janitor.sweep_local`).
 * Audit trail rows older than ``audit_retention_days`` are removed (with the reconciler's round), and so are the
   limits' rows that say nothing any more (full token buckets, forgotten password failures, expired
   reservations), the stalest past ``limits_q.MAX_KEYS`` too (``limits_q.prune``).
@@ -70,9 +70,8 @@ IDLE_GUEST_SESSION_SECONDS = 86400.0
 
 class Janitor:
     def __init__(self, svc: Services, *, orphan_grace: float = ORPHAN_GRACE_SECONDS,
-                 reconcile_every: float = RECONCILE_EVERY_SECONDS, expire_tus: bool = True) -> None:
+                 reconcile_every: float = RECONCILE_EVERY_SECONDS) -> None:
         self.svc = svc
-        self.expire_tus = expire_tus  # only where the tus writers are (server.start_background_tasks)
         self.storage = svc.storage
         self.orphan_grace = orphan_grace
         self.reconcile_every = reconcile_every
@@ -166,8 +165,7 @@ class Janitor:
         svc = self.svc
         swept = await trio.to_thread.run_sync(self.storage.sweep_temp, svc.settings.temp_max_age_seconds,
                                               svc.clock())
-        if self.expire_tus:
-            await resumable.expire(svc)
+        await resumable.expire(svc)
         if swept:
             log.warning("janitor: %d temp files of cut-off requests removed", swept)
         return swept

@@ -20,9 +20,22 @@ batch, stays receiving while any of its files may still arrive, and closes when 
 refused, terminated or expired): only then can ``upload.completed`` describe the whole batch. A group that ends
 without a photo is deleted.
 
-Two uploads of the same file never write at once: a new request for an upload that another request is still
-writing (a client that reconnected before the server noticed the old connection drop) cancels the old one,
-which records what it had, and then goes on from the offset it learns.
+Several processes (``serve --processes N``, a ``worker``; later several hosts) may answer the requests of one
+upload, so who writes it and who makes its photo are held in its row, not in one process's memory:
+
+- Writing: a request writes only under the row's writer lease (its process's ``Services.instance``, its own
+  token, until when), taken in one guarded update, renewed while bytes flow (every
+  :data:`WRITER_RENEW_SECONDS`, never one write per piece) and let go with the offset it records. That record is
+  fenced by the token: a writer whose lease was taken over can never move the offset, and it stops writing to the
+  file :data:`WRITER_MARGIN_SECONDS` before its lease could run out unrenewed. Within a process a new request for
+  an upload that another request is still writing (a client that reconnected before the server noticed the old
+  connection drop) cancels the old one, which records what it had, and goes on from the offset it learns; a
+  request reaching another process while a live lease is held is told 423 with Retry-After (tus clients and
+  ``static/upload-queue.js`` retry it); a lease past its time is taken over (its holder died).
+- Finishing: a try at making the photo claims the row (a token and a deadline sized to the file, as
+  ``store/queries/claims.py`` claims a photo), so that the last PATCH in one process and the :class:`Finisher` in
+  another never both make it; a HEAD in any process answers 423 while a try holds a live claim.
+- Expiry (:func:`expire`) spares an upload whose writer lease is live, so the janitor may run in any process.
 
 Reservations are charged to their owner (issue 27). An unfinished upload holds the bytes it announced: for
 the disk check at creation they count against the party that made them only (the admin, or the guests at one
@@ -106,7 +119,12 @@ CLIENT_FILES_PER_SESSION_CAP = 5  # one address's unfinished uploads: as many as
 HEADER_BYTES = 64  # what tells a video from a photo (video.sniff_container, through video_intake.container_of)
 RESERVATION_RETRY_SECONDS = 60  # Retry-After when a cap on unfinished uploads is reached: others end meanwhile
 
-_WRITERS: PerRun[dict[str, _Writer]] = PerRun("picpeak_tus_writers", dict)
+# The requests writing uploads in this process, by (Services.instance, upload id): a newer one cancels an older
+# one here; across processes the writer lease in the row decides (queries/tus.py claim_writer).
+_WRITERS: PerRun[dict[tuple[str, str], _Writer]] = PerRun("picpeak_tus_writers", dict)
+WRITER_LEASE_SECONDS = 30.0  # a writer's hold on its upload, recorded in the row
+WRITER_RENEW_SECONDS = 10.0  # renewed when a piece arrives this long after the last renewal (while bytes flow)
+WRITER_MARGIN_SECONDS = 10.0  # no byte is written later than this before the lease would run out unrenewed
 
 
 class ChecksumMismatch(AppError):
@@ -320,22 +338,107 @@ class _Writer:
     done: trio.Event
 
 
-async def _take_over(tus_id: str) -> _Writer:
-    """Become the one request writing this upload: an older one still at it is cancelled and waited for."""
-    writers = _WRITERS.get()
-    while (old := writers.get(tus_id)) is not None:
+async def _take_over(svc: Services, tus_id: str) -> _Writer:
+    """Become the one request of this process writing this upload: an older one still at it is cancelled and
+    waited for (it records what it had and lets its writer lease go)."""
+    writers, key = _WRITERS.get(), (svc.instance, tus_id)
+    while (old := writers.get(key)) is not None:
         old.scope.cancel()
         await old.done.wait()
     writer = _Writer(trio.CancelScope(), trio.Event())
-    writers[tus_id] = writer
+    writers[key] = writer
     return writer
 
 
-def _release(tus_id: str, writer: _Writer) -> None:
-    writers = _WRITERS.get()
-    if writers.get(tus_id) is writer:
-        del writers[tus_id]
+def _release(svc: Services, tus_id: str, writer: _Writer) -> None:
+    writers, key = _WRITERS.get(), (svc.instance, tus_id)
+    if writers.get(key) is writer:
+        del writers[key]
     writer.done.set()
+
+
+class WriterBusy(AppError):
+    """423: a request in another process is writing this upload now (its writer lease is live). Not a 409: the
+    offset is moving; tus clients (tus-js-client, ``static/upload-queue.js``) retry a 423 after Retry-After."""
+
+    status = 423
+    title = "Locked"
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(_("Another request is sending this upload right now; ask for its offset again in a moment."))
+        self.retry_after = max(1, int(retry_after + 0.999))
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class TakenOver(Conflict):
+    """409: this request no longer holds the upload (a newer request took over, in this process or, after its
+    lease ran out, in another); what it wrote after that was not recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(_("A newer request for this upload took over; ask for its offset again."))
+
+
+class _WriterLease:
+    """This request's writer lease on the upload's row. Renewed while bytes flow, at most once every
+    :data:`WRITER_RENEW_SECONDS` (one database write, never one per piece); bytes go to the file only while the
+    lease is surely still this request's: before :attr:`deadline`, which a renewal moves on. The checks are on
+    the event loop just before each write's thread hop (a worker thread has no trio clock)."""
+
+    def __init__(self, svc: Services, row: Row, token: str, taken_at: float) -> None:
+        self.svc = svc
+        self.row = row
+        self.token = token
+        self.renewed_at = taken_at
+        self.lost = False
+
+    @property
+    def deadline(self) -> float:
+        return self.renewed_at + WRITER_LEASE_SECONDS - WRITER_MARGIN_SECONDS
+
+    async def keep(self) -> bool:
+        """Renewed when due; False once the lease is no longer this request's (taken over, or the upload ended)."""
+        if self.lost:
+            return False
+        now = self.svc.clock()
+        if now - self.renewed_at < WRITER_RENEW_SECONDS:
+            return True
+        if await self.svc.db.write(tus_q.renew_writer, self.row["id"], self.token, now + WRITER_LEASE_SECONDS,
+                                   idle_expiry(self.svc, self.row["created_at"], now)):
+            self.renewed_at = now
+        else:
+            self.lost = True
+        return not self.lost
+
+    async def ensure(self) -> None:
+        """Before bytes go to the file: the lease is this request's until past the write; TakenOver if not."""
+        while True:
+            if not await self.keep():
+                raise TakenOver()
+            if self.svc.clock() < self.deadline:
+                return  # else the renewal itself was slow: renewed again (due by now) before writing
+
+
+async def _take_lease(svc: Services, tus_id: str, offset: int) -> _WriterLease:
+    """The writer lease for a chunk at ``offset``, or why not: 404 (gone), 409 (another offset; the real one is
+    told), 423 (a request in another process is writing it now)."""
+    token = secrets.token_hex(16)
+    now = svc.clock()
+    row = await svc.db.write(tus_q.claim_writer, tus_id, offset, svc.instance, token, now,
+                             now + WRITER_LEASE_SECONDS)
+    if row is not None:
+        return _WriterLease(svc, row, token, now)
+    current = await svc.db.read(tus_q.get, tus_id)
+    if current is None or current["state"] == tus_q.EXPIRED:
+        raise NotFound(_("There is no such upload."))
+    if current["state"] != tus_q.RECEIVING:
+        raise OffsetMismatch(current["upload_offset"])
+    if current["writer_token"] is not None and current["writer_until"] >= now:
+        raise WriterBusy(current["writer_until"] - now)
+    if current["upload_offset"] != offset or is_finishing(current):
+        raise OffsetMismatch(current["upload_offset"])
+    raise WriterBusy(1)  # its lease was let go just now: ask again
 
 
 def limits_of(svc: Services, row: Row) -> Limits:
@@ -368,34 +471,41 @@ async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[
     remaining = row["upload_length"] - offset
     if content_length is not None and content_length > remaining:
         raise TooLarge(_("This chunk goes past the upload's Upload-Length; nothing of it was kept."))
-    writer = await _take_over(tus_id)
+    writer = await _take_over(svc, tus_id)
     try:
-        current = await svc.db.read(tus_q.get, tus_id)
-        if current is None or current["state"] == tus_q.EXPIRED:
-            raise NotFound(_("There is no such upload."))
-        if current["upload_offset"] != offset or current["state"] != tus_q.RECEIVING:
-            raise OffsetMismatch(current["upload_offset"])
-        chunk = _Chunk(svc, partial_path(svc.storage, tus_id), offset, remaining, checksum)
+        lease = await _take_lease(svc, tus_id, offset)
+        current = lease.row
+        chunk = _Chunk(svc, partial_path(svc.storage, tus_id), offset, remaining, checksum, lease)
+        outcome = None
         try:
-            with writer.scope:
-                await chunk.receive(body)
-            if writer.scope.cancelled_caught:
-                raise Conflict(_("A newer request for this upload took over; ask for its offset again."))
-        finally:
-            with trio.CancelScope(shield=True):
-                new_offset = await chunk.settle()
-                recorded = new_offset == offset or await svc.db.write(
-                    _record_offset, tus_id, current["upload_id"], new_offset,
-                    idle_expiry(svc, current["created_at"], svc.clock()))
-                if recorded and new_offset == current["upload_length"]:
-                    # Every byte is durable: the photo is the server's to make now, also when this request
-                    # ends before it asks (the client went after its last byte, a newer request took over).
-                    svc.finisher_bell.ring()
-        if not recorded:  # the upload ended meanwhile (expired, deleted): its bytes are not kept
+            try:
+                with writer.scope:
+                    await chunk.receive(body)
+                if writer.scope.cancelled_caught:
+                    raise TakenOver()
+            finally:
+                with trio.CancelScope(shield=True):
+                    new_offset = await chunk.settle()
+                    outcome = await svc.db.write(_record_offset, tus_id, lease.token, current["upload_id"], offset,
+                                                 new_offset, idle_expiry(svc, current["created_at"], svc.clock()))
+                    if outcome == RECORDED and new_offset == current["upload_length"]:
+                        # Every byte is durable: the photo is the server's to make now, also when this request
+                        # ends before it asks (the client went after its last byte, a newer request took over).
+                        svc.finisher_bell.ring()
+                    if chunk.mismatch and outcome == RECORDED:
+                        raise ChecksumMismatch(_("The chunk does not match its Upload-Checksum; it was not kept."))
+        except TakenOver:
+            if outcome == GONE:  # its lease went with the upload (deleted in another process, say): told as such
+                raise NotFound(_("There is no such upload.")) from None
+            raise
+        if outcome == GONE:  # the upload ended meanwhile (expired, deleted): its bytes are not kept
             raise NotFound(_("There is no such upload."))
+        if outcome == TAKEN:  # its lease ran out and another request has the upload now: nothing recorded
+            raise TakenOver()
+        assert new_offset is not None
         return new_offset
     finally:
-        _release(tus_id, writer)
+        _release(svc, tus_id, writer)
 
 
 class OffsetMismatch(Conflict):
@@ -409,21 +519,32 @@ class OffsetMismatch(Conflict):
         return {"Upload-Offset": str(self.offset)}
 
 
-def _record_offset(conn: Connection, tus_id: str, upload_id: str | None, offset: int, expires_at: float) -> bool:
-    """Whether the row took the new offset (False: it ended meanwhile, expired or deleted)."""
-    if not tus_q.set_offset(conn, tus_id, offset, expires_at):
-        return False
-    if upload_id is not None:
-        tus_q.extend_group(conn, upload_id, expires_at)
-    return True
+RECORDED, GONE, TAKEN = "recorded", "gone", "taken"
+
+
+def _record_offset(conn: Connection, tus_id: str, token: str, upload_id: str | None, start: int,
+                   offset: int | None, expires_at: float) -> str:
+    """The request ends: its new offset recorded (if it added bytes) and its lease let go, both only while the
+    lease is its own. RECORDED; GONE when the upload ended meanwhile (expired, deleted); TAKEN when another
+    request holds it now (``offset`` None: this request knows it lost the lease and wrote no further)."""
+    if offset == start:
+        if tus_q.release_writer(conn, tus_id, token):
+            return RECORDED
+    elif offset is not None and tus_q.set_offset(conn, tus_id, token, offset, expires_at):
+        if upload_id is not None:
+            tus_q.extend_group(conn, upload_id, expires_at)
+        return RECORDED
+    row = tus_q.get(conn, tus_id)
+    return TAKEN if row is not None and row["state"] == tus_q.RECEIVING else GONE
 
 
 class _Chunk:
     """One request's bytes on their way to the end of the partial file."""
 
     def __init__(self, svc: Services, path: Path, offset: int, remaining: int,
-                 checksum: tuple[str, bytes] | None) -> None:
+                 checksum: tuple[str, bytes] | None, lease: _WriterLease) -> None:
         self.storage = svc.storage
+        self.lease = lease
         self.path = path
         self.start = offset
         self.remaining = remaining
@@ -437,8 +558,11 @@ class _Chunk:
         self.pending = bytearray()
 
     async def receive(self, body: AsyncIterable[bytes]) -> None:
+        await self.lease.ensure()
         self.file = await trio.to_thread.run_sync(_open_at, self.path, self.start, limiter=io_limiter())
         async for data in body:
+            if not await self.lease.keep():  # renewed while bytes flow (a clock check, a write when due)
+                raise TakenOver()
             self.received += len(data)
             if self.received > self.remaining:
                 raise TooLarge(_("This chunk goes past the upload's Upload-Length; nothing of it was kept."))
@@ -450,16 +574,21 @@ class _Chunk:
     async def _flush(self) -> None:
         data, self.pending = self.pending, bytearray()
         if data and self.file is not None:
+            await self.lease.ensure()
             await trio.to_thread.run_sync(_append, self.storage, self.file, self.hasher, data, limiter=io_limiter())
             self.written += len(data)
 
-    async def settle(self) -> int:
-        """Shielded, on every way out: keep what may be kept, fsynced; returns the offset to record."""
+    async def settle(self) -> int | None:
+        """Shielded, on every way out: keep what may be kept, fsynced; returns the offset to record, or None when
+        the lease is no longer this request's (the file is then left as it is: its next writer cuts it back to
+        the recorded offset). A mismatch is :attr:`mismatch` (raised by the caller once the lease is let go)."""
         keep = self.complete or self.checksum is None
         too_long = self.received > self.remaining
         if keep and not too_long:
             try:
                 await self._flush()
+            except TakenOver:
+                pass
             except Exception as error:  # a full disk: what was written before it still counts
                 log.warning("tus %s: could not write the end of a chunk (%s)", self.path.name, error)
         if keep and not too_long and self.complete and self.checksum is not None:
@@ -468,10 +597,16 @@ class _Chunk:
                 keep = False
                 self.mismatch = True
         end = self.start + self.written if keep and not too_long else self.start
-        await trio.to_thread.run_sync(_close_at, self.file, self.path, end, limiter=io_limiter())
-        self.file = None
-        if self.mismatch:
-            raise ChecksumMismatch(_("The chunk does not match its Upload-Checksum; it was not kept."))
+        file, self.file = self.file, None
+        try:
+            await self.lease.ensure()  # cutting the file back is a write too
+        except TakenOver:
+            await trio.to_thread.run_sync(_close_quietly, file, limiter=io_limiter())
+            return None
+        except BaseException:  # the database is down: the file is closed untouched, and the error goes on
+            await trio.to_thread.run_sync(_close_quietly, file, limiter=io_limiter())
+            raise
+        await trio.to_thread.run_sync(_close_at, file, self.path, end, limiter=io_limiter())
         return end
 
 
@@ -492,6 +627,13 @@ def _append(storage: Storage, f: BinaryIO, hasher: Any, data: bytearray) -> None
         if hasher is not None:
             hasher.update(data)
         f.write(data)
+
+
+def _close_quietly(f: BinaryIO | None) -> None:
+    """A writer that lost its lease closes its file without touching it."""
+    if f is not None:
+        with contextlib.suppress(OSError):
+            f.close()
 
 
 def _close_at(f: BinaryIO | None, path: Path, end: int) -> None:
@@ -516,12 +658,17 @@ def _close_at(f: BinaryIO | None, path: Path, end: int) -> None:
 # recorded and tried again by :class:`Finisher` with a doubling delay, at most ``tus_finish_attempts`` times,
 # and meanwhile HEAD answers 423 (never an offset that says "done"). The tus file is handed to the intake as a
 # hard link, so that it stays where it is until the photo's row is committed: a failed try loses no byte.
+# A try runs under a claim in the row (finish_token, finish_until), whichever process runs it; within a process
+# a lock also makes a second caller wait for the running try instead of polling the row.
 
 FINISH_FIRST_DELAY = 5.0  # seconds before the second try; doubled for each further one
 FINISH_MAX_DELAY = 600.0
 REFUSED: dict[int, type[AppError]] = {**REFUSALS, 403: Forbidden, 404: NotFound, 410: Gone}
 
-_FINISHING: PerRun[dict[str, trio.Lock]] = PerRun("picpeak_tus_finishing", dict)
+_FINISHING: PerRun[dict[tuple[str, str], trio.Lock]] = PerRun("picpeak_tus_finishing", dict)
+FINISH_LEASE_SECONDS = 30.0  # a try's claim: this long, plus its file's bytes at FINISH_MIN_RATE (finish_deadline)
+FINISH_MIN_RATE = 2 * MB  # bytes a second: slower than any disk, and than a bucket a server should use
+FINISH_POLL_SECONDS = 0.5  # how often a request waiting for another process's try looks at the row
 
 
 class NotFinishedYet(AppError):
@@ -572,24 +719,36 @@ async def finished(svc: Services, row: Row) -> Finished:
     return Finished(row["photo_id"], upload_id, bool(row["duplicate"]), row["upload_length"])
 
 
-async def complete(svc: Services, tus_id: str) -> Finished:
+async def complete(svc: Services, tus_id: str, *, wait: bool = True) -> Finished:
     """Make the photo of a complete upload now (or learn what became of it): its Finished, or the refusal (a
     4xx that is final), or :class:`NotFinishedYet` when the try failed for a reason that may pass (recorded,
-    and tried again by the :class:`Finisher`). One try at a time per upload; a later caller waits for it."""
+    and tried again by the :class:`Finisher`). One try at a time per upload, in any process: a later caller
+    waits for the running one (``wait=False``: is told :class:`NotFinishedYet` when it runs in another process)."""
     settled = False
     try:
-        async with _finishing(tus_id):
-            row = await svc.db.read(tus_q.get, tus_id)
-            if row is None:
-                raise NotFound(_("There is no such upload."))
-            if row["state"] == tus_q.DONE:
-                settled = True
-                return await finished(svc, row)
-            if not is_finishing(row):
-                raise OffsetMismatch(row["upload_offset"])
-            result = await _try_finish(svc, row)
-            settled = True
-            return result
+        async with _finishing(svc, tus_id):
+            waited = False
+            while True:
+                row = await svc.db.read(tus_q.get, tus_id)
+                if row is None:
+                    raise NotFound(_("There is no such upload."))
+                if row["state"] == tus_q.DONE:
+                    settled = True
+                    return await finished(svc, row)
+                if not is_finishing(row):
+                    raise OffsetMismatch(row["upload_offset"])
+                if waited and row["finish_after"] is not None and row["finish_after"] > svc.clock():
+                    raise pending_error(svc, row)  # the try waited for failed: the next is due later
+                if not being_finished(svc, row):
+                    result = await _claimed_try(svc, tus_id, row["upload_length"])
+                    if result is not None:
+                        settled = True
+                        return result
+                # Another process's try holds the claim (or took it just before this one): its outcome is ours.
+                if not wait:
+                    raise pending_error(svc, row)
+                await trio.sleep(FINISH_POLL_SECONDS)
+                waited = True
     except AppError as error:
         settled = settled or error.status < 500
         raise
@@ -598,29 +757,64 @@ async def complete(svc: Services, tus_id: str) -> Finished:
             svc.finisher_bell.ring()  # cut off or failed: the Finisher goes on (and learns the next due time)
 
 
-def being_finished(tus_id: str) -> bool:
-    """A try at making this upload's photo is running in this process now."""
-    lock = _FINISHING.get().get(tus_id)
-    return lock is not None and lock.locked()
+def finish_deadline(length: int, now: float) -> float:
+    """Until when a try at the photo of a file of ``length`` bytes holds its claim: long enough for the slowest
+    storage a server should have (the file is hashed, checked and stored: FINISH_MIN_RATE), short enough that
+    the try of a process that died is taken over soon (a 20 MB photo: 40 s)."""
+    return now + FINISH_LEASE_SECONDS + length / FINISH_MIN_RATE
 
 
-async def wait_for_try(tus_id: str) -> None:
-    """Until the try running now (if any) has ended; the caller bounds the wait."""
-    async with _finishing(tus_id):
-        pass
+async def _claimed_try(svc: Services, tus_id: str, length: int) -> Finished | None:
+    """One try under a claim in the row; None when another process's try claimed it first.
+
+    The claim is not renewed (a renewing task's timer would also be what a test's autojump clock jumps to while
+    the try waits for its threads): its deadline is sized to the file. A try that outlives it may meet a second
+    one, which still makes no second photo: a gallery holds a content once (UNIQUE (gallery_id, sha256)), the
+    second finds it as its own photo, and the row is marked done once (its state guards every mark)."""
+    token = secrets.token_hex(16)
+    now = svc.clock()
+    row = await svc.db.write(tus_q.claim_finish, tus_id, token, now, finish_deadline(length, now))
+    if row is None:
+        return None
+    try:
+        return await _try_finish(svc, row)
+    finally:
+        with trio.CancelScope(shield=True):
+            await svc.db.write(tus_q.release_finish, tus_id, token)
+
+
+def being_finished(svc: Services, row: Row) -> bool:
+    """A try at making this upload's photo holds a live claim now, in this process or another."""
+    return (row["state"] == tus_q.RECEIVING and row["finish_token"] is not None
+            and row["finish_until"] >= svc.clock())
+
+
+async def wait_for_try(svc: Services, tus_id: str) -> None:
+    """Until no try at this upload's photo holds a live claim (one in this process is waited for at once, one in
+    another by looking at the row); the caller bounds the wait."""
+    lock = _FINISHING.get().get((svc.instance, tus_id))
+    if lock is not None and lock.locked():
+        async with _finishing(svc, tus_id):
+            pass
+    while True:  # a try in another process: only its row tells when it has ended
+        row = await svc.db.read(tus_q.get, tus_id)
+        if row is None or not being_finished(svc, row):
+            return
+        await trio.sleep(FINISH_POLL_SECONDS)
 
 
 @contextlib.asynccontextmanager
-async def _finishing(tus_id: str) -> AsyncIterator[None]:
-    """One try at a time per upload (the request's, a HEAD's, the Finisher's; a DELETE waits for it too)."""
-    locks = _FINISHING.get()
-    lock = locks.setdefault(tus_id, trio.Lock())
+async def _finishing(svc: Services, tus_id: str) -> AsyncIterator[None]:
+    """One try at a time per upload in this process (the request's, a HEAD's, the Finisher's; a DELETE waits
+    for it too); across processes the claim in the row decides."""
+    locks, key = _FINISHING.get(), (svc.instance, tus_id)
+    lock = locks.setdefault(key, trio.Lock())
     try:
         async with lock:
             yield
     finally:
-        if lock.statistics().tasks_waiting == 0 and not lock.locked() and locks.get(tus_id) is lock:
-            del locks[tus_id]
+        if lock.statistics().tasks_waiting == 0 and not lock.locked() and locks.get(key) is lock:
+            del locks[key]
 
 
 async def _try_finish(svc: Services, row: Row) -> Finished:
@@ -764,7 +958,8 @@ FINISHER_LOOK_SECONDS = 60.0
 class Finisher:
     """Makes the photos of complete uploads whose first try failed or never ran (a crash between the last byte
     and the photo, the bucket down, a full disk): at start-up, whenever ``finisher_bell`` rings, and when the
-    next try is due. As the webhook sender's outbox: the rows are the queue, the attempts bounded."""
+    next try is due. As the webhook sender's outbox: the rows are the queue, the attempts bounded. Safe in
+    every process at once: each try is claimed in its row (:func:`complete`)."""
 
     def __init__(self, svc: Services) -> None:
         self.svc = svc
@@ -791,7 +986,7 @@ class Finisher:
         settled = 0
         for row in await svc.db.read(tus_q.finishing_due, svc.clock()):
             try:
-                await complete(svc, row["id"])
+                await complete(svc, row["id"], wait=False)  # one another process tries now is left to it
                 settled += 1
             except NotFinishedYet:
                 pass  # recorded and logged, tried again when due
@@ -813,7 +1008,7 @@ def _hash_file(path: Path, length: int) -> tuple[str, int]:
 
 
 async def _end(svc: Services, tus_id: str, entry: Any) -> None:
-    """The upload has ended: done with its photo (``entry``), or gone (None). Its group closes with its last."""
+    """The upload has ended, done with its photo (``entry``). Its group closes with its last file."""
     keep_until = svc.clock() + expiry_seconds(svc)
     completed = await svc.db.write(_end_row, svc.settings.webhooks, tus_id, entry, keep_until, svc.clock())
     if completed:
@@ -825,10 +1020,7 @@ def _end_row(conn: Connection, endpoints: tuple[WebhookEndpoint, ...], tus_id: s
     row = tus_q.get(conn, tus_id)
     if row is None:
         return False
-    if entry is None:
-        tus_q.delete(conn, tus_id)
-    else:
-        tus_q.mark_done(conn, tus_id, entry.photo_id, entry.duplicate, keep_until)
+    tus_q.mark_done(conn, tus_id, entry.photo_id, entry.duplicate, keep_until)
     return close_group_if_last(conn, endpoints, row["upload_id"], now)
 
 
@@ -846,25 +1038,45 @@ def close_group_if_last(conn: Connection, endpoints: tuple[WebhookEndpoint, ...]
 # --- termination and expiry ----------------------------------------------------------------------------------
 
 async def terminate(svc: Services, row: Row) -> None:
-    """tus termination (DELETE): stop any request still writing, forget the upload, remove its bytes."""
-    writer = await _take_over(row["id"])
+    """tus termination (DELETE): stop any request of this process still writing, forget the upload, remove its
+    bytes. A request writing it in another process is fenced (the row is gone: it records nothing); a try at
+    making its photo, in any process, ends first (then the photo stays)."""
+    tus_id = row["id"]
+    writer = await _take_over(svc, tus_id)
     try:
-        async with _finishing(row["id"]):  # a try at making its photo ends first (then the photo stays)
-            with trio.CancelScope(shield=True):
-                await _end(svc, row["id"], None)
-                remove_quietly(partial_path(svc.storage, row["id"]))
+        async with _finishing(svc, tus_id):
+            while True:
+                with trio.CancelScope(shield=True):
+                    ended, completed = await svc.db.write(_terminate_row, svc.settings.webhooks, tus_id,
+                                                          svc.clock())
+                    if ended:
+                        remove_quietly(partial_path(svc.storage, tus_id))
+                        if completed:
+                            svc.webhooks_bell.ring()
+                if ended:
+                    return
+                await trio.sleep(FINISH_POLL_SECONDS)  # a try in another process holds its claim
     finally:
-        _release(row["id"], writer)
+        _release(svc, tus_id, writer)
+
+
+def _terminate_row(conn: Connection, endpoints: tuple[WebhookEndpoint, ...], tus_id: str,
+                   now: float) -> tuple[bool, bool]:
+    """(whether the upload is gone now, whether ``upload.completed`` was written); not gone while a try holds a
+    live claim on it."""
+    row = tus_q.delete_unless_finishing(conn, tus_id, now)
+    if row is None:
+        return tus_q.get(conn, tus_id) is None, False
+    return True, close_group_if_last(conn, endpoints, row["upload_id"], now)
 
 
 async def expire(svc: Services) -> int:
-    """The janitor's pass: unfinished uploads past their expiry lose their bytes (tombstones answer 410 for
-    another period), finished rows and tombstones past theirs are forgotten, and files in ``tmp/tus`` that no
-    unfinished upload owns (a crash between the file and its row, a deleted gallery) go. Returns how many
-    uploads expired."""
+    """The janitor's pass, in any process: unfinished uploads past their expiry lose their bytes (tombstones
+    answer 410 for another period) unless a request in any process is writing them (a live writer lease),
+    finished rows and tombstones past theirs are forgotten, and files in ``tmp/tus`` that no unfinished upload
+    owns (a crash between the file and its row, a deleted gallery) go. Returns how many uploads expired."""
     now = svc.clock()
-    busy = sorted(_WRITERS.get())  # a chunk still arriving (slowly) records its progress and expiry on its way out
-    rows = await svc.db.write(_expire_rows, svc.settings.webhooks, now, now + expiry_seconds(svc), busy)
+    rows = await svc.db.write(_expire_rows, svc.settings.webhooks, now, now + expiry_seconds(svc))
     keep = await svc.db.read(tus_q.receiving_ids)
     await trio.to_thread.run_sync(_remove_partials, svc.storage, [r["id"] for r in rows], keep, now,
                                   limiter=io_limiter())
@@ -875,9 +1087,9 @@ async def expire(svc: Services) -> int:
 
 
 def _expire_rows(conn: Connection, endpoints: tuple[WebhookEndpoint, ...], now: float,
-                 tombstone_until: float, busy: list[str]) -> list[Row]:
+                 tombstone_until: float) -> list[Row]:
     tus_q.forget_old(conn, now)
-    rows = tus_q.expire_due(conn, now, tombstone_until, busy)
+    rows = tus_q.expire_due(conn, now, tombstone_until)  # spares uploads a request is writing (a live lease)
     for upload_id in sorted({r["upload_id"] for r in rows if r["upload_id"] is not None}):
         close_group_if_last(conn, endpoints, upload_id, now)
     return rows

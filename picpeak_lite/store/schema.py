@@ -697,6 +697,18 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE photos ADD COLUMN claimed_by TEXT;
     """,
+    # 32: tus across processes (issue 31): who is writing an upload and who is making its photo are held
+    # in its row, not in one process's memory (pipeline/resumable.py). writer_id / writer_token / writer_until:
+    # the writer lease (the holding process's Services.instance, its request's token, until when; renewed
+    # while bytes flow, NULL when nobody writes). finish_token / finish_until: the claim of a try at making the
+    # photo (as photos.claim_token / lease_until; its deadline sized to the file).
+    """
+    ALTER TABLE tus_uploads ADD COLUMN writer_id TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN writer_token TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN writer_until REAL;
+    ALTER TABLE tus_uploads ADD COLUMN finish_token TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN finish_until REAL;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

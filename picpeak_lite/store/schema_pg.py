@@ -596,6 +596,14 @@ STEPS: dict[int, str] = {
     31: """
     ALTER TABLE photos ADD COLUMN claimed_by TEXT;
     """,
+    # 32: tus across processes (issue 31): the writer lease and the finishing claim of an upload
+    32: """
+    ALTER TABLE tus_uploads ADD COLUMN writer_id TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN writer_token TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN writer_until DOUBLE PRECISION;
+    ALTER TABLE tus_uploads ADD COLUMN finish_token TEXT;
+    ALTER TABLE tus_uploads ADD COLUMN finish_until DOUBLE PRECISION;
+    """,
 }
 
 

@@ -93,11 +93,80 @@ def guest_unfinished_bytes_in_gallery(conn: Connection, gallery_id: int, now: fl
     return rows[0]["n"]
 
 
-def set_offset(conn: Connection, tus_id: str, offset: int, expires_at: float) -> bool:
-    """Record a durable offset (and the expiry it slides to); False when the row is gone or no longer receiving."""
-    conn.execute("UPDATE tus_uploads SET upload_offset = ?, expires_at = ? WHERE id = ? AND state = 'receiving'",
-                 (offset, expires_at, tus_id))
+# --- the writer lease: one request in one process writes an upload at a time --------------------------------
+
+def claim_writer(conn: Connection, tus_id: str, offset: int, holder: str, token: str, now: float,
+                 until: float) -> Row | None:
+    """Take the writer lease of a receiving upload at ``offset``: when nobody holds it, its holder's time is
+    over (the process died), or ``holder`` (this process) holds it (its own older request, already stopped).
+    The row as taken, or None (the caller reads the row to learn why)."""
+    rows = conn.execute(
+        "UPDATE tus_uploads SET writer_id = ?, writer_token = ?, writer_until = ? "
+        "WHERE id = ? AND state = 'receiving' AND upload_offset = ? AND upload_offset < upload_length "
+        "AND (writer_token IS NULL OR writer_until < ? OR writer_id = ?) RETURNING *",
+        (holder, token, until, tus_id, offset, now, holder),
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def renew_writer(conn: Connection, tus_id: str, token: str, until: float, expires_at: float) -> bool:
+    """Bytes are flowing: the lease runs on, and so does the upload's idle expiry. False when the lease is no
+    longer this request's (taken over after it ran out) or the upload ended."""
+    conn.execute(
+        "UPDATE tus_uploads SET writer_until = ?, "
+        "expires_at = CASE WHEN expires_at > ? THEN expires_at ELSE ? END "
+        "WHERE id = ? AND writer_token = ? AND state = 'receiving'",
+        (until, expires_at, expires_at, tus_id, token),
+    )
     return conn.changes() == 1
+
+
+def set_offset(conn: Connection, tus_id: str, token: str, offset: int, expires_at: float) -> bool:
+    """Record a durable offset (and the expiry it slides to) and let the lease go, fenced by the lease's token: a
+    writer whose lease was taken over can never move the offset. False when the row is gone, no longer
+    receiving, or no longer this writer's."""
+    conn.execute(
+        "UPDATE tus_uploads SET upload_offset = ?, expires_at = ?, writer_id = NULL, writer_token = NULL, "
+        "writer_until = NULL WHERE id = ? AND state = 'receiving' AND writer_token = ?",
+        (offset, expires_at, tus_id, token))
+    return conn.changes() == 1
+
+
+def release_writer(conn: Connection, tus_id: str, token: str) -> bool:
+    """The request ends without new bytes: the lease goes (if it is still this request's)."""
+    conn.execute("UPDATE tus_uploads SET writer_id = NULL, writer_token = NULL, writer_until = NULL "
+                 "WHERE id = ? AND writer_token = ?", (tus_id, token))
+    return conn.changes() == 1
+
+
+# --- the finishing claim: one try at an upload's photo at a time, in any process --------------------------------
+
+def claim_finish(conn: Connection, tus_id: str, token: str, now: float, until: float) -> Row | None:
+    """Claim a try at making the photo of a complete upload (as ``claims.claim_next`` claims a photo): when no
+    try holds it, or the one that did is past its deadline (its process died). The row as claimed, or None."""
+    rows = conn.execute(
+        "UPDATE tus_uploads SET finish_token = ?, finish_until = ? "
+        "WHERE id = ? AND state = 'receiving' AND upload_offset = upload_length "
+        "AND (finish_token IS NULL OR finish_until < ?) RETURNING *",
+        (token, until, tus_id, now),
+    ).fetchall()
+    return rows[0] if rows else None
+
+
+def release_finish(conn: Connection, tus_id: str, token: str) -> bool:
+    conn.execute("UPDATE tus_uploads SET finish_token = NULL, finish_until = NULL WHERE id = ? AND finish_token = ?",
+                 (tus_id, token))
+    return conn.changes() == 1
+
+
+def delete_unless_finishing(conn: Connection, tus_id: str, now: float) -> Row | None:
+    """tus termination: the row goes unless a try at its photo holds a live claim (that try ends first)."""
+    rows = conn.execute(
+        "DELETE FROM tus_uploads WHERE id = ? "
+        "AND NOT (state = 'receiving' AND finish_token IS NOT NULL AND finish_until >= ?) RETURNING *",
+        (tus_id, now),
+    ).fetchall()
+    return rows[0] if rows else None
 
 
 def extend_group(conn: Connection, upload_id: str, until: float) -> None:
@@ -133,25 +202,24 @@ def record_finish_failure(conn: Connection, tus_id: str, attempts: int, finish_a
 
 
 def finishing_due(conn: Connection, now: float, limit: int = 100) -> list[Row]:
-    """Complete uploads (every byte durable) without their photo yet, whose next try is due."""
+    """Complete uploads (every byte durable) without their photo yet, whose next try is due and that no live try
+    (in any process) has claimed."""
     return conn.execute(
         "SELECT * FROM tus_uploads WHERE state = 'receiving' AND upload_offset = upload_length "
-        "AND (finish_after IS NULL OR finish_after <= ?) ORDER BY created_at LIMIT ?",
-        (now, limit),
+        "AND (finish_after IS NULL OR finish_after <= ?) AND (finish_token IS NULL OR finish_until < ?) "
+        "ORDER BY created_at LIMIT ?",
+        (now, now, limit),
     ).fetchall()
 
 
 def next_finish_at(conn: Connection) -> float | None:
-    """When the next complete upload's try is due (NULL ones are due at once); None when none waits."""
+    """When the next complete upload's try is due (NULL ones are due at once; a claimed one when its claim runs
+    out, if its try has not settled it by then); None when none waits."""
     rows = conn.execute(
-        "SELECT min(coalesce(finish_after, 0)) AS t FROM tus_uploads "
+        "SELECT min(CASE WHEN finish_token IS NOT NULL AND finish_until > coalesce(finish_after, 0) "
+        "THEN finish_until ELSE coalesce(finish_after, 0) END) AS t FROM tus_uploads "
         "WHERE state = 'receiving' AND upload_offset = upload_length").fetchall()
     return rows[0]["t"]
-
-
-def delete(conn: Connection, tus_id: str) -> Row | None:
-    rows = conn.execute("DELETE FROM tus_uploads WHERE id = ? RETURNING *", (tus_id,)).fetchall()
-    return rows[0] if rows else None
 
 
 def receiving_in_group(conn: Connection, upload_id: str) -> int:
@@ -160,16 +228,17 @@ def receiving_in_group(conn: Connection, upload_id: str) -> int:
     return rows[0]["n"]
 
 
-def expire_due(conn: Connection, now: float, tombstone_until: float, busy: list[str]) -> list[Row]:
+def expire_due(conn: Connection, now: float, tombstone_until: float) -> list[Row]:
     """Unfinished uploads past their expiry become tombstones (410 from now on); returns them (their bytes go).
-    A tombstone keeps only what a 410 needs: its metadata (up to a few KB) is dropped. ``busy``: uploads a
-    request is writing now, left alone (that request records their progress). A complete upload (every byte
-    durable, its photo not made yet) never expires: making its photo is the server's job."""
-    spared = f"AND id NOT IN ({', '.join('?' for _ in busy)}) " if busy else ""
+    A tombstone keeps only what a 410 needs: its metadata (up to a few KB) is dropped. An upload whose writer
+    lease is live (a request in any process is writing it now) is left alone: that request records its progress.
+    A complete upload (every byte durable, its photo not made yet) never expires: making its photo is the
+    server's job."""
     return conn.execute(
         "UPDATE tus_uploads SET state = 'expired', expires_at = ?, metadata = '', guest_name = NULL "
-        f"WHERE state = 'receiving' AND upload_offset < upload_length AND expires_at < ? {spared}RETURNING *",
-        (tombstone_until, now, *busy),
+        "WHERE state = 'receiving' AND upload_offset < upload_length AND expires_at < ? "
+        "AND (writer_token IS NULL OR writer_until < ?) RETURNING *",
+        (tombstone_until, now, now),
     ).fetchall()
 
 

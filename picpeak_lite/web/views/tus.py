@@ -23,7 +23,8 @@ in ``Picpeak-Error`` (percent-encoded: a HEAD answer has no body). A complete up
 (issue 28): the ``PATCH`` that delivers the last byte answers 204 only once the photo exists; if storing it
 fails for a reason that may pass (the bucket, the disk), it answers 503 with Retry-After and the server tries
 again by itself (``resumable.Finisher``), and until then ``HEAD`` answers 423 with Retry-After, never the full
-offset (which a client takes for success).
+offset (which a client takes for success). A ``PATCH`` reaching one process while a request in another is
+writing the same upload answers 423 with Retry-After too (``resumable.WriterBusy``).
 
 Guest budgets: creating an upload costs one request of the guest's upload budget (``ratelimit.py``), and the
 length it announces is charged to the byte budgets (session and address) at once: an announced upload holds
@@ -369,11 +370,11 @@ async def _outcome(row: Row, *, head: bool) -> Finished:
     if row["state"] == tus_q.DONE:
         return await resumable.finished(svc, row)
     try:
-        if head and resumable.being_finished(row["id"]):
-            # A try is running (the finisher's, after a restart, say): its outcome if it comes soon, else
-            # "ask again" (a slow bucket must not hold a HEAD).
+        if head and resumable.being_finished(svc, row):
+            # A try is running, in this process or another (the finisher's, after a restart, say): its outcome
+            # if it comes soon, else "ask again" (a slow bucket must not hold a HEAD).
             with trio.move_on_after(HEAD_WAIT_SECONDS):
-                await resumable.wait_for_try(row["id"])
+                await resumable.wait_for_try(svc, row["id"])
             now = await svc.db.read(tus_q.get, row["id"])
             if now is not None and now["state"] == tus_q.DONE:
                 return await resumable.finished(svc, now)
