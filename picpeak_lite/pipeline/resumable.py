@@ -985,6 +985,11 @@ class Finisher:
         svc = self.svc
         settled = 0
         for row in await svc.db.read(tus_q.finishing_due, svc.clock()):
+            # Several hosts without a shared data directory: an upload's bytes are on the host that received
+            # them (until they live in the bucket), and only a process there may make its photo; elsewhere the
+            # missing file would read as lost bytes.
+            if not await trio.to_thread.run_sync(partial_path(svc.storage, row["id"]).exists, limiter=io_limiter()):
+                continue
             try:
                 await complete(svc, row["id"], wait=False)  # one another process tries now is left to it
                 settled += 1
