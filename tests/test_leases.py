@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +18,7 @@ import trio
 from picpeak_lite.config import Settings
 from picpeak_lite.pipeline.archive import Archiver
 from picpeak_lite.pipeline.janitor import Janitor
-from picpeak_lite.runtime.lease import Lease, run_while_held
+from picpeak_lite.runtime.lease import PLACE, Lease, holder_is_gone, run_while_held
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Database
 from picpeak_lite.store.queries import leases as leases_q
@@ -189,3 +192,21 @@ async def test_one_process_archives_while_the_other_defers(services: Services, s
         assert await archiver.pass_once() == [] and not archiver.deferred  # its turn (nothing to archive)
         row = await services.db.read(leases_q.holder_of, "archiver", time.time())
         assert row is None  # given back after the pass
+
+
+async def test_a_lease_of_a_process_gone_from_this_machine_is_taken_at_once(services: Services) -> None:
+    """A server killed and started again here need not wait a lease for its own old leases."""
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead = f"{socket.gethostname()}/{finished.stdout.strip()}/0000/{PLACE}"
+    elsewhere = f"{socket.gethostname()}/{finished.stdout.strip()}/0000/another-place"
+    now = time.time()
+    assert holder_is_gone(dead) and not holder_is_gone(elsewhere) and not holder_is_gone(services.instance)
+    await services.db.write(leases_q.take, "hot_folders", elsewhere, "t1", now, now + 600)
+    assert not await services.lease("hot_folders").take()  # another machine's pid says nothing here
+    await services.db.write(_steal, "hot_folders", now + 600)
+    await services.db.write(lambda conn: conn.execute("UPDATE leases SET holder = ? WHERE name = 'hot_folders'",
+                                                      (dead,)))
+    lease = services.lease("hot_folders")
+    assert await lease.take()
+    assert (await services.db.read(leases_q.holder_of, "hot_folders", time.time()))["holder"] == services.instance

@@ -99,6 +99,7 @@ from picpeak_lite.pipeline.intake import (
     gallery_full,
     io_limiter,
 )
+from picpeak_lite.runtime.lease import holder_is_gone
 from picpeak_lite.services import Services
 from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -435,6 +436,11 @@ async def _take_lease(svc: Services, tus_id: str, offset: int) -> _WriterLease:
     if current["state"] != tus_q.RECEIVING:
         raise OffsetMismatch(current["upload_offset"])
     if current["writer_token"] is not None and current["writer_until"] >= now:
+        if holder_is_gone(current["writer_id"]):  # this machine's server was killed mid-chunk and started again
+            row = await svc.db.write(tus_q.claim_writer, tus_id, offset, svc.instance, token, now,
+                                     now + WRITER_LEASE_SECONDS, current["writer_id"])
+            if row is not None:
+                return _WriterLease(svc, row, token, now)
         raise WriterBusy(current["writer_until"] - now)
     if current["upload_offset"] != offset or is_finishing(current):
         raise OffsetMismatch(current["upload_offset"])

@@ -19,11 +19,13 @@ two of them ever overlap (guarded statements, idempotent steps); the lease keeps
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import secrets
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import trio
 
@@ -36,10 +38,40 @@ log = logging.getLogger(__name__)
 SAFETY = 0.25
 
 
+def _place() -> str:
+    """Where a pid means one process: this kernel's boot and this pid namespace (two containers, or two machines
+    that share a host name, are two places)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # not Linux: no place is known, so no holder is ever found gone by its pid
+        return secrets.token_hex(4)
+    return hashlib.sha256(f"{boot}:{namespace}".encode()).hexdigest()[:8]
+
+
+PLACE = _place()
+
+
 def instance_id() -> str:
-    """This process's name as a lease holder: the host and pid (for people reading the table), and random bits
-    (a pid is reused after a restart, and hosts may share names)."""
-    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+    """This process's name as a lease holder: the host and pid (for people reading the table), random bits (a
+    pid is reused after a restart), and its place (:func:`holder_is_gone`)."""
+    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}/{PLACE}"
+
+
+def holder_is_gone(holder: str | None) -> bool:
+    """Whether ``holder`` (an :func:`instance_id`) was a process in this place that no longer runs: a server
+    killed and started again on the same machine need not wait for its own old leases to run out. A holder
+    elsewhere, or a pid that runs (perhaps another process by now), is not known to be gone."""
+    parts = (holder or "").split("/")
+    if len(parts) != 4 or parts[3] != PLACE or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it runs, as another user
+        return False
+    return False
 
 
 class LeaseLost(Exception):
@@ -65,14 +97,20 @@ class Lease:
         return self.token is not None and self.clock() < self.until
 
     async def take(self) -> bool:
-        """Take the lease for ``seconds`` if nobody holds it. True when this process has it now."""
+        """Take the lease for ``seconds`` if nobody holds it, or its holder was a process on this machine that
+        is gone (:func:`holder_is_gone`). True when this process has it now."""
         token = secrets.token_hex(16)
         now = self.clock()
         until = now + self.seconds
-        if await self.db.write(leases_q.take, self.name, self.holder, token, now, until):
+        taken = await self.db.write(leases_q.take, self.name, self.holder, token, now, until)
+        if not taken:
+            current = await self.db.read(leases_q.holder_of, self.name, now)
+            if current is not None and holder_is_gone(current["holder"]):
+                taken = await self.db.write(leases_q.take, self.name, self.holder, token, now, until,
+                                            current["holder"])
+        if taken:
             self.token, self.until = token, until
-            return True
-        return False
+        return taken
 
     async def hold_until(self, until: float) -> bool:
         """Move the end of a held lease to ``until`` (a renewal, or a turn kept until the next round is due).

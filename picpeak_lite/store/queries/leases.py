@@ -12,16 +12,18 @@ from __future__ import annotations
 from picpeak_lite.store.db import Connection, Row
 
 
-def take(conn: Connection, name: str, holder: str, token: str, now: float, until: float) -> bool:
+def take(conn: Connection, name: str, holder: str, token: str, now: float, until: float,
+         gone: str | None = None) -> bool:
     """Take the lease ``name`` until ``until`` when nobody holds it or its time ran out (its holder is gone, or
-    held it as a turn: a round done until then). True when ``holder`` has it now, with ``token``."""
+    held it as a turn: a round done until then), or its holder is ``gone`` (a process known to have died). True
+    when ``holder`` has it now, with ``token``."""
     row = conn.execute(
         "INSERT INTO leases (name, holder, token, expires_at) VALUES (?, ?, ?, ?) "
         "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = excluded.token, "
         "expires_at = excluded.expires_at "
-        "WHERE leases.expires_at <= ? "
+        "WHERE leases.expires_at <= ? OR leases.holder = ? "
         "RETURNING token",
-        (name, holder, token, float(until), float(now)),
+        (name, holder, token, float(until), float(now), gone),
     ).fetchone()
     return row is not None and row["token"] == token
 

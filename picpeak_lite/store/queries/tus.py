@@ -96,15 +96,16 @@ def guest_unfinished_bytes_in_gallery(conn: Connection, gallery_id: int, now: fl
 # --- the writer lease: one request in one process writes an upload at a time --------------------------------
 
 def claim_writer(conn: Connection, tus_id: str, offset: int, holder: str, token: str, now: float,
-                 until: float) -> Row | None:
+                 until: float, gone: str | None = None) -> Row | None:
     """Take the writer lease of a receiving upload at ``offset``: when nobody holds it, its holder's time is
-    over (the process died), or ``holder`` (this process) holds it (its own older request, already stopped).
-    The row as taken, or None (the caller reads the row to learn why)."""
+    over (the process died), ``holder`` (this process) holds it (its own older request, already stopped), or
+    its holder is ``gone`` (a process known to have died). The row as taken, or None (the caller reads the row
+    to learn why)."""
     rows = conn.execute(
         "UPDATE tus_uploads SET writer_id = ?, writer_token = ?, writer_until = ? "
         "WHERE id = ? AND state = 'receiving' AND upload_offset = ? AND upload_offset < upload_length "
-        "AND (writer_token IS NULL OR writer_until < ? OR writer_id = ?) RETURNING *",
-        (holder, token, until, tus_id, offset, now, holder),
+        "AND (writer_token IS NULL OR writer_until < ? OR writer_id = ? OR writer_id = ?) RETURNING *",
+        (holder, token, until, tus_id, offset, now, holder, gone),
     ).fetchall()
     return rows[0] if rows else None
 
