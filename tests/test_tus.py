@@ -589,9 +589,10 @@ async def test_kill_9_mid_chunk_then_resume_from_the_durable_offset(tmp_path: Pa
         # What HEAD reports is on disk, byte for byte: never more than what was made durable.
         assert len(on_disk) >= offset and on_disk[:offset] == data[:offset]
         assert offset >= first
-        # The killed process's writer lease on the upload is still live for up to resumable.WRITER_LEASE_SECONDS:
-        # the PATCH is answered 423 with Retry-After meanwhile (nobody else may write it while its holder might
-        # live), and the client retries, as tus clients do, until the lease has run out and is taken over.
+        # The killed process's writer lease on the upload is still live for up to resumable.WRITER_LEASE_SECONDS,
+        # but its holder was a process on this machine that no longer runs (runtime/lease.holder_is_gone): the
+        # new server takes it over at once. (Had the holder been on another host, the PATCH would be answered 423
+        # with Retry-After until the lease ran out; the client retries, as tus clients do.)
         resumed = time.monotonic()
         _, last = await trio.to_thread.run_sync(lambda: tuspy_upload(
             url + "/api/admin/galleries/1/tus", path, headers, chunk=1_000_000, metadata={"filename": "big.jpg"},
