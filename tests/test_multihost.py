@@ -14,10 +14,12 @@ Each prints its figures line (never a time asserted). Needs root (namespaces); s
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
+import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +305,230 @@ async def test_a_killed_hosts_claims_are_taken_over_once(
     for host in cluster.hosts[:victim]:
         assert host.tracebacks() == [], host.log_tail()
     await trio.to_thread.run_sync(cluster.restart, victim)  # the service whole again, for any test after this
+
+
+# --- faults: the database, the bucket and the network go away; hosts are restarted one at a time --------------
+
+
+@dataclasses.dataclass
+class Retries:
+    """What an uploader that does not give up met on its way: connections refused (a host stopped) or not made
+    (a host cut off), each sent on to the next host; 503 answers, sent again after their Retry-After (to the next
+    host, as a balancer would); requests cut off before an answer (their outcome unknown: sent again, and never
+    counted as acknowledged until a 202 says so)."""
+
+    refused: int = 0
+    unavailable: int = 0
+    retry_after: set[str] = dataclasses.field(default_factory=set)
+    cut_off: int = 0
+
+    def line(self) -> str:
+        return (f"refused_and_resent={self.refused} told_503={self.unavailable} "
+                f"retry_after={','.join(sorted(self.retry_after)) or '-'} cut_off_and_resent={self.cut_off}")
+
+
+async def upload_retrying(cluster: multihost.Cluster, gallery_id: int, photos: list[tuple[str, bytes]],
+                          retries: Retries, *, hosts: list[int] | None = None, concurrency: int = HOSTS,
+                          sent: Callable[[], None] | None = None) -> dict[int, tuple[int, str]]:
+    """As :func:`upload_round_robin` (request i to host i mod N of ``hosts``), with a real uploader's ways: a
+    refused connection is sent to the next host, a 503 again after its Retry-After, and every connection is new
+    (no keep-alive: a balancer of the recipe keeps none to its hosts either). ``sent`` is called after each
+    request's answer."""
+    acked: dict[int, tuple[int, str]] = {}
+    usable = hosts or list(range(cluster.count))
+    limiter = trio.CapacityLimiter(concurrency)
+    clients = {i: httpx.AsyncClient(base_url=cluster.urls[i], timeout=httpx.Timeout(120, connect=10),
+                                    limits=httpx.Limits(max_keepalive_connections=0),
+                                    headers={"Authorization": f"Bearer {cluster.token}"}) for i in usable}
+
+    async def send(index: int, files: list[tuple[str, bytes]]) -> None:
+        digests = {name: hashlib.sha256(data).hexdigest() for name, data in files}
+        body, headers = multipart(files)
+        async with limiter:
+            for attempt in itertools.count():
+                host = usable[(index + attempt) % len(usable)]
+                try:
+                    response = await clients[host].post(f"/api/admin/galleries/{gallery_id}/upload", content=body,
+                                                        headers=headers)
+                except (httpx.ConnectError, httpx.ConnectTimeout):
+                    retries.refused += 1
+                    continue
+                except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadTimeout):
+                    retries.cut_off += 1
+                    continue
+                if response.status_code == 503:
+                    retries.unavailable += 1
+                    retries.retry_after.add(response.headers.get("Retry-After", "none"))
+                    await trio.sleep(int(response.headers["Retry-After"]))
+                    continue
+                assert response.status_code == 202, response.text
+                for photo in response.json()["photos"]:
+                    acked[photo["id"]] = (host, digests[photo["filename"]])
+                break
+        if sent is not None:
+            sent()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for index, start in enumerate(range(0, len(photos), PER_REQUEST)):
+                nursery.start_soon(send, index, photos[start:start + PER_REQUEST])
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    return acked
+
+
+def unfinished(cluster: multihost.Cluster, ids: list[int]) -> int:
+    return int(cluster.query("SELECT count(*) AS n FROM photos WHERE status IN ('pending', 'processing') "
+                             "AND id = ANY(?)", ids)[0]["n"])
+
+
+async def settled(cluster: multihost.Cluster, ids: list[int]) -> None:
+    """Until none of ``ids`` is pending or processing."""
+    while unfinished(cluster, ids):
+        await trio.sleep(0.1)
+
+
+def outcome(cluster: multihost.Cluster, ids: list[int]) -> tuple[dict[int, dict[str, Any]], list[int], list[int]]:
+    """Each photo's row, the photos not complete (lost), and those completed more than once."""
+    rows = {row["id"]: row for row in cluster.query(
+        "SELECT id, status, claimed_by, attempts, interruptions FROM photos WHERE id = ANY(?)", ids)}
+    counted = completions(cluster, ids)
+    return (rows, [i for i in ids if i not in rows or rows[i]["status"] != "complete"],
+            [i for i in ids if counted[i] > 1])
+
+
+def log_count(cluster: multihost.Cluster, text: str) -> int:
+    return sum("".join(host.output).count(text) for host in cluster.hosts)
+
+
+async def test_an_upload_on_one_host_wakes_an_idle_worker_on_another(
+        cluster: multihost.Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """With every host's workers idle, a request of six photos to one host: its own worker tasks (two: one
+    worker and the one that has its next photo read) take two, the others are claimed by other hosts' workers,
+    woken through PostgreSQL's NOTIFY, not by their safety poll (5 s). Printed: the wait from the photo's row and
+    from the 202 to that claim (negative when the claim came before the answer)."""
+    gallery = await new_gallery(cluster, "Wake")
+    from_row: list[float] = []
+    from_answer: list[float] = []
+    ids: list[int] = []
+    with trio.fail_after(HANG_GUARD):
+        for round_ in range(6):  # each host in turn takes the request; more rounds only if no claim crossed
+            if round_ >= HOSTS and from_row:
+                break
+            while cluster.query("SELECT count(*) AS n FROM photos WHERE status IN ('pending', 'processing')"
+                                )[0]["n"]:
+                await trio.sleep(0.1)
+            await trio.sleep(1)  # every worker task back on its bell
+            taker = round_ % HOSTS
+            acked = await upload_round_robin(cluster, gallery["id"], camera_photos(6, f"wake{round_}"),
+                                             [cluster.urls[taker]])
+            answered = time.time()
+            batch = sorted(acked)
+            ids += batch
+            await settled(cluster, batch)
+            changes = cluster.query("SELECT photo_id, status, min(created_at) AS at FROM photo_changes "
+                                    "WHERE photo_id = ANY(?) AND status IN ('pending', 'processing') GROUP BY 1, 2",
+                                    batch)
+            first = {(row["photo_id"], row["status"]): row["at"] for row in changes}
+            for row in cluster.query("SELECT id, claimed_by FROM photos WHERE id = ANY(?)", batch):
+                if row["claimed_by"] != cluster.claimants[taker] and (row["id"], "processing") in first:
+                    from_row.append((first[row["id"], "processing"] - first[row["id"], "pending"]) * 1000)
+                    from_answer.append((first[row["id"], "processing"] - answered) * 1000)
+    _rows, lost, duplicates = outcome(cluster, ids)
+    figures(capsys, f"multihost-wake: hosts={HOSTS} photos={len(ids)} claimed_by_another_host={len(from_row)} "
+                    f"row_to_other_host_claim_p50={percentile(from_row, 0.5):.0f}ms "
+                    f"p95={percentile(from_row, 0.95):.0f}ms "
+                    f"answer_to_other_host_claim_p50={percentile(from_answer, 0.5):.0f}ms "
+                    f"p95={percentile(from_answer, 0.95):.0f}ms safety_poll=5s lost={len(lost)} "
+                    f"duplicates={len(duplicates)}")
+    assert lost == [] and duplicates == []
+    assert from_row, "no photo of a request to one host was claimed by another host's worker"
+
+
+async def healthz_until_refused(cluster: multihost.Cluster) -> collections.Counter[str]:
+    """Ask every host's /healthz until each has answered 503 with Retry-After once (its database is gone);
+    returns the answers counted by status."""
+    answers: collections.Counter[str] = collections.Counter()
+    refused = [False] * cluster.count
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+        while not all(refused):
+            for i, url in enumerate(cluster.urls):
+                response = await http.get(f"{url}/healthz")
+                answers[str(response.status_code)] += 1
+                if response.status_code == 503 and response.headers.get("Retry-After"):
+                    refused[i] = True
+            await trio.sleep(0.2)
+    return answers
+
+
+async def until_every_host_claims(cluster: multihost.Cluster, gallery_id: int, tag: str, retries: Retries,
+                                  acked: dict[int, tuple[int, str]], since: list[int]) -> list[int]:
+    """More requests over every host (at most five rounds) until each host's worker has claimed one of the
+    photos acknowledged since the fault (``since``, extended here); returns the claims per host."""
+    claims = [0] * cluster.count
+    for round_ in range(5):
+        batch = await upload_retrying(cluster, gallery_id, camera_photos(3 * cluster.count, f"{tag}{round_}"),
+                                      retries)
+        acked.update(batch)
+        since += sorted(batch)
+        await settled(cluster, since)
+        claims = claims_per_host(cluster, since)
+        if all(claims):
+            break
+    return claims
+
+
+async def test_postgresql_restarted_under_load_every_host_goes_on_by_itself(
+        cluster: multihost.Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """PostgreSQL stopped (``pg_ctl stop -m fast``: every connection of every host ended) while photos are
+    uploaded over the three hosts and processed, and started again on the same data and port once every host's
+    /healthz and an upload were answered 503 with Retry-After. The uploader waits its Retry-After and sends again;
+    no host is restarted (the same processes), each answers uploads and claims photos afterwards, and every photo
+    answered 202 is complete exactly once."""
+    gallery = await new_gallery(cluster, "Restart PostgreSQL")
+    pids = [host.pid for host in cluster.hosts]
+    retries = Retries()
+    acked: dict[int, tuple[int, str]] = {}
+    since: list[int] = []
+    health: collections.Counter[str] = collections.Counter()
+    down_s = 0.0
+    with trio.fail_after(HANG_GUARD):
+        acked.update(await upload_retrying(cluster, gallery["id"], camera_photos(12, "pg-before"), retries))
+        while not cluster.query("SELECT count(*) AS n FROM photos WHERE status = 'processing'")[0]["n"] \
+                and unfinished(cluster, sorted(acked)):
+            await trio.sleep(0.01)
+        processing = cluster.query("SELECT count(*) AS n FROM photos WHERE status = 'processing'")[0]["n"]
+        await trio.to_thread.run_sync(cluster.postgres.stop_server)
+        stopped_at = time.monotonic()
+
+        async def upload_meanwhile() -> None:
+            batch = await upload_retrying(cluster, gallery["id"], camera_photos(12, "pg-during"), retries)
+            acked.update(batch)
+            since.extend(sorted(batch))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(upload_meanwhile)
+            health.update(await healthz_until_refused(cluster))
+            while not retries.unavailable:
+                await trio.sleep(0.1)
+            await trio.to_thread.run_sync(cluster.postgres.start_again)
+            down_s = time.monotonic() - stopped_at
+        ids = sorted(acked)
+        await settled(cluster, ids)
+        settled_s = time.monotonic() - stopped_at
+        claims = await until_every_host_claims(cluster, gallery["id"], "pg-after", retries, acked, since)
+    ids = sorted(acked)
+    _rows, lost, duplicates = outcome(cluster, ids)
+    alive = [host.proc is not None and host.proc.poll() is None and host.pid == pid
+             for host, pid in zip(cluster.hosts, pids, strict=True)]
+    figures(capsys, f"multihost-postgresql-restart: hosts={HOSTS} acked={len(ids)} lost={len(lost)} "
+                    f"duplicates={len(duplicates)} processing_at_stop={processing} down={down_s:.1f}s "
+                    f"settled_after_stop={settled_s:.1f}s {retries.line()} "
+                    f"healthz={dict(sorted(health.items()))} "
+                    f"reconnects={log_count(cluster, 'a dropped connection was opened again')} "
+                    f"hosts_restarted={alive.count(False)} claims_per_host_after={claims}")
+    assert lost == [] and duplicates == []
+    assert retries.unavailable >= 1 and retries.retry_after == {"5"}
+    assert all(alive), "a host's process ended or was replaced"
+    assert all(claims), f"a host's workers claimed nothing after the restart: {claims}"
