@@ -7,6 +7,14 @@ data directory, sharing only a PostgreSQL database and an S3 bucket (``tests/mul
   whichever host received it and whichever host's worker made it.
 * Kill: one host is killed (SIGKILL) while it holds claims; once their lease runs out the other hosts take them
   over. No acknowledged photo is lost, none is completed twice, and no webhook event is delivered under two ids.
+* Wake: with every worker idle, a request to one host is claimed in part by the other hosts' workers at once
+  (NOTIFY), not at their safety poll.
+* Faults, each while photos are uploaded and processed, each leaving the service whole for the next test:
+  PostgreSQL stopped and started again (every host told 503 + Retry-After meanwhile and going on by itself, the
+  same processes); the bucket (s3rver) stopped for 20 s (uploads told 503 and sent again, workers hand photos
+  back without spending attempts); one host's network cut for 12 s (more than two leases; its claims taken over,
+  its late writes fenced by the claim token, the same process working again after); a rolling restart of the
+  three hosts (SIGTERM, wait, start) during a 200-photo upload (refused requests sent to the next host).
 
 Each prints its figures line (never a time asserted). Needs root (namespaces); skipped with the reason otherwise.
 """
