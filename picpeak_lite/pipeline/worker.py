@@ -166,10 +166,10 @@ class WorkerPool:
         if outcome is HandBack.DISK_FULL and not claim.lost:
             # Not this photo's fault: hand it back and let the worker pause (_work), so that it is made once
             # space is freed instead of failing for good. Raised here, outside the nursery, as itself.
-            await svc.db.write(claims.release, row["id"], token)
+            await self._hand_back(row["id"], token)
             raise InsufficientStorage("The server's disk is full; the thumbnails were not saved.")
         if outcome is HandBack.STORAGE_DOWN and not claim.lost:
-            await svc.db.write(claims.release, row["id"], token)
+            await self._hand_back(row["id"], token)
             raise StorageUnavailable()
         if claim.lost or outcome is None:
             log.warning("photo %s: lost its claim while processing; result discarded", row["id"])
@@ -190,6 +190,13 @@ class WorkerPool:
         else:
             svc.webhooks_bell.ring()
         return True
+
+    async def _hand_back(self, photo_id: int, token: str) -> None:
+        """The photo back to pending, this attempt not counted, if ``token`` still holds its claim. A late hand-back
+        (this process was cut off longer than the lease, and another took the photo over) changes nothing: said in
+        the log, as a late result is."""
+        if not await self.svc.db.write(claims.release, photo_id, token):
+            log.warning("photo %s: its claim was taken over meanwhile; the hand-back changed nothing", photo_id)
 
     async def refresh_stale_views(self, index: int) -> bool:
         """Make the images (view and grid) of one photo again after its gallery's watermark changed (schema 6;
