@@ -24,6 +24,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -35,7 +36,7 @@ from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wra
 
 from picpeak_lite.config import Settings
 from picpeak_lite.domain import email
-from picpeak_lite.errors import ConfigError
+from picpeak_lite.errors import ConfigError, DatabaseUnavailable
 from picpeak_lite.events.email import EmailScheduler, EmailSender
 from picpeak_lite.events.feed import ChangeFeed
 from picpeak_lite.events.listener import DatabaseListener
@@ -152,10 +153,11 @@ async def run(
             if os.environ.get(LAG_LOG_ENV):
                 nursery.start_soon(_record_loop_lag, os.environ[LAG_LOG_ENV])
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled, serving=True)
-            await nursery.start(ChangeFeed(svc, svc.broker).run)
-            await nursery.start(svc.activity.run)  # stores the last counts when the server stops
+            await nursery.start(outlasting_the_database, ChangeFeed(svc, svc.broker).run)
+            await nursery.start(outlasting_the_database, svc.activity.run)  # stores the last counts at the end
             # Galleries' hot folders (ops/hotfolder.py), watched by one process of the service at a time.
-            await nursery.start(functools.partial(run_while_held, svc.lease("hot_folders"), HotFolders(svc).run))
+            await nursery.start(outlasting_the_database,
+                                functools.partial(run_while_held, svc.lease("hot_folders"), HotFolders(svc).run))
             binds = await nursery.start(_serve, svc, listener, shutdown, nursery.cancel_scope)
             task_status.started(RunningServer(url=binds[0], services=svc, _shutdown=shutdown,
                                               admin_password=password))
@@ -175,24 +177,63 @@ async def start_background_tasks(nursery: trio.Nursery, svc: Services, *, worker
     (``pipeline/resumable.py``)."""
     svc.storage.create_dirs()
     memory.set_mmap_threshold()
-    await nursery.start(svc.trimmer.run)
+    start = functools.partial(nursery.start, outlasting_the_database)  # each outlives the database's absence
+    await start(svc.trimmer.run)
     if svc.db.dialect == "postgresql":  # other processes' commits ring this one's bells (SQLite: the polls)
-        await nursery.start(DatabaseListener(svc).run)
-    await nursery.start(WebhookSender(svc.db, svc.settings, bell=svc.webhooks_bell, clock=svc.clock).run)
+        await start(DatabaseListener(svc).run)
+    await start(WebhookSender(svc.db, svc.settings, bell=svc.webhooks_bell, clock=svc.clock).run)
     if email.enabled(svc.settings):
-        await nursery.start(EmailSender(svc.db, svc.settings, bell=svc.email_bell, clock=svc.clock).run)
-        await nursery.start(EmailScheduler(svc.db, svc.settings, bell=svc.email_bell, clock=svc.clock,
-                                           base_url=lambda: svc.settings.public_url or svc.bind_url).run)
-    await nursery.start(Janitor(svc).run)
-    await nursery.start(Finisher(svc).run)
+        await start(EmailSender(svc.db, svc.settings, bell=svc.email_bell, clock=svc.clock).run)
+        await start(EmailScheduler(svc.db, svc.settings, bell=svc.email_bell, clock=svc.clock,
+                                   base_url=lambda: svc.settings.public_url or svc.bind_url).run)
+    await start(Janitor(svc).run)
+    await start(Finisher(svc).run)
     if serving:
-        await nursery.start(Archiver(svc).run)
+        await start(Archiver(svc).run)
     if workers:
-        await nursery.start(WorkerPool(svc).run)
+        await start(WorkerPool(svc).run)
         if svc.settings.video_previews:
-            await nursery.start(PreviewLane(svc).run)
+            await start(PreviewLane(svc).run)
         if faces.available():
-            await nursery.start(FaceIndexer(svc).run)
+            await start(FaceIndexer(svc).run)
+
+
+DATABASE_RETRY_SECONDS = 5.0  # as long as the Retry-After that requests are told meanwhile
+
+
+class _StartedOnce:
+    """A task status that passes on only the first ``started()``: a task run again after the database came back
+    was already reported ready."""
+
+    def __init__(self, status: trio.TaskStatus[Any]) -> None:
+        self.status: trio.TaskStatus[Any] | None = status
+
+    def started(self, value: Any = None) -> None:
+        if self.status is not None:
+            status, self.status = self.status, None
+            status.started(value)
+
+
+async def outlasting_the_database(run: Callable[..., Awaitable[None]], *,
+                                  task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run a background task (``run(*, task_status)``), and run it again when the database stopped answering
+    under it (``DatabaseUnavailable``: PostgreSQL restarted or failed over, the network to it cut), every
+    :data:`DATABASE_RETRY_SECONDS` until it answers, instead of ending the process: a host of the service goes
+    on by itself once the database is back (issue 31), as its requests do (503 with Retry-After meanwhile, a
+    dropped connection opened again: ``store/db.py``). Each task starts from what the database holds, so running
+    it again loses nothing; what it had claimed is taken back by its lease."""
+    once = _StartedOnce(task_status)
+    while True:
+        failed: DatabaseUnavailable | None = None
+        try:
+            await run(task_status=once)
+            return
+        except* DatabaseUnavailable as group:
+            failed = group.exceptions[0]  # type: ignore[assignment]  # split by type: each is one
+        name = getattr(run, "__qualname__", None) or repr(run)
+        log.warning("%s: the database did not answer (%s); started again in %.0f s", name,
+                    " ".join(str(failed).split()), DATABASE_RETRY_SECONDS)
+        await trio.sleep(DATABASE_RETRY_SECONDS)
 
 
 async def run_workers(settings: Settings, *, task_status: trio.TaskStatus[Services] = trio.TASK_STATUS_IGNORED

@@ -100,6 +100,16 @@ class Network:
     bridge: str
     namespaces: list[str]
     addresses: list[str]  # each host's address, in its namespace
+    links: list[str]  # each host's end of its veth pair, in its namespace
+
+    def cut(self, index: int) -> None:
+        """Take host ``index``'s network down (its link, inside its namespace): packets neither leave nor arrive,
+        and no connection of its is closed or reset, as when a host's cable or switch port goes."""
+        _ip("-n", self.namespaces[index], "link", "set", self.links[index], "down")
+
+    def restore(self, index: int) -> None:
+        """Its link up again: its address and route come back, and the connections it had go on."""
+        _ip("-n", self.namespaces[index], "link", "set", self.links[index], "up")
 
 
 @contextlib.contextmanager
@@ -108,7 +118,7 @@ def network(hosts: int) -> Iterator[Network]:
     run = f"{NAME}{os.getpid()}"
     subnet = _free_subnet()
     prefix = str(subnet.network_address).rsplit(".", 1)[0]
-    made = Network(subnet, f"{prefix}.1", f"{run}b", [], [])
+    made = Network(subnet, f"{prefix}.1", f"{run}b", [], [], [])
     try:
         _ip("link", "add", made.bridge, "type", "bridge")
         _ip("addr", "add", f"{made.gateway}/24", "dev", made.bridge)
@@ -126,6 +136,7 @@ def network(hosts: int) -> Iterator[Network]:
             _ip("-n", namespace, "link", "set", inner, "up")
             _ip("-n", namespace, "link", "set", "lo", "up")
             made.addresses.append(address)
+            made.links.append(inner)
         yield made
     finally:
         for i, namespace in enumerate(made.namespaces):

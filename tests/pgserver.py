@@ -87,6 +87,7 @@ class PostgresServer:
             os.chown(self.root, uid, -1)
         self.data = self.root / "data"
         self.port = 0
+        self.options = ""  # the server's command-line settings, kept for ``start_again``
         self.counter = itertools.count(1)
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -109,6 +110,7 @@ class PostgresServer:
             done = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
                              str(self.root / "log"), "-w", "start", check=False)
             if done.returncode == 0:
+                self.options = options
                 break
         else:
             raise RuntimeError("PostgreSQL did not start:\n" + (self.root / "log").read_text()[-4000:])
@@ -120,6 +122,19 @@ class PostgresServer:
             schema.migrate(conn)
         finally:
             conn.close()
+
+    def stop_server(self) -> None:
+        """Stop the server as an operator's ``pg_ctl stop -m fast`` does (its clients' connections are ended), but
+        keep its data: :meth:`start_again` starts it on the same data and port (the multi-host suite's restart of
+        PostgreSQL under load)."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def start_again(self) -> None:
+        """Start the server stopped by :meth:`stop_server`, with the same settings and port; returns once it
+        accepts connections."""
+        assert self.options, "never started"
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", self.options, "-l",
+                  str(self.root / "log"), "-w", "start")
 
     def url(self, name: str, host: str = "127.0.0.1") -> str:
         return f"postgresql://postgres@{host}:{self.port}/{name}"

@@ -78,9 +78,13 @@ class S3Server:
         if self.env.get("INITIAL_NO_AUTH_ACTION_COUNT"):
             return self
         client = self.client()
-        for bucket in sorted(self.buckets):
+        for bucket in sorted(self.buckets - self.kept_buckets()):
             client.create_bucket(Bucket=bucket)
         return self
+
+    def kept_buckets(self) -> set[str]:
+        """The buckets a restarted server still has (its objects kept on disk): not made again."""
+        return set()
 
     def freeze(self) -> None:
         """SIGSTOP: the port still accepts connections (the kernel's backlog) but nothing is ever answered, as
@@ -158,6 +162,9 @@ class S3rverServer(S3Server):
     def command(self) -> list[str]:
         return ["node", str(S3RVER), "-d", str(self.directory), "-a", self.host, "-p", str(self.port), "-s",
                 "--no-vhost-buckets"]
+
+    def kept_buckets(self) -> set[str]:
+        return {bucket for bucket in self.buckets if (self.directory / bucket).is_dir()}
 
     def pending_uploads(self, bucket: str) -> list[str]:
         uploads = self.directory / bucket / "._S3rver_uploads"

@@ -34,7 +34,7 @@ from typing import Any
 import trio
 
 from picpeak_lite.domain import admin_settings
-from picpeak_lite.errors import InsufficientStorage, StorageUnavailable
+from picpeak_lite.errors import DatabaseUnavailable, InsufficientStorage, StorageUnavailable
 from picpeak_lite.media import images
 from picpeak_lite.pipeline import attempts, imagejobs, transitions, video_work
 from picpeak_lite.pipeline.imageprocs import ChildCrashed, ImageProcesses
@@ -56,6 +56,7 @@ def claimant() -> str:
 
 SAFETY_POLL_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 60.0
+DATABASE_BACKOFF_MAX_SECONDS = 5.0  # the Retry-After that requests are told meanwhile
 TOO_SLOW = "Making this photo's images took longer than {seconds:g} seconds and was given up; the file may be damaged."
 
 
@@ -101,7 +102,7 @@ class WorkerPool:
         while True:
             wakeup = self.svc.workers_bell.listen()  # before claiming, so a ring during the claim is not lost
             try:
-                busy = await self.process_one() or await self.refresh_stale_views(index)
+                busy = await self._turn(index)
             except InsufficientStorage:
                 log.error("worker %d: the disk is full; pausing before the next photo", index)
                 busy = False
@@ -112,12 +113,27 @@ class WorkerPool:
                 log.error("worker %d: the photo storage did not answer; trying again in %.0f s", index, backoff)
                 await trio.sleep(backoff)
                 continue
+            if busy is None:  # the database did not answer: the photo's claim runs out and it is made again
+                backoff = min(DATABASE_BACKOFF_MAX_SECONDS, backoff * 2) if backoff else 0.5
+                await trio.sleep(backoff)
+                continue
             backoff = 0.0
             if busy:
                 self.svc.trimmer.freed()  # the JPEGs from the child leave pages in this heap (memory.py)
             else:
                 with trio.move_on_after(self.poll_seconds):
                     await wakeup.wait()
+
+    async def _turn(self, index: int) -> bool | None:
+        """One photo (or one photo's images made again); None when the database stopped answering under it
+        (PostgreSQL restarted, the network to it cut): the worker waits and tries again instead of ending the
+        process, and the claim it may have held comes back to the queue when its lease runs out."""
+        try:
+            return await self.process_one() or await self.refresh_stale_views(index)
+        except* DatabaseUnavailable as group:
+            log.warning("worker %d: the database did not answer (%s); trying again shortly", index,
+                        " ".join(str(group.exceptions[0]).split()))
+        return None
 
     async def process_one(self) -> bool:
         """Claim and process one photo. False when there was nothing to claim."""
@@ -150,10 +166,10 @@ class WorkerPool:
         if outcome is HandBack.DISK_FULL and not claim.lost:
             # Not this photo's fault: hand it back and let the worker pause (_work), so that it is made once
             # space is freed instead of failing for good. Raised here, outside the nursery, as itself.
-            await svc.db.write(claims.release, row["id"], token)
+            await self._hand_back(row["id"], token)
             raise InsufficientStorage("The server's disk is full; the thumbnails were not saved.")
         if outcome is HandBack.STORAGE_DOWN and not claim.lost:
-            await svc.db.write(claims.release, row["id"], token)
+            await self._hand_back(row["id"], token)
             raise StorageUnavailable()
         if claim.lost or outcome is None:
             log.warning("photo %s: lost its claim while processing; result discarded", row["id"])
@@ -174,6 +190,13 @@ class WorkerPool:
         else:
             svc.webhooks_bell.ring()
         return True
+
+    async def _hand_back(self, photo_id: int, token: str) -> None:
+        """The photo back to pending, this attempt not counted, if ``token`` still holds its claim. A late hand-back
+        (this process was cut off longer than the lease, and another took the photo over) changes nothing: said in
+        the log, as a late result is."""
+        if not await self.svc.db.write(claims.release, photo_id, token):
+            log.warning("photo %s: its claim was taken over meanwhile; the hand-back changed nothing", photo_id)
 
     async def refresh_stale_views(self, index: int) -> bool:
         """Make the images (view and grid) of one photo again after its gallery's watermark changed (schema 6;
@@ -329,7 +352,13 @@ class WorkerPool:
         lease = svc.settings.lease_seconds
         while True:
             await trio.sleep(lease / 3)
-            if not await svc.db.write(claims.renew_lease, claim.photo_id, claim.token, svc.clock() + lease):
+            try:
+                renewed = await svc.db.write(claims.renew_lease, claim.photo_id, claim.token, svc.clock() + lease)
+            except DatabaseUnavailable:  # tried again in a third of the lease; if it ran out, the claim is gone
+                log.warning("photo %s: its claim could not be renewed (the database did not answer)",
+                            claim.photo_id)
+                continue
+            if not renewed:
                 claim.lost = True
                 processing.cancel()
                 return
