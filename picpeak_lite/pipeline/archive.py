@@ -35,7 +35,7 @@ from picpeak_lite.errors import Conflict, InsufficientStorage, NotFound, Storage
 from picpeak_lite.i18n import _
 from picpeak_lite.perrun import PerRun
 from picpeak_lite.pipeline import transitions
-from picpeak_lite.runtime.lease import LeaseLost
+from picpeak_lite.runtime.lease import LeaseLost, release_quietly
 from picpeak_lite.services import Services
 from picpeak_lite.store import locks, packing
 from picpeak_lite.store.db import Connection, Database
@@ -287,8 +287,7 @@ class Archiver:
             self.deferred = True
             return []
         finally:
-            with trio.CancelScope(shield=True):
-                await self.lease.release()
+            await release_quietly(self.lease)
 
     async def _advance_all(self) -> list[Outcome]:
         svc = self.svc

@@ -38,7 +38,7 @@ from picpeak_lite.errors import DatabaseUnavailable, InsufficientStorage, Storag
 from picpeak_lite.media import images
 from picpeak_lite.pipeline import attempts, imagejobs, transitions, video_work
 from picpeak_lite.pipeline.imageprocs import ChildCrashed, ImageProcesses
-from picpeak_lite.runtime.lease import Lease, LeaseLost
+from picpeak_lite.runtime.lease import Lease, LeaseLost, release_quietly
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
 from picpeak_lite.store.queries import galleries as gallery_q
@@ -225,8 +225,7 @@ class WorkerPool:
             log.warning("photo %s: its images were being made again too slowly; left to another process", row["id"])
             return True
         finally:
-            with trio.CancelScope(shield=True):
-                await lease.release()
+            await release_quietly(lease)
 
     async def _refresh(self, row: dict[str, Any], lease: Lease) -> bool:
         svc = self.svc

@@ -188,5 +188,14 @@ async def run_while_held(lease: Lease, task: Callable[..., Awaitable[None]], *, 
             except LeaseLost:
                 log.warning("lease %s: lost; its task stopped until this process holds it again", lease.name)
     finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
+        await release_quietly(lease)
+
+
+async def release_quietly(lease: Lease) -> None:
+    """Give the lease up on the way out, even while cancelled; if the database does not answer, the lease runs
+    out by itself instead (the way out is not held up, nor its first error hidden)."""
+    with trio.CancelScope(shield=True), trio.move_on_after(5):
+        try:
             await lease.release()
+        except Exception as error:
+            log.warning("lease %s: could not be given up (%s); it runs out by itself", lease.name, error)
