@@ -151,7 +151,8 @@ async def run(
             if os.environ.get(LAG_LOG_ENV):
                 nursery.start_soon(_record_loop_lag, os.environ[LAG_LOG_ENV])
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled, serving=True)
-            await nursery.start(ChangeFeed(svc, svc.broker).run)
+            # On PostgreSQL the listener (started above) rings the feed for every commit that logged a change.
+            await nursery.start(ChangeFeed(svc, svc.broker, notified=db.dialect == "postgresql").run)
             await nursery.start(svc.activity.run)  # stores the last counts when the server stops
             await nursery.start(HotFolders(svc).run)  # galleries' hot folders (ops/hotfolder.py)
             binds = await nursery.start(_serve, svc, listener, shutdown, nursery.cancel_scope)
