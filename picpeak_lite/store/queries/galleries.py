@@ -67,6 +67,13 @@ def get(conn: Connection, gallery_id: int) -> Row | None:
     return rows[0] if rows else None
 
 
+def row_of(conn: Connection, gallery_id: int) -> Row | None:
+    """The gallery's own row without :func:`get`'s photo counts: what an upload's commit checks, once per file
+    (the four counted subqueries cost PostgreSQL more to plan than the rest of the commit)."""
+    rows = conn.execute("SELECT * FROM galleries WHERE id = ?", (gallery_id,)).fetchall()
+    return rows[0] if rows else None
+
+
 def get_by_slug(conn: Connection, slug: str) -> Row | None:
     rows = conn.execute("SELECT * FROM galleries WHERE slug = ?", (slug,)).fetchall()
     return rows[0] if rows else None

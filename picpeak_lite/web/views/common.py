@@ -206,7 +206,7 @@ UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
 
 def admin_upload_gallery(conn: Connection, *, gallery_id: int) -> dict[str, Any]:
     """The gallery an admin uploads to (multipart or tus). Run at the start and again at commit."""
-    row = gallery_q.get(conn, gallery_id)
+    row = gallery_q.row_of(conn, gallery_id)
     if row is None:
         raise NotFound(_("There is no such gallery."))
     return row
