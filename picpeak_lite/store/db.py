@@ -64,6 +64,16 @@ class Connection(Protocol):
     def last_insert_rowid(self) -> int: ...
     def close(self, force: bool = False) -> None: ...
 
+class Prepared(str):
+    """A statement run for every photo (the change feed's read, the claim): PostgreSQL plans it once per
+    connection and reuses the plan (``store/pg.py``), where planning an ad-hoc statement cost more server CPU than
+    running it. SQLite caches every statement's compiled form by its text anyway, so there it is a plain string.
+    Mark only statements whose every ``?`` has a type PostgreSQL can tell from its place (a column compared or
+    assigned, a LIMIT): the values are then sent apart from the text, not written into it."""
+
+    __slots__ = ()
+
+
 BUSY_TIMEOUT_MS = 10_000
 # SQLite's INTEGER range. A Python int outside it cannot be bound as a parameter (apsw raises OverflowError), so
 # every id or number that comes from outside is checked against it before it gets near a query: no row has such

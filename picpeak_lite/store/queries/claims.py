@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.db import Connection, Prepared, Row
 from picpeak_lite.store.queries.photos import MAX_ERROR_LENGTH
 
 _CLAIMED = (
@@ -24,13 +24,13 @@ _CLAIMED = (
 # taking is passed over, not waited for, and never taken twice; one ordered look-up, served by the partial index
 # photos_claim_order (schema_pg.py).
 CLAIM = {
-    "sqlite": _CLAIMED.format(chosen=(
+    "sqlite": Prepared(_CLAIMED.format(chosen=(
         "coalesce("
         "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 AND interruptions = 0 ORDER BY id LIMIT 1), "
-        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1))")),
-    "postgresql": _CLAIMED.format(chosen=(
+        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1))"))),
+    "postgresql": Prepared(_CLAIMED.format(chosen=(
         "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1 "
-        "FOR UPDATE SKIP LOCKED)")),
+        "FOR UPDATE SKIP LOCKED)"))),
 }
 
 

@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from picpeak_lite.i18n import N_
-from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.db import Connection, Prepared, Row
 from picpeak_lite.store.queries import replacement
 
 
@@ -181,16 +181,21 @@ def preview_failed(conn: Connection, photo_id: int, reason: str) -> bool:
     return conn.changes() == 1
 
 
+_BY_SHA = Prepared("SELECT id, display_name, size, status FROM photos WHERE gallery_id = ? AND sha256 = ?")
+
+
 def find_by_sha(conn: Connection, gallery_id: int, sha256: str) -> Row | None:
-    rows = conn.execute(
-        "SELECT id, display_name, size, status FROM photos WHERE gallery_id = ? AND sha256 = ?",
-        (gallery_id, sha256),
-    ).fetchall()
+    """Asked twice per uploaded file (when it is stored, and in its commit): prepared (``db.Prepared``)."""
+    rows = conn.execute(_BY_SHA, (gallery_id, sha256)).fetchall()
     return rows[0] if rows else None
 
 
+_IN_GALLERY = Prepared("SELECT count(*) AS n FROM photos WHERE gallery_id = ?")
+
+
 def count_in_gallery(conn: Connection, gallery_id: int) -> int:
-    return conn.execute("SELECT count(*) AS n FROM photos WHERE gallery_id = ?", (gallery_id,)).fetchall()[0]["n"]
+    """Asked in every upload's commit (the gallery's cap): prepared (``db.Prepared``)."""
+    return conn.execute(_IN_GALLERY, (gallery_id,)).fetchall()[0]["n"]
 
 
 def get(conn: Connection, photo_id: int) -> Row | None:
