@@ -169,7 +169,7 @@ class PgConnection:
         return self._conn
 
     def execute(self, statements: str, bindings: Any = None) -> PgCursor:
-        if bindings and isinstance(statements, db.Prepared):
+        if isinstance(statements, db.Prepared):
             return self._execute_prepared(statements, bindings)
         cursor = self._conn.cursor()
         # Without values psycopg reads no placeholders, so a % must then stay as it is.
@@ -186,7 +186,7 @@ class PgConnection:
         cursor = psycopg.Cursor(self._conn)
         cursor.adapters.register_dumper(int, Int8Dumper)
         with _translated("The database server's disk is full; the photo was not saved."):
-            cursor.execute(translate(statement), bindings, prepare=True)
+            cursor.execute(translate(statement) if bindings else statement, bindings or None, prepare=True)
         self._changes = max(cursor.rowcount, 0)
         return PgCursor(cursor)
 

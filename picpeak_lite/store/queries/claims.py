@@ -60,9 +60,9 @@ def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any]
     # A replaced photo (queries/replacement.py) keeps its place in capture order: its capture time stays.
     assignments = ", ".join("taken_at = CASE WHEN replaced IS NULL THEN ? ELSE taken_at END" if c == "taken_at"
                             else f"{c} = ?" for c in columns)
-    conn.execute(
+    conn.execute(Prepared(
         f"UPDATE photos SET status = 'complete', claim_token = NULL, lease_until = NULL, error = NULL, "
-        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing'"),
         (now, *(values.get(c) for c in columns), photo_id, token),
     )
     return conn.changes() == 1
