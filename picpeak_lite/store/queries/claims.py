@@ -53,19 +53,20 @@ def renew_lease(conn: Connection, photo_id: int, token: str, lease_until: float)
     return conn.changes() == 1
 
 
-def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any], now: float) -> bool:
-    """Record a finished photo, if ``token`` still holds its claim."""
+def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any], now: float) -> Row | None:
+    """Record a finished photo, if ``token`` still holds its claim: its row as it is now (what its webhook event
+    tells), or None."""
     columns = ("width", "height", "taken_at", "camera_make", "camera_model", "lens", "focal_length", "aperture",
                "exposure", "iso", "has_gps", "duration", "fps", "video_codec", "audio_codec")
     # A replaced photo (queries/replacement.py) keeps its place in capture order: its capture time stays.
     assignments = ", ".join("taken_at = CASE WHEN replaced IS NULL THEN ? ELSE taken_at END" if c == "taken_at"
                             else f"{c} = ?" for c in columns)
-    conn.execute(Prepared(
+    rows = conn.execute(Prepared(
         f"UPDATE photos SET status = 'complete', claim_token = NULL, lease_until = NULL, error = NULL, "
-        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing'"),
+        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing' RETURNING *"),
         (now, *(values.get(c) for c in columns), photo_id, token),
-    )
-    return conn.changes() == 1
+    ).fetchall()
+    return rows[0] if rows else None
 
 
 def fail(conn: Connection, photo_id: int, token: str, error: str, now: float) -> bool:
