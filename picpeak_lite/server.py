@@ -153,7 +153,9 @@ async def run(
             if os.environ.get(LAG_LOG_ENV):
                 nursery.start_soon(_record_loop_lag, os.environ[LAG_LOG_ENV])
             await start_background_tasks(nursery, svc, workers=settings.processing_enabled, serving=True)
-            await nursery.start(outlasting_the_database, ChangeFeed(svc, svc.broker).run)
+            # On PostgreSQL the listener (started above) rings the feed for every commit that logged a change.
+            await nursery.start(outlasting_the_database,
+                                ChangeFeed(svc, svc.broker, notified=db.dialect == "postgresql").run)
             await nursery.start(outlasting_the_database, svc.activity.run)  # stores the last counts at the end
             # Galleries' hot folders (ops/hotfolder.py), watched by one process of the service at a time.
             await nursery.start(outlasting_the_database,

@@ -150,8 +150,16 @@ def contact(conn: Connection) -> dict[str, str]:
 
 
 def gallery_watermark(conn: Connection, settings: Settings, gallery: Mapping[str, Any]) -> images.Watermark | None:
-    """The one answer to "what watermark does this gallery get": for its view images and its downloads alike."""
-    return _watermark_of(load(conn, settings), gallery)
+    """The one answer to "what watermark does this gallery get": for its view images and its downloads alike.
+    The admin's settings are read only for a gallery that has its watermark on."""
+    return _watermark_of(load(conn, settings), gallery) if gallery["watermark"] else None
+
+
+def watermark_of_gallery(conn: Connection, settings: Settings, gallery_id: int) -> images.Watermark | None:
+    """:func:`gallery_watermark` from the gallery's id, in one read (the worker asks it for every photo, and
+    needs none of the gallery's other fields or counts); None for a gallery that is gone."""
+    rows = gallery_q.watermark_fields(conn, gallery_id)
+    return gallery_watermark(conn, settings, rows[0]) if rows else None
 
 
 def _watermark_of(chosen: AdminSettings, gallery: Mapping[str, Any]) -> images.Watermark | None:

@@ -11,7 +11,8 @@ fallback poll's interval is per dialect (:data:`POLL_SECONDS`):
 
 * SQLite has no notifications: a 20 ms poll (one cheap indexed query) finds them, well within the 250 ms promise.
 * PostgreSQL pushes them: the change log's trigger NOTIFYs at commit and ``events/listener.py`` rings the same bell
-  within milliseconds. The poll is then only the safety net for a notification lost while the listener was
+  within milliseconds, for this process's commits as for any other's (the server's feed then skips the poke
+  after each commit: ``notified``). The poll is then only the safety net for a notification lost while the listener was
   reconnecting (it rings once more when it is back, too), so it runs once a second and spares the database a
   query every 20 ms per process.
 """
@@ -34,21 +35,30 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = {"sqlite": 0.02, "postgresql": 1.0}
 RETENTION_SECONDS = 24 * 3600
 PRUNE_EVERY_SECONDS = 3600
+#: Changes read per query; a shorter page ends the round.
+PAGE = 1000
 
 
 class ChangeFeed:
-    def __init__(self, svc: Services, broker: Broker, *, poll_seconds: float | None = None) -> None:
+    def __init__(self, svc: Services, broker: Broker, *, poll_seconds: float | None = None,
+                 notified: bool = False) -> None:
         self.svc = svc
         self.broker = broker
         self.poll_seconds = POLL_SECONDS[svc.db.dialect] if poll_seconds is None else poll_seconds
         # Rung after every commit in this process, and by the listener for other processes': look now.
         self._commits: Bell = svc.changes_bell
+        # ``notified``: a listener (events/listener.py) runs in this process and rings the bell for every commit
+        # that logged a change, this process's own included. The bell is then not rung after every commit too:
+        # most commits log no change (a webhook's claim and delivery, a lease renewal, a key reservation), and
+        # each ring costs a read of the log, the most frequent query on PostgreSQL.
+        self._on_commit = not notified
         self.last_seq = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.last_seq = await self.svc.db.read(change_q.latest_seq)
         self.broker.last_seq = self.last_seq
-        self.svc.db.commit_listeners.append(self._commits.ring)
+        if self._on_commit:
+            self.svc.db.commit_listeners.append(self._commits.ring)
         try:
             task_status.started()
             last_prune = trio.current_time()
@@ -61,13 +71,14 @@ class ChangeFeed:
                 with trio.move_on_after(self.poll_seconds):
                     await committed.wait()
         finally:
-            self.svc.db.commit_listeners.remove(self._commits.ring)
+            if self._on_commit:
+                self.svc.db.commit_listeners.remove(self._commits.ring)
 
     async def publish_new(self) -> int:
         """Publish every change after the last one seen. Returns how many."""
         published = 0
         while True:
-            rows = await self.svc.db.read(change_q.after, self.last_seq)
+            rows = await self.svc.db.read(change_q.after, self.last_seq, PAGE)
             if not rows:
                 return published
             wake_workers = False
@@ -83,3 +94,8 @@ class ChangeFeed:
             if wake_workers:
                 # New work from another process (an import, a retry in the worker process): start at once.
                 self.svc.workers_bell.ring()
+            if len(rows) < PAGE:
+                # A short page was everything committed when it was read: asking again at once would cost a
+                # query (the most frequent one on PostgreSQL) to learn nothing. A change committed since rang
+                # the bell, which ``run`` waits on next.
+                return published

@@ -99,7 +99,7 @@ class DatabaseListener:
                 pause = RETRY_FIRST_SECONDS
                 await self._hear(conn)
             except DatabaseError as error:
-                log.warning("listen: %s; other processes' changes wait for the fallback poll until it is back",
+                log.warning("listen: %s; changes wait for the fallback poll until it is back",
                             error)
                 lost_since = trio.current_time()
             finally:

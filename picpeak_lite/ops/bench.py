@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,9 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.token = ""
+        # CPU seconds of a process the server works with (bench_e2e: the PostgreSQL server), read at the same two
+        # moments as the server's own, so that both figures cover the same window.
+        self.companion_cpu: Callable[[], float] = lambda: 0.0
 
     def start(self) -> None:
         self.token = subprocess.run(
@@ -241,7 +244,7 @@ def _upload_and_wait(server: Server, groups: list[list[Path]]) -> dict[str, Any]
     try:
         _, gallery = client.call("POST", "/api/admin/galleries", json.dumps({"name": "Bench"}).encode(),
                                  {"Content-Type": "application/json"})
-        cpu_before = server.cpu_seconds()
+        cpu_before, companion_before = server.cpu_seconds(), server.companion_cpu()
         started = time.time()
         first_202 = 0.0
         for group in groups:
@@ -265,10 +268,11 @@ def _upload_and_wait(server: Server, groups: list[list[Path]]) -> dict[str, Any]
                 break
             time.sleep(0.05)
         cpu = server.cpu_seconds() - cpu_before
+        companion = server.companion_cpu() - companion_before
     finally:
         client.close()
     return {"started": started, "first_202": first_202, "all_202": all_202, "answered": answered,
-            "sent_at": sent_at, "cpu": cpu}
+            "sent_at": sent_at, "cpu": cpu, "companion_cpu": companion}
 
 
 def tree_cpu_seconds(*pids: int) -> float:
@@ -383,5 +387,6 @@ def summarise(paths: list[Path], groups: list[list[Path]], measured: dict[str, A
         first_complete_after_own_bytes_s=(first["completed_at"] - sent_at[first_name]) if first else float("nan"),
         own_bytes_p50=_quantile(after_bytes, 0.5), own_bytes_p95=_quantile(after_bytes, 0.95),
         cpu_per_photo_s=measured["cpu"] / max(1, len(paths)), peak_rss_mb=peak_rss_mb,
-        extra={"complete_before_202": sum(1 for v in after_202 if v < 0)},
+        extra={"complete_before_202": sum(1 for v in after_202 if v < 0),
+               "companion_cpu_per_photo_s": measured.get("companion_cpu", 0.0) / max(1, len(paths))},
     )

@@ -23,7 +23,7 @@ from picpeak_lite.media import faces as media_faces
 from picpeak_lite.media import images
 from picpeak_lite.pipeline import imagejobs
 from picpeak_lite.pipeline.imageprocs import ChildCrashed, ImageProcesses
-from picpeak_lite.pipeline.video_previews import PhotosFirst
+from picpeak_lite.pipeline.video_previews import PhotosFirst, settle
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import faces as faces_q
 from picpeak_lite.store.storage import derived_name
@@ -58,6 +58,7 @@ class FaceIndexer:
                 async with trio.open_nursery() as nursery:
                     for bell in (wakeup_photos, wakeup_faces):
                         nursery.start_soon(_wait_then_cancel, bell, nursery.cancel_scope)
+            await settle()
 
     async def index_one(self) -> bool:
         """Look at the next photo still to index; False when there was none."""

@@ -48,10 +48,9 @@ def photo_event_data(row: Row) -> dict[str, Any]:
 def complete_photo(conn: Connection, endpoints: Sequence[WebhookEndpoint], photo_id: int, token: str,
                    values: dict[str, Any], now: float) -> Row | None:
     """Mark the photo complete if ``token`` still holds the claim. None when the claim was lost."""
-    if not claims.complete(conn, photo_id, token, values, now):
+    row = claims.complete(conn, photo_id, token, values, now)
+    if row is None:
         return None
-    row = photo_q.get(conn, photo_id)
-    assert row is not None
     webhook_q.enqueue_event(conn, endpoints, "photo.uploaded", photo_subject(row), photo_event_data(row), now)
     finish_upload(conn, endpoints, row["upload_id"], now)
     return row

@@ -40,6 +40,14 @@ def transcode_deadline(duration: float | None, floor: float) -> float:
     return max(floor, 20 * (duration or 0) + 120)
 
 
+async def settle() -> None:
+    """The pause of a lane below the photos between a bell and its next look. The workers' bell rings for every
+    photo that becomes pending, several times each (the upload, the change feed, another process's notification),
+    and a lane gives way to such a photo anyway: looking once per burst of rings, not once per ring, spares the
+    database a query for each, and a preview or a face index is not waited for by the half second."""
+    await trio.sleep(IDLE_CHECK_SECONDS)
+
+
 class PhotosFirst:
     """The lane's :class:`video_jobs.GiveWay`: busy while any photo is pending or processing. The workers' bell
     (rung for every new photo) wakes :meth:`busy` at once; the safety poll covers photos queued elsewhere."""
@@ -80,6 +88,7 @@ class PreviewLane:
             if not await self.make_one():
                 with trio.move_on_after(self.poll_seconds):
                     await wakeup.wait()
+                await settle()
 
     async def make_one(self) -> bool:
         """Make one pending preview if no photo waits. False when there was nothing to do (or photos first)."""

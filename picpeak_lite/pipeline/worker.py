@@ -41,7 +41,6 @@ from picpeak_lite.pipeline.imageprocs import ChildCrashed, ImageProcesses
 from picpeak_lite.runtime.lease import Lease, LeaseLost, release_quietly
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
-from picpeak_lite.store.queries import galleries as gallery_q
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.storage import original_name
 
@@ -338,10 +337,7 @@ class WorkerPool:
 
     async def _spec(self, gallery_id: int) -> images.RenderSpec:
         s = self.svc.settings
-        gallery = await self.svc.db.read(gallery_q.get, gallery_id)
-        watermark = None
-        if gallery is not None:
-            watermark = await self.svc.db.read(admin_settings.gallery_watermark, s, gallery)
+        watermark = await self.svc.db.read(admin_settings.watermark_of_gallery, s, gallery_id)
         return images.RenderSpec(grid_px=s.grid_px, view_px=s.view_px, quality=s.jpeg_quality,
                                  max_pixels=s.max_pixels, watermark=watermark)
 

@@ -10,7 +10,14 @@ which hands them to worker threads with explicit capacity limiters:
   lock; another process (``picpeak-lite worker``) is handled by the busy timeout, which ``BEGIN IMMEDIATE``
   honours.
 * ``await db.read(fn, ...)`` runs ``fn`` inside a deferred transaction (one consistent snapshot) on one of a
-  small pool of reader connections, so page views never wait behind a long write.
+  small pool of reader connections, so page views never wait behind a long write. On PostgreSQL it runs ``fn``
+  with no transaction around it: each statement commits by itself. Under READ COMMITTED (the default, which we
+  keep) every statement takes a snapshot of its own even inside a transaction, so ``BEGIN`` and ``COMMIT`` there
+  would give a read nothing and cost the server two round trips: two thirds of a one-statement read's cost.
+
+A connection the server dropped (PostgreSQL restarted, the network to it cut) is found by the next transaction's
+``BEGIN`` (or a read's first statement), replaced by a new one and the work run once more, since nothing of it
+was done; while the server refuses connections, each call raises ``DatabaseUnavailable`` (503, Retry-After).
 
 Thread hops are not cancellable: a write that has started always finishes and commits or rolls back, even if
 the request that asked for it is cancelled. That is what we want for durability.
@@ -65,6 +72,16 @@ class Connection(Protocol):
     def changes(self) -> int: ...
     def last_insert_rowid(self) -> int: ...
     def close(self, force: bool = False) -> None: ...
+
+class Prepared(str):
+    """A statement run for every photo (the change feed's read, the claim): PostgreSQL plans it once per
+    connection and reuses the plan (``store/pg.py``), where planning an ad-hoc statement cost more server CPU than
+    running it. SQLite caches every statement's compiled form by its text anyway, so there it is a plain string.
+    Mark only statements whose every ``?`` has a type PostgreSQL can tell from its place (a column compared or
+    assigned, a LIMIT): the values are then sent apart from the text, not written into it."""
+
+    __slots__ = ()
+
 
 BUSY_TIMEOUT_MS = 10_000
 # SQLite's INTEGER range. A Python int outside it cannot be bound as a parameter (apsw raises OverflowError), so
@@ -187,7 +204,8 @@ class Database:
         return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, *args)`` in one deferred (read) transaction on a reader connection."""
+        """Run ``fn(conn, *args)`` in one deferred (read) transaction on a reader connection (SQLite), or each of
+        its statements in its own snapshot (PostgreSQL, see the module's docstring)."""
         async with self._read_limiter:
             held = [self._readers.pop()]
             try:
@@ -201,9 +219,20 @@ class Database:
             return fn(self._writer, *args)
 
     def _read_in_thread(self, held: list[Connection], fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        held[0] = self._begun(held[0], immediate=False)
-        with transaction(held[0], immediate=False, begun=True):
-            return fn(held[0], *args)
+        if self.dialect == "sqlite":
+            held[0] = self._begun(held[0], immediate=False)
+            with transaction(held[0], immediate=False, begun=True):
+                return fn(held[0], *args)
+        # PostgreSQL: no BEGIN/COMMIT. A read only reads, so when it finds the connection dropped (a restart
+        # while it sat idle), it runs again, once, on a new one.
+        for attempt in range(2):
+            held[0] = self._reopened(held[0])
+            try:
+                return fn(held[0], *args)
+            except DatabaseUnavailable:
+                if attempt or not held[0].broken:
+                    raise
+        raise AssertionError("unreachable")
 
     def _begun(self, conn: Connection, *, immediate: bool) -> Connection:
         """A connection with a transaction begun on it: ``conn``, or a new connection in its place when the
@@ -212,12 +241,7 @@ class Database:
         While the server is down, connecting raises ``DatabaseUnavailable`` (503, Retry-After) and the next
         request tries again."""
         for attempt in range(2):
-            if conn.broken:
-                fresh = connect(self.target)
-                log.warning("database: a dropped connection was opened again (%s)", fresh.filename)
-                with contextlib.suppress(Exception):
-                    conn.close()
-                conn = fresh
+            conn = self._reopened(conn)
             try:
                 conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
                 return conn
@@ -225,6 +249,16 @@ class Database:
                 if attempt or not conn.broken:
                     raise
         raise AssertionError("unreachable")
+
+    def _reopened(self, conn: Connection) -> Connection:
+        """``conn``, or a new connection in its place when the server dropped it."""
+        if not conn.broken:
+            return conn
+        fresh = connect(self.target)
+        log.warning("database: a dropped connection was opened again (%s)", fresh.filename)
+        with contextlib.suppress(Exception):
+            conn.close()
+        return fresh
 
     def close(self) -> None:
         """Close every connection; the writer last, so that it can checkpoint the WAL."""

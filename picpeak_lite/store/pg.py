@@ -174,11 +174,24 @@ class PgConnection:
         return self._conn
 
     def execute(self, statements: str, bindings: Any = None) -> PgCursor:
+        if isinstance(statements, db.Prepared):
+            return self._execute_prepared(statements, bindings)
         cursor = self._conn.cursor()
         # Without values psycopg reads no placeholders, so a % must then stay as it is.
         query = translate(statements) if bindings else ("BEGIN" if statements == "BEGIN IMMEDIATE" else statements)
         with _translated("The database server's disk is full; the photo was not saved."):
             cursor.execute(query, bindings or None)
+        self._changes = max(cursor.rowcount, 0)
+        return PgCursor(cursor)
+
+    def _execute_prepared(self, statement: db.Prepared, bindings: Any) -> PgCursor:
+        """A :class:`db.Prepared` statement: a server-side prepared statement of this connection (made on its first
+        use), with its values bound by the server; every int is sent as a bigint (psycopg would pick the smallest
+        type that holds the value, and so plan the statement once per size)."""
+        cursor = psycopg.Cursor(self._conn)
+        cursor.adapters.register_dumper(int, Int8Dumper)
+        with _translated("The database server's disk is full; the photo was not saved."):
+            cursor.execute(translate(statement) if bindings else statement, bindings or None, prepare=True)
         self._changes = max(cursor.rowcount, 0)
         return PgCursor(cursor)
 

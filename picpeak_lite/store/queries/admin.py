@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.db import Connection, Prepared, Row
 
 
 def get_user_by_name(conn: Connection, username: str) -> Row | None:
@@ -177,10 +177,10 @@ def list_tokens(conn: Connection) -> list[Row]:
 
 def get_token(conn: Connection, token_hash: str) -> Row | None:
     """A live token of an enabled account, with the account's name and role."""
-    rows = conn.execute(
+    rows = conn.execute(Prepared(  # asked by every request with a token (db.Prepared)
         "SELECT t.id, t.name, t.last_used_at, t.user_id, u.username, u.role FROM api_tokens t "
         "JOIN admin_users u ON u.id = t.user_id "
-        "WHERE t.token_hash = ? AND t.revoked_at IS NULL AND u.disabled_at IS NULL",
+        "WHERE t.token_hash = ? AND t.revoked_at IS NULL AND u.disabled_at IS NULL"),
         (token_hash,),
     ).fetchall()
     return rows[0] if rows else None

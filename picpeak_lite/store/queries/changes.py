@@ -3,7 +3,7 @@ rows have ``feedback = 1``; an upload's feed never reads them)."""
 
 from __future__ import annotations
 
-from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.db import Connection, Prepared, Row
 
 _WITH_DETAILS = (
     "SELECT c.seq, c.photo_id, c.gallery_id, c.upload_id, c.status, c.hidden, c.awaiting_approval, c.feedback, "
@@ -12,8 +12,12 @@ _WITH_DETAILS = (
 )
 
 
+_AFTER = Prepared(_WITH_DETAILS + "WHERE c.seq > ? ORDER BY c.seq LIMIT ?")
+
+
 def after(conn: Connection, seq: int, limit: int = 1000) -> list[Row]:
-    return conn.execute(_WITH_DETAILS + "WHERE c.seq > ? ORDER BY c.seq LIMIT ?", (seq, limit)).fetchall()
+    """The change feed's read, after every commit that logged a change: prepared (see ``db.Prepared``)."""
+    return conn.execute(_AFTER, (seq, limit)).fetchall()
 
 
 def for_upload_after(conn: Connection, upload_id: str, seq: int, limit: int = 1000) -> list[Row]:

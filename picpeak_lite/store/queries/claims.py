@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.db import Connection, Prepared, Row
 from picpeak_lite.store.queries.photos import MAX_ERROR_LENGTH
 
 _CLAIMED = (
@@ -24,13 +24,13 @@ _CLAIMED = (
 # taking is passed over, not waited for, and never taken twice; one ordered look-up, served by the partial index
 # photos_claim_order (schema_pg.py).
 CLAIM = {
-    "sqlite": _CLAIMED.format(chosen=(
+    "sqlite": Prepared(_CLAIMED.format(chosen=(
         "coalesce("
         "(SELECT id FROM photos WHERE status = 'pending' AND attempts = 0 AND interruptions = 0 ORDER BY id LIMIT 1), "
-        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1))")),
-    "postgresql": _CLAIMED.format(chosen=(
+        "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1))"))),
+    "postgresql": Prepared(_CLAIMED.format(chosen=(
         "(SELECT id FROM photos WHERE status = 'pending' ORDER BY attempts + interruptions, id LIMIT 1 "
-        "FOR UPDATE SKIP LOCKED)")),
+        "FOR UPDATE SKIP LOCKED)"))),
 }
 
 
@@ -54,19 +54,20 @@ def renew_lease(conn: Connection, photo_id: int, token: str, lease_until: float)
     return conn.changes() == 1
 
 
-def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any], now: float) -> bool:
-    """Record a finished photo, if ``token`` still holds its claim."""
+def complete(conn: Connection, photo_id: int, token: str, values: dict[str, Any], now: float) -> Row | None:
+    """Record a finished photo, if ``token`` still holds its claim: its row as it is now (what its webhook event
+    tells), or None."""
     columns = ("width", "height", "taken_at", "camera_make", "camera_model", "lens", "focal_length", "aperture",
                "exposure", "iso", "has_gps", "duration", "fps", "video_codec", "audio_codec")
     # A replaced photo (queries/replacement.py) keeps its place in capture order: its capture time stays.
     assignments = ", ".join("taken_at = CASE WHEN replaced IS NULL THEN ? ELSE taken_at END" if c == "taken_at"
                             else f"{c} = ?" for c in columns)
-    conn.execute(
+    rows = conn.execute(Prepared(
         f"UPDATE photos SET status = 'complete', claim_token = NULL, lease_until = NULL, error = NULL, "
-        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing'",
+        f"completed_at = ?, {assignments} WHERE id = ? AND claim_token = ? AND status = 'processing' RETURNING *"),
         (now, *(values.get(c) for c in columns), photo_id, token),
-    )
-    return conn.changes() == 1
+    ).fetchall()
+    return rows[0] if rows else None
 
 
 def fail(conn: Connection, photo_id: int, token: str, error: str, now: float) -> bool:

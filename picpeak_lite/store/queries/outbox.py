@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from picpeak_lite.store.db import Connection
+from picpeak_lite.store.db import Connection, Prepared
 
 # Delay before the retry that follows the n-th failed attempt. After the last one fails the row is given up:
 # five attempts in all, spread over about two and a half hours.
@@ -37,11 +37,11 @@ def claim_due(conn: Connection, table: str, now: float, limit: int, lease_second
     UPDATE SKIP LOCKED)`` more than once, each run skipping the rows the last one locked, and take more than n."""
     table = _table(table)
     skip_locked = " FOR UPDATE SKIP LOCKED" if conn.dialect == "postgresql" else ""
-    rows = conn.execute(
+    rows = conn.execute(Prepared(
         f"WITH chosen AS MATERIALIZED (SELECT id FROM {table} WHERE status = 'pending' AND next_attempt_at <= ? "
         f"ORDER BY next_attempt_at, id LIMIT ?{skip_locked}) "
         f"UPDATE {table} SET next_attempt_at = ? WHERE id IN (SELECT id FROM chosen) "
-        "AND status = 'pending' AND next_attempt_at <= ? RETURNING *",
+        "AND status = 'pending' AND next_attempt_at <= ? RETURNING *"),
         (now, limit, now + lease_seconds, now),
     ).fetchall()
     return sorted(rows, key=lambda row: row["id"])
@@ -50,7 +50,8 @@ def claim_due(conn: Connection, table: str, now: float, limit: int, lease_second
 def next_due_at(conn: Connection, table: str) -> float | None:
     """When the next pending row falls due (None: nothing pending); the sender sleeps until then."""
     table = _table(table)
-    row = conn.execute(f"SELECT min(next_attempt_at) AS due FROM {table} WHERE status = 'pending'").fetchall()[0]
+    row = conn.execute(Prepared(f"SELECT min(next_attempt_at) AS due FROM {table} WHERE status = 'pending'")
+                       ).fetchall()[0]
     return row["due"]
 
 

@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from picpeak_lite.i18n import N_
-from picpeak_lite.store.db import Connection, Row
+from picpeak_lite.store.db import Connection, Prepared, Row
 from picpeak_lite.store.queries import replacement
 
 
@@ -123,14 +123,14 @@ def insert_photo(conn: Connection, *, gallery_id: int, upload_id: str, storage_k
     """Insert a pending photo under a new id: one never given before, even to a photo since deleted (schema 5).
     ``provisional``: its request is still arriving (schema 7). ``video``: the probe's facts (VideoInfo.to_json)
     of a video, which makes it ``media_type = 'video'``."""
-    photo_id = conn.execute(
+    photo_id = conn.execute(Prepared(
         "UPDATE photo_id_counter SET next_id = 1 + CASE WHEN next_id > top.id THEN next_id ELSE top.id END "
-        "FROM (SELECT coalesce(max(id), 0) + 1 AS id FROM photos) AS top RETURNING next_id - 1 AS id"
+        "FROM (SELECT coalesce(max(id), 0) + 1 AS id FROM photos) AS top RETURNING next_id - 1 AS id")
     ).fetchall()[0]["id"]
-    conn.execute(
+    conn.execute(Prepared(
         "INSERT INTO photos (id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, "
         "uploaded_by, guest_name, width, height, created_at, provisional) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
         (photo_id, gallery_id, upload_id, storage_key, sha256, display_name, size, format, uploaded_by,
          guest_name, width, height, now, int(provisional)),
     )
@@ -181,20 +181,25 @@ def preview_failed(conn: Connection, photo_id: int, reason: str) -> bool:
     return conn.changes() == 1
 
 
+_BY_SHA = Prepared("SELECT id, display_name, size, status FROM photos WHERE gallery_id = ? AND sha256 = ?")
+
+
 def find_by_sha(conn: Connection, gallery_id: int, sha256: str) -> Row | None:
-    rows = conn.execute(
-        "SELECT id, display_name, size, status FROM photos WHERE gallery_id = ? AND sha256 = ?",
-        (gallery_id, sha256),
-    ).fetchall()
+    """Asked twice per uploaded file (when it is stored, and in its commit): prepared (``db.Prepared``)."""
+    rows = conn.execute(_BY_SHA, (gallery_id, sha256)).fetchall()
     return rows[0] if rows else None
 
 
+_IN_GALLERY = Prepared("SELECT count(*) AS n FROM photos WHERE gallery_id = ?")
+
+
 def count_in_gallery(conn: Connection, gallery_id: int) -> int:
-    return conn.execute("SELECT count(*) AS n FROM photos WHERE gallery_id = ?", (gallery_id,)).fetchall()[0]["n"]
+    """Asked in every upload's commit (the gallery's cap): prepared (``db.Prepared``)."""
+    return conn.execute(_IN_GALLERY, (gallery_id,)).fetchall()[0]["n"]
 
 
 def get(conn: Connection, photo_id: int) -> Row | None:
-    rows = conn.execute("SELECT * FROM photos WHERE id = ?", (photo_id,)).fetchall()
+    rows = conn.execute(Prepared("SELECT * FROM photos WHERE id = ?"), (photo_id,)).fetchall()
     return rows[0] if rows else None
 
 
@@ -320,21 +325,21 @@ def mark_missing_original(conn: Connection, photo_id: int, now: float) -> bool:
 
 
 def upload_counts(conn: Connection, upload_id: str) -> Row:
-    return conn.execute(
+    return conn.execute(Prepared(
         "SELECT count(*) AS total, "
         "count(*) FILTER (WHERE status = 'pending') AS pending, "
         "count(*) FILTER (WHERE status = 'processing') AS processing, "
         "count(*) FILTER (WHERE status = 'complete') AS complete, count(*) FILTER (WHERE status = 'failed') AS failed "
-        "FROM photos WHERE upload_id = ?",
+        "FROM photos WHERE upload_id = ?"),
         (upload_id,),
     ).fetchall()[0]
 
 
 def upload_photos(conn: Connection, upload_id: str) -> list[Row]:
-    return conn.execute(
+    return conn.execute(Prepared(
         "SELECT id, display_name, status, error, width, height, size, awaiting_approval, media_type, duration "
         "FROM photos "
-        "WHERE upload_id = ? ORDER BY id",
+        "WHERE upload_id = ? ORDER BY id"),
         (upload_id,),
     ).fetchall()
 
@@ -342,10 +347,10 @@ def upload_photos(conn: Connection, upload_id: str) -> list[Row]:
 def finish_upload_if_terminal(conn: Connection, upload_id: str, now: float) -> bool:
     """Mark the upload group completed when its request has ended and every photo is terminal. True only the
     first time. While ``receiving_until`` is set more photos may still come, so the group is not complete."""
-    conn.execute(
+    conn.execute(Prepared(
         "UPDATE uploads SET completed_at = ? WHERE id = ? AND completed_at IS NULL AND receiving_until IS NULL "
         "AND NOT EXISTS "
-        "(SELECT 1 FROM photos WHERE upload_id = ? AND status NOT IN ('complete', 'failed'))",
+        "(SELECT 1 FROM photos WHERE upload_id = ? AND status NOT IN ('complete', 'failed'))"),
         (now, upload_id, upload_id),
     )
     return conn.changes() == 1
@@ -399,7 +404,7 @@ def original_guard(conn: Connection, photo_id: int) -> Row | None:
 
 def count_pending(conn: Connection) -> int:
     """Photos waiting for a worker (on the queue's index)."""
-    return conn.execute("SELECT count(*) AS n FROM photos WHERE status = 'pending'").fetchall()[0]["n"]
+    return conn.execute(Prepared("SELECT count(*) AS n FROM photos WHERE status = 'pending'")).fetchall()[0]["n"]
 
 
 def queue_counts(conn: Connection) -> Row:
