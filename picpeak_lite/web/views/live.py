@@ -271,7 +271,10 @@ async def _stream_upload(upload_id: str, subscription: Subscription, image_url: 
     db = services().db
 
     def snapshot(conn: Connection) -> tuple[UploadSnapshot | None, int, int]:
-        return load_upload(conn, upload_id), change_q.latest_seq(conn), change_q.oldest_seq(conn)
+        # The sequence first: on PostgreSQL each statement of a read sees its own snapshot, so the photos read
+        # after it hold at least every change up to it (a later change sent again is harmless; one skipped is not).
+        seq, oldest = change_q.latest_seq(conn), change_q.oldest_seq(conn)
+        return load_upload(conn, upload_id), seq, oldest
 
     found, seq, oldest = await db.read(snapshot)
     if found is None:  # deleted with its gallery since the handshake
