@@ -65,10 +65,7 @@ def one_run(cluster: multihost.Cluster, paths: list[Path], count: int, tag: str)
         client = bench._Client(url, cluster.token)
         try:
             for group in bench.batches(share):
-                status, answer = client.call(
-                    "POST", f"/api/admin/galleries/{gallery['id']}/upload", bench.stream_body(group, {}),
-                    {"Content-Type": f"multipart/form-data; boundary={bench.BOUNDARY}",
-                     "Content-Length": str(bench.body_length(group))})
+                status, answer = client.upload(gallery["id"], group)
                 if status != 202:
                     errors.append(f"{status}: {str(answer)[:200]}")
                     return

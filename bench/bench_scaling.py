@@ -68,10 +68,7 @@ def one_run(root: Path, paths: list[Path], processes: int, workers: int, uploade
             client = bench._Client(server.url, server.token)
             try:
                 for group in bench.batches(share):
-                    status, answer = client.call(
-                        "POST", f"/api/admin/galleries/{gallery['id']}/upload", bench.stream_body(group, {}),
-                        {"Content-Type": f"multipart/form-data; boundary={bench.BOUNDARY}",
-                         "Content-Length": str(bench.body_length(group))})
+                    status, answer = client.upload(gallery["id"], group)
                     if status != 202:
                         errors.append(f"{status}: {str(answer)[:200]}")
                         return

@@ -225,6 +225,14 @@ class _Client:
             self.conn.close()
         return response.status, json.loads(data) if data else None
 
+    def upload(self, gallery_id: int, group: list[Path], sent_at: dict[str, float] | None = None
+               ) -> tuple[int, Any]:
+        """One multipart upload request of ``group``, streamed as the bulk uploader sends it."""
+        return self.call("POST", f"/api/admin/galleries/{gallery_id}/upload",
+                         stream_body(group, {} if sent_at is None else sent_at),
+                         {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+                          "Content-Length": str(body_length(group))})
+
     def close(self) -> None:
         self.conn.close()
 
@@ -248,10 +256,7 @@ def _upload_and_wait(server: Server, groups: list[list[Path]]) -> dict[str, Any]
         started = time.time()
         first_202 = 0.0
         for group in groups:
-            status, answer = client.call(
-                "POST", f"/api/admin/galleries/{gallery['id']}/upload", stream_body(group, sent_at),
-                {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
-                 "Content-Length": str(body_length(group))})
+            status, answer = client.upload(gallery["id"], group, sent_at)
             now = time.time()
             if status != 202:
                 raise RuntimeError(f"upload answered {status}: {str(answer)[:500]}")
