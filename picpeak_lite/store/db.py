@@ -251,9 +251,12 @@ class Database:
         raise AssertionError("unreachable")
 
     def _reopened(self, conn: Connection) -> Connection:
-        """``conn``, or a new connection in its place when the server dropped it."""
+        """``conn``, or a new connection in its place when the server dropped it (never after :meth:`close`:
+        what runs after the bridge was closed fails, as on SQLite, instead of opening connections nobody closes)."""
         if not conn.broken:
             return conn
+        if self._closed:
+            raise DatabaseError("The database connections were closed.")
         fresh = connect(self.target)
         log.warning("database: a dropped connection was opened again (%s)", fresh.filename)
         with contextlib.suppress(Exception):
