@@ -111,8 +111,9 @@ def test_a_guest_finds_their_photos_with_the_phone_camera(server: LiveServer, ap
         results = phone.locator(".findme-result")
         assert results.count() == 4  # obama, obama1, obama3 and the pair; not Biden's portraits
         assert phone.evaluate("() => document.querySelector('#findme').scrollWidth <= window.innerWidth")
-        assert phone.evaluate("() => [...document.querySelectorAll('.findme-result img')]"
-                              ".every(img => img.complete && img.naturalWidth > 0)")
+        # Every result's image arrives (they load after the results are shown: waited for, not checked at once).
+        phone.wait_for_function("() => [...document.querySelectorAll('.findme-result img')]"
+                                ".every(img => img.complete && img.naturalWidth > 0)")
         assert phone.locator("#camera").is_hidden()  # the camera is closed after the picture
         phone.screenshot("results")
         violations = Axe().run(phone.page, options=AXE_OPTIONS).response["violations"]
