@@ -26,7 +26,14 @@ from picpeak_lite.store.queries import listing
 from picpeak_lite.store.queries import moderation as moderation_q
 from picpeak_lite.web.auth import Guest, admin_from_cookie, check_guest_state_change, current_guest, limits, services
 from picpeak_lite.web.playback import duration_label, video_fields
-from picpeak_lite.web.views.common import base_url, client_ip, load_gallery, prove_device, trusted_device
+from picpeak_lite.web.views.common import (
+    base_url,
+    client_ip,
+    load_gallery,
+    load_gallery_with,
+    prove_device,
+    trusted_device,
+)
 
 blueprint = Blueprint("guest", __name__)
 
@@ -181,12 +188,7 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
 async def _rows(gallery: dict[str, Any], guest: Guest | None, *, sort: str, after: str | None,
                 favourites_only: bool, limit: int) -> tuple[list[dict[str, Any]], str | None]:
     """One page of listing rows and the ``next`` cursor (None on the last page)."""
-    cursor = None
-    if after:
-        try:
-            cursor = listing.decode_cursor(sort, after)
-        except listing.BadCursor as error:
-            raise BadRequest(_("The 'after' cursor is not valid; reload the gallery.")) from error
+    cursor = _cursor(sort, after)
     rows, more = await services().db.read(
         lambda conn: listing.list_photos(conn, gallery["id"], sort=sort, after=cursor, limit=limit,
                                          guest_session_id=guest.id if guest else None,
@@ -316,19 +318,46 @@ async def gallery(slug: str) -> Any:
 @blueprint.get("/api/g/<slug>/photos")
 async def photos_page(slug: str) -> Any:
     """``{"photos": [...], "next": cursor-or-null}``; ``after`` is the ``next`` of the previous page."""
-    row = await load_gallery(slug)
-    guest = await current_guest(create=False)
+    try:
+        sort, cursor, limit = _listing_args()
+    except BadRequest:
+        await load_gallery(slug)  # a gallery this guest may not see says so before a wrong argument does
+        raise
+    favourites_only = request.args.get("favourites") == "1"
+    provider = _compact_json()
+    if provider is None:  # debug mode's indented JSON: the plain way
+        row = await load_gallery(slug)
+        guest = await current_guest(create=False)
+        return await _page(row, guest, sort=sort, after=request.args.get("after"), favourites_only=favourites_only,
+                           limit=limit)
+    # The guest, the gallery and the page's rows in one read (load_gallery_with says why).
+    row, found = await load_gallery_with(
+        slug, lambda conn, gallery, guest: listing.list_photos(
+            conn, gallery["id"], sort=sort, after=cursor, limit=limit, guest_session_id=guest.id if guest else None,
+            favourites_only=favourites_only))
+    assert found is not None
+    rows, more = found
+    next_cursor = listing.encode_cursor(sort, rows[-1]) if more and rows else None
+    return current_app.response_class(_listing_body(row, rows, next_cursor, provider), mimetype=provider.mimetype)
+
+
+def _listing_args() -> tuple[str, Any, int]:
+    """The listing's ``sort``, decoded ``after`` cursor (None for the first page) and ``limit``."""
+    sort = _sort_arg()
     try:
         limit = int(request.args.get("limit", listing.PAGE_SIZE))
     except ValueError as error:
         raise BadRequest(_("limit must be a number.")) from error
-    sort, after, favourites_only = _sort_arg(), request.args.get("after"), request.args.get("favourites") == "1"
-    provider = _compact_json()
-    if provider is None:  # debug mode's indented JSON: the plain way
-        return await _page(row, guest, sort=sort, after=after, favourites_only=favourites_only, limit=limit)
-    rows, next_cursor = await _rows(row, guest, sort=sort, after=after, favourites_only=favourites_only,
-                                    limit=limit)
-    return current_app.response_class(_listing_body(row, rows, next_cursor, provider), mimetype=provider.mimetype)
+    return sort, _cursor(sort, request.args.get("after")), limit
+
+
+def _cursor(sort: str, after: str | None) -> Any:
+    if not after:
+        return None
+    try:
+        return listing.decode_cursor(sort, after)
+    except listing.BadCursor as error:
+        raise BadRequest(_("The 'after' cursor is not valid; reload the gallery.")) from error
 
 
 @blueprint.get("/g/<slug>/upload")

@@ -15,6 +15,7 @@ from picpeak_lite.domain import access
 from picpeak_lite.errors import NotFound, NotReady, Unprocessable
 from picpeak_lite.i18n import _
 from picpeak_lite.pipeline import photos
+from picpeak_lite.store.db import Connection, Row
 from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 from picpeak_lite.store.storage import derived_name
@@ -25,6 +26,7 @@ from picpeak_lite.web.views.common import (
     current_actor,
     guest_image_url,
     load_gallery,
+    load_gallery_with,
     read_upload,
     upload_status,
 )
@@ -99,14 +101,21 @@ async def admin_image(photo_id: int, kind: str) -> Response:
 
 @blueprint.get("/g/<slug>/photos/<int:photo_id>/<any(grid, view):kind>")
 async def guest_image(slug: str, photo_id: int, kind: str) -> Response:
-    gallery = await load_gallery(slug)
-    try:
-        photo = await services().db.read(access.visible_photo, gallery, photo_id)
-    except NotFound:
-        # Its uploader still sees a photo that waits for the admin's approval (only then is the session read).
+    # The guest, the gallery and the photo in one read (load_gallery_with says why).
+    gallery, photo = await load_gallery_with(slug, lambda conn, row, guest: _visible(conn, row, photo_id))
+    if photo is None:
+        # Its uploader still sees a photo that waits for the admin's approval.
         guest = await current_guest(create=False)
         photo = await services().db.read(access.own_awaiting_photo, gallery, photo_id, guest.id if guest else None)
     return await send_derivative(photo, kind)
+
+
+def _visible(conn: Connection, gallery: Row, photo_id: int) -> Row | None:
+    """The photo if every guest of the gallery sees it, else None (it may still be this guest's own)."""
+    try:
+        return access.visible_photo(conn, gallery, photo_id)
+    except NotFound:
+        return None
 
 
 async def send_derivative(photo: dict[str, Any], kind: str) -> Response:
