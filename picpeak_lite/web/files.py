@@ -15,6 +15,8 @@ import datetime as dt
 import os
 import re
 import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -46,34 +48,101 @@ async def send_path(path: Any, mimetype: str) -> Response:
     A file of at most one read step (every grid and view image) is read whole in one thread hop and sent from
     memory with the headers ``send_file`` gives (ETag, Last-Modified, public caching, ranges): ``send_file``
     took four hops for it (open, read, the read that finds the end, close), and with 20 guests browsing those
-    hops were a fifth of the server's CPU per thumbnail (measured).
+    hops were a fifth of the server's CPU per thumbnail (measured). The images asked for most are then served
+    from :class:`SmallFiles` with no hop at all. Raises FileNotFoundError when the file is missing.
     """
-    small = await trio.to_thread.run_sync(_read_if_small, Path(path), limiter=read_limiter())
+    path = Path(path)
+    info = os.stat(path)  # a stat of a stored file: microseconds, far less than a thread hop
+    small = SMALL_FILES.get().get(path, info)
+    if small is None and info.st_size <= FILE_CHUNK_BYTES:
+        small = await trio.to_thread.run_sync(_read_if_small, path, limiter=read_limiter())
+        if small is not None:
+            SMALL_FILES.get().put(path, small)
     if small is None:
         response = await send_file(path, mimetype=mimetype, conditional=True)
         if hasattr(response.response, "buffer_size"):
             response.response.buffer_size = FILE_CHUNK_BYTES
         return response
-    data, mtime = small
-    response = Response(data, mimetype=mimetype)
-    response.last_modified = dt.datetime.fromtimestamp(mtime, dt.UTC)
+    response = Response(small.data, mimetype=mimetype)
+    response.last_modified = dt.datetime.fromtimestamp(small.mtime, dt.UTC)
     response.cache_control.public = True
     max_age = current_app.get_send_file_max_age(str(path))
     if max_age is not None:
         response.cache_control.max_age = max_age
         response.expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max_age)
-    response.set_etag(f"{mtime}-{len(data)}-{zlib.adler32(bytes(Path(path)))}")  # send_file's form
-    await response.make_conditional(request, accept_ranges=True, complete_length=len(data))
+    response.set_etag(f"{small.mtime}-{len(small.data)}-{zlib.adler32(bytes(path))}")  # send_file's form
+    await response.make_conditional(request, accept_ranges=True, complete_length=len(small.data))
     return response
 
 
-def _read_if_small(path: Path) -> tuple[bytes, float] | None:
-    """(the bytes, the mtime) of a file of at most FILE_CHUNK_BYTES; None for a larger one."""
+@dataclass(frozen=True)
+class SmallFile:
+    """A small file's bytes and what identifies that version of it: inode, size and mtime (in ns, and as
+    ``send_file``'s float for the ETag and Last-Modified)."""
+
+    data: bytes
+    inode: int
+    mtime_ns: int
+    mtime: float
+
+    def is_version(self, info: os.stat_result) -> bool:
+        return (self.inode, self.mtime_ns, len(self.data)) == (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+class SmallFiles:
+    """The small stored files sent last (grid and view images), in memory up to :data:`SMALL_FILES_BYTES`,
+    least recently sent out first.
+
+    Each request still stats the file, and a cached copy is sent only while inode, size and mtime are those it
+    was read with: a derivative made again (a watermark change, a repair; always a new file renamed into
+    place, so a new inode) or removed is never sent stale, whichever process or host wrote it. What it saves
+    is the thread hop of the read: with 20 guests browsing, each hop costs the event loop a wake-up and a wait
+    for the GIL, which under load is the longest part of a thumbnail's answer (``bench/bench_responsive.py``).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self._files: OrderedDict[Path, SmallFile] = OrderedDict()
+
+    def get(self, path: Path, info: os.stat_result) -> SmallFile | None:
+        found = self._files.get(path)
+        if found is None:
+            return None
+        if not found.is_version(info):
+            self._drop(path)
+            return None
+        self._files.move_to_end(path)
+        return found
+
+    def put(self, path: Path, file: SmallFile) -> None:
+        if path in self._files:
+            self._drop(path)
+        if len(file.data) > self.limit:
+            return
+        self._files[path] = file
+        self.size += len(file.data)
+        while self.size > self.limit:
+            self._drop(next(iter(self._files)))
+
+    def _drop(self, path: Path) -> None:
+        self.size -= len(self._files.pop(path).data)
+
+
+SMALL_FILES_BYTES = 32 * 1024 * 1024  # ~1,000 grid images and 200 views of 24 MP photos per process
+SMALL_FILES = PerRun("picpeak_small_files", lambda: SmallFiles(SMALL_FILES_BYTES))
+
+
+def _read_if_small(path: Path) -> SmallFile | None:
+    """The file, if it is at most FILE_CHUNK_BYTES (None for a larger one: it grew since it was looked at)."""
     with open(path, "rb") as file:
         info = os.fstat(file.fileno())
         if info.st_size > FILE_CHUNK_BYTES:
             return None
-        return file.read(), info.st_mtime
+        data = file.read(info.st_size + 1)
+        if len(data) != info.st_size:  # written to while it was read: not a version to keep
+            return None
+        return SmallFile(data, info.st_ino, info.st_mtime_ns, info.st_mtime)
 
 
 _READ_LIMITER = PerRun("picpeak_storage_reads", lambda: trio.CapacityLimiter(16))
@@ -89,8 +158,6 @@ async def send_stored(name: str, mimetype: str, *, disposition: str | None = Non
     storage = services().storage
     path = storage.local_path(name)
     if path is not None:
-        if not path.exists():
-            raise FileNotFoundError(name)
         return await send_path(path, mimetype)
     url = storage.presigned_url(name, content_type=mimetype, disposition=disposition)
     if url is not None:
