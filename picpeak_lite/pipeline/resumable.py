@@ -1,7 +1,10 @@
 """Resumable uploads (tus 1.0.0): the rules between the protocol (``web/views/tus.py``) and the intake.
 
 A tus upload is one file sent in as many requests as it takes. Its bytes grow in ``tmp/tus/<id>`` (a folder of
-its own, so that the hourly sweep of ``tmp/`` leaves them alone) and its state is a ``tus_uploads`` row. The id
+its own, so that the hourly sweep of ``tmp/`` leaves them alone), or, with ``tus_bytes`` bucket (auto: S3 and
+PostgreSQL, several hosts), as pieces in the bucket that any host may add to and read back
+(``pipeline/tuspieces.py``, :class:`_BucketChunk`: the offset moves only once a piece's PUT succeeded, in the same
+fenced record), and its state is a ``tus_uploads`` row. The id
 is 128 random bits and the row names its uploader (the admin, or one guest session): anyone else is told 404.
 
 Durable offsets: a chunk is written, fsynced, and only then is the new offset committed and the request
