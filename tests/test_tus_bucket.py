@@ -34,7 +34,8 @@ from .conftest import make_settings
 from .harness import ServerProcess, figures, query, write_config
 from .s3server import SERVERS, MotoServer, S3Server
 from .served import prepare, serve
-from .test_tus import TUS, big_jpeg, create, patch, tuspy_upload
+from .test_tus import MB, TUS, big_jpeg, create, patch, tuspy_upload
+from .videofactory import make_clip
 
 pytestmark = pytest.mark.system
 
@@ -231,6 +232,30 @@ async def test_terminate_and_expiry_remove_the_pieces(tmp_path: Path) -> None:
                 later.db.close()
             assert pieces(moto, bucket) == []
             assert (await http.head(idle, headers=TUS)).status_code == 410
+
+
+async def test_the_first_bytes_tell_a_video_from_a_photo_over_the_photo_limit(tmp_path: Path) -> None:
+    """The header check reads the first bytes back from the bucket: a guest's video over the photo limit goes
+    up; a photo over it is refused at its first PATCH (413), and its pieces go."""
+    clip = make_clip(tmp_path / "party.mp4", width=640, height=480, seconds=0.5, crf=0, camera=True)
+    assert clip.stat().st_size > MB
+    with MotoServer() as moto:
+        bucket = moto.new_bucket()
+        async with serve(tmp_path, **bucket_settings(moto, bucket, guest_max_file_mb=1)) as served, \
+                served.guest() as (guest, csrf):
+            cookie = "; ".join(f"{name}={value}" for name, value in guest.cookies.items())
+            _url, headers = await trio.to_thread.run_sync(lambda: tuspy_upload(
+                served.url + served.guest_tus, clip, {"Cookie": cookie, "X-CSRF-Token": csrf}, chunk=400_000,
+                metadata={"filename": "party.mp4"}))
+            [row] = query(served.services.settings.data_path, "SELECT media_type, sha256 FROM photos WHERE id = ?",
+                          int(headers["picpeak-photo-id"]))
+            assert row == {"media_type": "video", "sha256": hashlib.sha256(clip.read_bytes()).hexdigest()}
+            big = big_jpeg(84, extra=MB)
+            location = await create(guest, served.guest_tus, len(big), filename="huge.jpg")
+            refused = await patch(guest, location, 0, big[:64 * 1024])
+            assert refused.status_code == 413
+            assert refused.json()["error"] == "The file is larger than the limit of 1 MB."
+            assert pieces(moto, bucket) == []
 
 
 # --- two hosts: one PostgreSQL database, one bucket, nothing else shared -----------------------------------------
