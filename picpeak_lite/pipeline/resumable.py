@@ -794,7 +794,8 @@ class _BucketChunk:
             await trio.to_thread.run_sync(self._discard, limiter=io_limiter())
         if self.lease.lost:
             return None
-        return self.start + self.durable
+        # A body past Upload-Length keeps nothing (as in local mode): the pieces it stored lie past the offset.
+        return self.start + self.durable if self.received <= self.remaining else self.start
 
     def _discard(self) -> None:
         """The local temp files of pieces not stored (a failure, a mismatch, a lost lease) go."""
