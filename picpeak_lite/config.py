@@ -108,6 +108,9 @@ class Settings:
         8192, "Most MB that guests may have announced in unfinished resumable uploads in one gallery.")
     tus_finish_attempts: int = _setting(
         20, "Times the server tries to make the photo of a complete resumable upload before it gives up on it.")
+    tus_bytes: str = _setting(
+        "auto", 'Where unfinished resumable (tus) uploads grow: "local" (tmp/ of the host that took them), "bucket" '
+        '(pieces in the S3 bucket: any host takes any PATCH) or "auto" (bucket with S3 and PostgreSQL, else local).')
     upload_lead: int = _setting(
         40, "Photos that may wait for a worker before uploads are read only as fast as workers take them; 0: no limit.")
     upload_chunk_mb: int = _setting(
@@ -196,6 +199,14 @@ class Settings:
     def database(self) -> str:
         """What ``store.db.connect`` and ``Database`` open: the PostgreSQL URL, or the SQLite file's path."""
         return self.database_url or str(self.database_path)
+
+    @property
+    def tus_in_bucket(self) -> bool:
+        """Whether tus uploads grow as pieces in the bucket (``pipeline/tuspieces.py``): asked for, or "auto" where
+        several hosts may share the service (a bucket and PostgreSQL); one host keeps its faster local disk."""
+        if self.tus_bytes == "auto":
+            return self.storage == "s3" and bool(self.database_url)
+        return self.tus_bytes == "bucket"
 
     @property
     def worker_count(self) -> int:
@@ -426,6 +437,8 @@ def _validate(s: Settings) -> None:
     require(not any(c in s.email_from for c in "\r\n"), "email_from", "must be one line")
     require(s.email_from == "" or "@" in s.email_from, "email_from", "must be an email address")
     require(s.storage in ("local", "s3"), "storage", 'must be "local" or "s3"')
+    require(s.tus_bytes in ("auto", "local", "bucket"), "tus_bytes", 'must be "auto", "local" or "bucket"')
+    require(s.tus_bytes != "bucket" or s.storage == "s3", "tus_bytes", 'may be "bucket" only with storage = "s3"')
     require(s.storage != "s3" or bool(s.s3_bucket), "s3_bucket", 'must name a bucket when storage = "s3"')
     require(1 <= s.s3_timeout_seconds <= 300, "s3_timeout_seconds", "must be between 1 and 300")
     require(s.s3_addressing_style in ("path", "virtual"), "s3_addressing_style", 'must be "path" or "virtual"')

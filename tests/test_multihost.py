@@ -7,6 +7,7 @@ data directory, sharing only a PostgreSQL database and an S3 bucket (``tests/mul
   whichever host received it and whichever host's worker made it.
 * Kill: one host is killed (SIGKILL) while it holds claims; once their lease runs out the other hosts take them
   over. No acknowledged photo is lost, none is completed twice, and no webhook event is delivered under two ids.
+* tus: one resumable upload's PATCHes go to each host in turn (its pieces in the bucket); the photo is made.
 * Wake: with every worker idle, a request to one host is claimed in part by the other hosts' workers at once
   (NOTIFY), not at their safety poll.
 * Faults, each while photos are uploaded and processed, each leaving the service whole for the next test:
@@ -250,6 +251,45 @@ async def test_through_the_balancer_recipe_any_host_answers_any_request(
     assert lost == [] and duplicates == []
     assert sum(pages) == 3 * HOSTS and sum(1 for n in pages if n) >= 2, pages  # one session, several hosts
     assert sum(uploads) == 18 // PER_REQUEST
+
+
+async def test_a_tus_upload_takes_each_patch_on_another_host(
+        cluster: multihost.Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """Resumable uploads without sticky sessions (``tus_bytes`` auto: its pieces in the bucket): the upload is
+    created on one host, its PATCHes go to each host in turn, HEAD on any host tells the same offset, and the last
+    PATCH's host makes the photo from the pieces the others stored; none is left in the bucket."""
+    gallery = await new_gallery(cluster, "Resumable on every host")
+    [(_name, data)] = camera_photos(1, "tus")
+    data += bytes(2_500_000)  # still a JPEG: about 3 MB in six PATCHes
+    auth = {"Authorization": f"Bearer {cluster.token}", "Tus-Resumable": "1.0.0"}
+    step = len(data) // 6 + 1
+    patch_hosts: list[int] = []
+    async with httpx.AsyncClient(timeout=120, headers=auth) as http:
+        created = await http.post(cluster.urls[0] + f"/api/admin/galleries/{gallery['id']}/tus",
+                                  headers={"Upload-Length": str(len(data))})
+        assert created.status_code == 201, created.text
+        path = created.headers["location"]
+        path = path[path.index("/api/"):]
+        answer = None
+        for number, offset in enumerate(range(0, len(data), step)):
+            host = (number + 1) % HOSTS  # not the host that created it first
+            answer = await http.patch(cluster.urls[host] + path, content=data[offset:offset + step], headers={
+                "Content-Type": "application/offset+octet-stream", "Upload-Offset": str(offset)})
+            assert answer.status_code == 204, answer.text
+            patch_hosts.append(host)
+            if offset + step < len(data):
+                for url in cluster.urls:  # every host tells the offset the row holds
+                    head = await http.head(url + path)
+                    assert head.headers["upload-offset"] == str(offset + step), (url, head.status_code)
+        assert answer is not None
+        photo_id = int(answer.headers["picpeak-photo-id"])
+    [row] = cluster.query("SELECT sha256 FROM photos WHERE id = ?", photo_id)
+    left = cluster.s3.keys(cluster.bucket, "tus/")
+    figures(capsys, f"multihost-tus: hosts={HOSTS} patches={len(patch_hosts)} patch_hosts={len(set(patch_hosts))} "
+                    f"photos=1 sha256_matches={int(row['sha256'] == hashlib.sha256(data).hexdigest())} "
+                    f"pieces_left={len(left)}")
+    assert row["sha256"] == hashlib.sha256(data).hexdigest()
+    assert set(patch_hosts) == set(range(HOSTS)) and left == []
 
 
 async def test_a_killed_hosts_claims_are_taken_over_once(

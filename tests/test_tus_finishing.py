@@ -165,7 +165,11 @@ async def test_bucket_down_at_the_last_step(tmp_path: Path, capsys: pytest.Captu
         async def start() -> None:
             await trio.to_thread.run_sync(moto.start)
 
-        await last_step_fails(tmp_path, capsys, "tus_finish_bucket_down", moto.settings_for(bucket), stop, start)
+        # The bytes on the local disk (tus_bytes "auto" would put them in the bucket on PostgreSQL, and moto
+        # starts again empty): the bucket fails only the photo's own store. With the bytes in the bucket, a bucket
+        # down fails the PATCH itself (tests/test_tus_bucket.py).
+        await last_step_fails(tmp_path, capsys, "tus_finish_bucket_down",
+                              moto.settings_for(bucket, tus_bytes="local"), stop, start)
 
 
 async def test_disk_full_at_the_last_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -198,7 +202,9 @@ async def test_kill_9_between_the_last_byte_and_the_photo(tmp_path: Path,
     reports success with the photo, which exists."""
     with MotoServer() as moto:
         bucket = moto.new_bucket()
-        settings = moto.settings_for(bucket)
+        # The bytes on the local disk, so that every byte is durable while the paused bucket holds the photo's
+        # store (with tus_bytes "auto" on PostgreSQL the paused bucket would hold the last PATCH's piece instead).
+        settings = moto.settings_for(bucket, tus_bytes="local")
         data_dir = tmp_path / "data"
         proc, url, headers = await start_server(tmp_path, settings)
         path, data = jpeg_file(tmp_path, 32)
@@ -266,7 +272,8 @@ async def test_tries_are_bounded_and_the_last_failure_is_told(tmp_path: Path, au
     upload is refused with a sentence (410 to HEAD and PATCH) and its bytes go."""
     moto = MotoServer()  # never started: its port is closed
     moto.port = free_port()
-    settings = make_settings(tmp_path, tus_finish_attempts=3, **moto.settings_for("never"))
+    # The bytes on the local disk (with them in the bucket, "auto" on PostgreSQL, the PATCH itself fails).
+    settings = make_settings(tmp_path, tus_finish_attempts=3, **moto.settings_for("never", tus_bytes="local"))
     token = prepare(settings)
     base = time.time()
     svc = Services(settings=settings, db=Database(settings.database), monotonic=trio.current_time,

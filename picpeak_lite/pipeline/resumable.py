@@ -1,7 +1,10 @@
 """Resumable uploads (tus 1.0.0): the rules between the protocol (``web/views/tus.py``) and the intake.
 
 A tus upload is one file sent in as many requests as it takes. Its bytes grow in ``tmp/tus/<id>`` (a folder of
-its own, so that the hourly sweep of ``tmp/`` leaves them alone) and its state is a ``tus_uploads`` row. The id
+its own, so that the hourly sweep of ``tmp/`` leaves them alone), or, with ``tus_bytes`` bucket (auto: S3 and
+PostgreSQL, several hosts), as pieces in the bucket that any host may add to and read back
+(``pipeline/tuspieces.py``, :class:`_BucketChunk`: the offset moves only once a piece's PUT succeeded, in the same
+fenced record), and its state is a ``tus_uploads`` row. The id
 is 128 random bits and the row names its uploader (the admin, or one guest session): anyone else is told 404.
 
 Durable offsets: a chunk is written, fsynced, and only then is the new offset committed and the request
@@ -81,13 +84,15 @@ from picpeak_lite.errors import (
     Forbidden,
     Gone,
     NotFound,
+    StorageUnavailable,
     TooLarge,
     TooManyRequests,
     UnsupportedMedia,
 )
 from picpeak_lite.i18n import N_, _
+from picpeak_lite.media import video
 from picpeak_lite.perrun import PerRun
-from picpeak_lite.pipeline import transitions, video_intake
+from picpeak_lite.pipeline import transitions, tuspieces, video_intake
 from picpeak_lite.pipeline.intake import (
     MB,
     WRITE_BATCH,
@@ -240,13 +245,16 @@ async def create(svc: Services, *, authorize: Authorize, owner: Owner, limits: L
     await trio.to_thread.run_sync(svc.storage.ensure_space, length + outstanding, limiter=io_limiter())
     tus_id = secrets.token_hex(16)
     path = partial_path(svc.storage, tus_id)
-    await trio.to_thread.run_sync(_create_file, path, limiter=io_limiter())
+    local = not svc.settings.tus_in_bucket  # in the bucket, the pieces come with the bytes
+    if local:
+        await trio.to_thread.run_sync(_create_file, path, limiter=io_limiter())
     try:
         return await svc.db.write(
             _create_row, authorize, owner, limits, tus_id, group_key, length, metadata or "", filename, guest_name,
             client_ip, svc.settings, now, idle_expiry(svc, now, now))
     except BaseException:
-        remove_quietly(path)
+        if local:
+            remove_quietly(path)
         raise
 
 
@@ -459,8 +467,13 @@ async def check_kind(svc: Services, row: Row, before: int, after: int) -> None:
     length = row["upload_length"]
     if length <= limits.max_file_bytes or before >= HEADER_BYTES or after < min(HEADER_BYTES, length):
         return
-    kind = await trio.to_thread.run_sync(video_intake.container_of, partial_path(svc.storage, row["id"]),
-                                         limiter=io_limiter())
+    if svc.settings.tus_in_bucket:
+        head = await trio.to_thread.run_sync(tuspieces.head_bytes, svc.storage, row["id"], after, HEADER_BYTES,
+                                             limiter=io_limiter())
+        kind = video.sniff_container(head)
+    else:
+        kind = await trio.to_thread.run_sync(video_intake.container_of, partial_path(svc.storage, row["id"]),
+                                             limiter=io_limiter())
     if kind is None:
         message = f"The file is larger than the limit of {limits.max_file_bytes // MB} MB."
         current = await svc.db.read(tus_q.get, row["id"])
@@ -481,7 +494,11 @@ async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[
     try:
         lease = await _take_lease(svc, tus_id, offset)
         current = lease.row
-        chunk = _Chunk(svc, partial_path(svc.storage, tus_id), offset, remaining, checksum, lease)
+        chunk: _Chunk | _BucketChunk
+        if svc.settings.tus_in_bucket:
+            chunk = _BucketChunk(svc, tus_id, offset, remaining, checksum, lease)
+        else:
+            chunk = _Chunk(svc, partial_path(svc.storage, tus_id), offset, remaining, checksum, lease)
         outcome = None
         try:
             try:
@@ -500,6 +517,8 @@ async def write_chunk(svc: Services, row: Row, offset: int, body: AsyncIterable[
                         svc.finisher_bell.ring()
                     if chunk.mismatch and outcome == RECORDED:
                         raise ChecksumMismatch(_("The chunk does not match its Upload-Checksum; it was not kept."))
+                    if chunk.error is not None and outcome == RECORDED:
+                        raise chunk.error  # the bucket failed at the end: what was stored before it is recorded
         except TakenOver:
             if outcome == GONE:  # its lease went with the upload (deleted in another process, say): told as such
                 raise NotFound(_("There is no such upload.")) from None
@@ -562,6 +581,7 @@ class _Chunk:
         self.mismatch = False
         self.file: BinaryIO | None = None
         self.pending = bytearray()
+        self.error: AppError | None = None  # (the bucket's chunk only)
 
     async def receive(self, body: AsyncIterable[bytes]) -> None:
         await self.lease.ensure()
@@ -653,6 +673,138 @@ def _close_at(f: BinaryIO | None, path: Path, end: int) -> None:
             os.fsync(f.fileno())
     finally:
         f.close()
+
+
+class _BucketChunk:
+    """One request's bytes on their way to the bucket (``tus_bytes``: bucket; ``pipeline/tuspieces.py``).
+
+    Received as in local mode, into local temp files (so that ``Upload-Checksum`` and the disk reserve work as
+    before), one per piece of at most :data:`tuspieces.PIECE_BYTES`; each full piece is PUT as its own object
+    at once (with ``Upload-Checksum``: only once the whole request matched it, so a corrupt piece never reaches
+    the bucket), under the writer lease, and a byte counts only once its piece is stored. The pieces are PUT in
+    order and the first failure stops the rest, so what is recorded is always one run from the start offset."""
+
+    def __init__(self, svc: Services, tus_id: str, offset: int, remaining: int,
+                 checksum: tuple[str, bytes] | None, lease: _WriterLease) -> None:
+        self.storage = svc.storage
+        self.tus_id = tus_id
+        self.lease = lease
+        self.start = offset
+        self.remaining = remaining
+        self.checksum = checksum
+        self.hasher = CHECKSUMS[checksum[0]]() if checksum else None
+        self.durable = 0  # bytes from the start offset whose pieces are stored
+        self.received = 0
+        self.complete = False
+        self.mismatch = False
+        self.error: AppError | None = None  # the bucket failed while settling: told after the offset is recorded
+        self.failed = False  # a PUT failed: no later piece is PUT (it would leave a gap)
+        self.pending = bytearray()
+        self.file: BinaryIO | None = None
+        self.file_path: Path | None = None
+        self.file_bytes = 0
+        self.full: list[tuple[Path, int]] = []  # closed pieces waiting for their PUT, in order
+
+    async def receive(self, body: AsyncIterable[bytes]) -> None:
+        await self.lease.ensure()
+        async for data in body:
+            if not await self.lease.keep():
+                raise TakenOver()
+            self.received += len(data)
+            if self.received > self.remaining:
+                raise TooLarge(_("This chunk goes past the upload's Upload-Length; nothing of it was kept."))
+            self.pending += data
+            if len(self.pending) >= WRITE_BATCH:
+                await self._flush(put=self.checksum is None)
+        self.complete = True
+
+    async def _flush(self, *, put: bool) -> None:
+        data, self.pending = self.pending, bytearray()
+        view = memoryview(data)
+        while view:
+            room = tuspieces.PIECE_BYTES - self.file_bytes
+            part, view = view[:room], view[room:]
+            await trio.to_thread.run_sync(self._write, part, limiter=io_limiter())
+            if self.file_bytes == tuspieces.PIECE_BYTES:
+                await trio.to_thread.run_sync(self._close_piece, limiter=io_limiter())
+                if put:
+                    await self._put_full()
+
+    def _write(self, data: memoryview) -> None:
+        with disk_errors():
+            self.storage.ensure_space(len(data))
+            if self.file is None:
+                self.file_path = self.storage.new_temp_path()
+                self.file_path.parent.mkdir(parents=True, exist_ok=True)
+                self.file = open(self.file_path, "xb")  # noqa: SIM115  # held across hops, closed by _close_piece
+            if self.hasher is not None:
+                self.hasher.update(data)
+            self.file.write(data)
+            self.file_bytes += len(data)
+
+    def _close_piece(self) -> None:
+        """The piece being written is complete: closed, and queued for its PUT (the bucket is what is durable)."""
+        file, self.file = self.file, None
+        if file is not None:
+            file.close()
+            assert self.file_path is not None
+            self.full.append((self.file_path, self.file_bytes))
+        self.file_path, self.file_bytes = None, 0
+
+    async def _put_full(self) -> None:
+        while self.full and not self.failed:
+            path, size = self.full[0]
+            at = self.start + self.durable
+            await self.lease.ensure()  # a PUT is a write: only under the lease
+            try:
+                await trio.to_thread.run_sync(self.storage.put_file, path, tuspieces.piece_name(self.tus_id, at,
+                                                                                                 at + size),
+                                              limiter=io_limiter())
+            except BaseException:
+                self.failed = True
+                raise
+            self.full.pop(0)
+            self.durable += size
+
+    async def settle(self) -> int | None:
+        """Shielded, on every way out: store what may be kept (the rest of the body as a last piece); returns the
+        offset to record, or None when the lease is no longer this request's. A bucket failure here is
+        :attr:`error` (the caller records what was stored before it, then raises it)."""
+        keep = (self.complete or self.checksum is None) and self.received <= self.remaining
+        try:
+            if keep and not self.failed:
+                await self._flush(put=False)
+                await trio.to_thread.run_sync(self._close_piece, limiter=io_limiter())
+                if self.complete and self.checksum is not None:
+                    assert self.hasher is not None
+                    if self.hasher.digest() != self.checksum[1]:
+                        keep = False
+                        self.mismatch = True
+                if keep:
+                    await self._put_full()
+        except TakenOver:
+            pass
+        except AppError as error:  # the bucket down (503), the disk full (507): what was stored still counts
+            log.warning("tus %s: could not store the end of a chunk (%s)", self.tus_id, error.message)
+            self.error = error
+        except Exception as error:
+            log.warning("tus %s: could not store the end of a chunk (%s)", self.tus_id, error)
+            self.error = StorageUnavailable(retry_after=10)
+        finally:
+            await trio.to_thread.run_sync(self._discard, limiter=io_limiter())
+        if self.lease.lost:
+            return None
+        # A body past Upload-Length keeps nothing (as in local mode): the pieces it stored lie past the offset.
+        return self.start + self.durable if self.received <= self.remaining else self.start
+
+    def _discard(self) -> None:
+        """The local temp files of pieces not stored (a failure, a mismatch, a lost lease) go."""
+        if self.file is not None:
+            _close_quietly(self.file)
+            self.file = None
+        for path in [p for p, _size in self.full] + ([self.file_path] if self.file_path else []):
+            remove_quietly(path)
+        self.full, self.file_path, self.file_bytes = [], None, 0
 
 
 # --- finishing -----------------------------------------------------------------------------------------------
@@ -828,8 +980,12 @@ async def _try_finish(svc: Services, row: Row) -> Finished:
     path = partial_path(svc.storage, tus_id)
     try:
         entry, upload_id = await _adopt(svc, row, path)
+    except tuspieces.Lost as error:  # the bucket's pieces do not cover the recorded bytes: gone
+        log.error("tus %s: %s", tus_id, error)
+        await _refuse(svc, row, LOST, 410)
+        raise Gone(_(LOST)) from None
     except FileNotFoundError as error:
-        if await trio.to_thread.run_sync(path.exists, limiter=io_limiter()):
+        if svc.settings.tus_in_bucket or await trio.to_thread.run_sync(path.exists, limiter=io_limiter()):
             # The tus file is whole: something on the way went missing (a bucket's object, a temp file), which
             # another try may not meet; only the tus file's own loss makes the bytes gone.
             raise await _failed_try(svc, row, error.strerror or str(error)) from error
@@ -853,7 +1009,7 @@ async def _try_finish(svc: Services, row: Row) -> Finished:
     if not entry.duplicate:
         svc.workers_bell.ring()
     await _end(svc, tus_id, entry)
-    await trio.to_thread.run_sync(remove_quietly, path, limiter=io_limiter())
+    await remove_bytes(svc, tus_id)
     done = await svc.db.read(tus_q.get, tus_id)
     upload_id = upload_id if done is None else done["upload_id"]
     if upload_id is not None and (await svc.db.read(photo_q.upload_counts, upload_id))["total"] == 0:
@@ -863,10 +1019,17 @@ async def _try_finish(svc: Services, row: Row) -> Finished:
 
 async def _adopt(svc: Services, row: Row, path: Path) -> tuple[Any, str | None]:
     """The file through the intake as the photo of the row's group, from a hard link to the tus file (which
-    stays until the photo's row is committed). Raises when a step fails; a refusal is the entry's error."""
-    sha256, size = await trio.to_thread.run_sync(_hash_file, path, row["upload_length"], limiter=io_limiter())
+    stays until the photo's row is committed). Raises when a step fails; a refusal is the entry's error. In the
+    bucket (``tus_bytes``), from a local temp file the recorded range of its pieces is read into, in order; the
+    pieces stay until the photo's row is committed too."""
     link = svc.storage.new_temp_path()
-    await trio.to_thread.run_sync(_link, path, link, limiter=io_limiter())
+    if svc.settings.tus_in_bucket:
+        size = row["upload_length"]
+        sha256 = await trio.to_thread.run_sync(tuspieces.assemble, svc.storage, row["id"], size, link,
+                                               limiter=io_limiter())
+    else:
+        sha256, size = await trio.to_thread.run_sync(_hash_file, path, row["upload_length"], limiter=io_limiter())
+        await trio.to_thread.run_sync(_link, path, link, limiter=io_limiter())
     try:
         limits = limits_of(svc, row)
         authorize = functools.partial(upload_gallery, row=row, clock=svc.clock)
@@ -945,7 +1108,7 @@ async def _refuse(svc: Services, row: Row, error: str, status: int) -> None:
     keep_until = svc.clock() + expiry_seconds(svc)
     completed = await svc.db.write(_refuse_row, svc.settings.webhooks, row["id"], error, status, keep_until,
                                    svc.clock())
-    remove_quietly(partial_path(svc.storage, row["id"]))
+    await remove_bytes(svc, row["id"])
     if completed:
         svc.webhooks_bell.ring()
 
@@ -991,10 +1154,11 @@ class Finisher:
         svc = self.svc
         settled = 0
         for row in await svc.db.read(tus_q.finishing_due, svc.clock()):
-            # Several hosts without a shared data directory: an upload's bytes are on the host that received
-            # them (until they live in the bucket), and only a process there may make its photo; elsewhere the
-            # missing file would read as lost bytes.
-            if not await trio.to_thread.run_sync(partial_path(svc.storage, row["id"]).exists, limiter=io_limiter()):
+            # Several hosts without a shared data directory, the bytes on local disks (tus_bytes): an upload's
+            # bytes are on the host that received them, and only a process there may make its photo; elsewhere
+            # the missing file would read as lost bytes. In the bucket, any host makes it.
+            if not svc.settings.tus_in_bucket and not await trio.to_thread.run_sync(
+                    partial_path(svc.storage, row["id"]).exists, limiter=io_limiter()):
                 continue
             try:
                 await complete(svc, row["id"], wait=False)  # one another process tries now is left to it
@@ -1048,6 +1212,18 @@ def close_group_if_last(conn: Connection, endpoints: tuple[WebhookEndpoint, ...]
 
 # --- termination and expiry ----------------------------------------------------------------------------------
 
+async def remove_bytes(svc: Services, tus_id: str) -> None:
+    """An upload ended: its bytes go, the local file or the bucket's pieces (``tus_bytes``). Pieces the bucket
+    keeps now (it is down) are removed by a later expiry pass (:func:`tuspieces.sweep_orphans`)."""
+    if not svc.settings.tus_in_bucket:
+        await trio.to_thread.run_sync(remove_quietly, partial_path(svc.storage, tus_id), limiter=io_limiter())
+        return
+    try:
+        await trio.to_thread.run_sync(tuspieces.remove_all, svc.storage, tus_id, limiter=io_limiter())
+    except StorageUnavailable:
+        log.warning("tus %s: the bucket is not reachable; its pieces are removed on a later pass", tus_id)
+
+
 async def terminate(svc: Services, row: Row) -> None:
     """tus termination (DELETE): stop any request of this process still writing, forget the upload, remove its
     bytes. A request writing it in another process is fenced (the row is gone: it records nothing); a try at
@@ -1061,7 +1237,7 @@ async def terminate(svc: Services, row: Row) -> None:
                     ended, completed = await svc.db.write(_terminate_row, svc.settings.webhooks, tus_id,
                                                           svc.clock())
                     if ended:
-                        remove_quietly(partial_path(svc.storage, tus_id))
+                        await remove_bytes(svc, tus_id)
                         if completed:
                             svc.webhooks_bell.ring()
                 if ended:
@@ -1091,6 +1267,15 @@ async def expire(svc: Services) -> int:
     keep = await svc.db.read(tus_q.receiving_ids)
     await trio.to_thread.run_sync(_remove_partials, svc.storage, [r["id"] for r in rows], keep, now,
                                   limiter=io_limiter())
+    if svc.settings.tus_in_bucket:
+        try:
+            for row in rows:
+                await trio.to_thread.run_sync(tuspieces.remove_all, svc.storage, row["id"], limiter=io_limiter())
+            # Pieces of uploads that ended while the bucket was down (their removal failed), in any process.
+            await trio.to_thread.run_sync(tuspieces.sweep_orphans, svc.storage, keep, now, ORPHAN_GRACE_SECONDS,
+                                          limiter=io_limiter())
+        except StorageUnavailable:
+            log.warning("tus: the bucket is not reachable; expired uploads' pieces are removed on a later pass")
     if rows:
         log.info("tus: %d unfinished uploads expired", len(rows))
         svc.webhooks_bell.ring()

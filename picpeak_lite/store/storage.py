@@ -11,6 +11,7 @@ Layout (under the data directory, or under ``s3_prefix`` in the bucket)::
     tmp/                      uploads in flight (removed on every error path; swept after an hour); always local
     originals/ab/<key> -> /hot/folder/IMG_1.JPG   an original referenced in place (a hot folder's, local only)
     tmp/tus/<id>              unfinished resumable uploads (pipeline/resumable.py; they expire after a day)
+    tus/<id>/<start>-<end>    the same as pieces in the bucket, with tus_bytes bucket (pipeline/tuspieces.py)
     originals/ab/<key>        the uploaded bytes, byte-exact, under a key we generate (never a client name)
     derived/ab/<key>.grid.jpg
     derived/ab/<key>.view.jpg
