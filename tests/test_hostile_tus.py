@@ -55,7 +55,14 @@ def meta(**values: str) -> str:
 
 
 def db_bytes(data_dir: Path) -> int:
-    return sum(p.stat().st_size for p in data_dir.glob("picpeak.sqlite3*") if p.is_file())
+    """The bytes the SQLite database's pages in use hold, as its connections see them (the write-ahead log
+    included). Not the files' sizes: the log file's size depends on when the last checkpoint could run, and on a
+    loaded machine the log alone once passed the bound. 0 on PostgreSQL (no file here)."""
+    if not (data_dir / "picpeak.sqlite3").exists():
+        return 0
+    [row] = query(data_dir, "SELECT (p.page_count - f.freelist_count) * s.page_size AS n "
+                            "FROM pragma_page_count() AS p, pragma_freelist_count() AS f, pragma_page_size() AS s")
+    return int(row["n"])
 
 
 @contextlib.asynccontextmanager
