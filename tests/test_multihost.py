@@ -13,7 +13,7 @@ data directory, sharing only a PostgreSQL database and an S3 bucket (``tests/mul
 * Faults, each while photos are uploaded and processed, each leaving the service whole for the next test:
   PostgreSQL stopped and started again (every host told 503 + Retry-After meanwhile and going on by itself, the
   same processes); the bucket (s3rver) stopped for 20 s (uploads told 503 and sent again, workers hand photos
-  back without spending attempts); one host's network cut for 30 s (as the issue asks: more than two leases; its claims taken over,
+  back without spending attempts); one host's network cut for 30 s (more than two leases; its claims taken over,
   its late writes fenced by the claim token, the same process working again after); a rolling restart of the
   three hosts (SIGTERM, wait, start) during a 200-photo upload (refused requests sent to the next host).
 
