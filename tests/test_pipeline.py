@@ -248,6 +248,41 @@ async def test_worker_hands_photo_back_on_shutdown(services: Services, conn: Any
     assert row["status"] == "pending" and row["attempts"] == 0 and row["claim_token"] is None
 
 
+async def test_a_shutdown_between_the_work_and_its_write_hands_the_photo_back(services: Services, conn: Any,
+                                                                          gallery_id: int) -> None:
+    """The cancellation of a shutdown can reach a worker after its photo's images are made and before their
+    result is written (waiting for the database's writer). It hands the photo back, as it does mid-work: it
+    was left 'processing' until its lease ran out, after a clean exit (CI's sigterm test saw it once)."""
+    photo, _ = stage_photo(services, gallery_id, photo_jpeg(5))
+    pool = WorkerPool(services, count=1, poll_seconds=0.05)
+    held, release, seen = trio.Event(), threading.Event(), []
+
+    def hold_the_writer(conn: Any) -> None:
+        seen.append(conn.execute("SELECT status FROM photos WHERE id = ?", (photo,)).fetchone()["status"])
+        trio.from_thread.run_sync(held.set)
+        release.wait()
+
+    grid = services.storage.derived_path(status_of(conn, photo)["storage_key"], "grid")
+    try:
+        async with trio.open_nursery() as nursery:
+            async with pool.image_limiter:  # the worker claims the photo, then waits here to make its images
+                await nursery.start(pool.run)
+                while status_of(conn, photo)["status"] != "processing":
+                    await trio.sleep(0.005)
+                nursery.start_soon(services.db.write, hold_the_writer)  # before the result can be written
+                await held.wait()
+            while not grid.exists():  # the images are made; the worker's next step is the result's write
+                await trio.sleep(0.005)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.1)
+            nursery.cancel_scope.cancel()
+            release.set()
+    finally:
+        release.set()
+    assert seen == ["processing"]
+    row = status_of(conn, photo)
+    assert row["status"] == "pending" and row["attempts"] == 0 and row["claim_token"] is None
+
+
 async def test_photo_deleted_while_processing_is_discarded_quietly(services: Services, client: Any,
                                                                    admin: AuthActions, conn: Any, gallery_id: int,
                                                                    caplog: Any) -> None:

@@ -159,9 +159,27 @@ class WorkerPool:
         except BaseException:
             # Cancelled (shutdown) or a bug outside the per-photo handling: hand the photo back so that it is
             # processed again, then let the exception propagate.
-            with trio.CancelScope(shield=True):
-                await svc.db.write(claims.release, row["id"], token)
+            await self._release_shielded(row["id"], token)
             raise
+        try:
+            return await self._save(row, token, claim, outcome)
+        except (InsufficientStorage, StorageUnavailable):
+            raise  # _save handed the photo back before it said so
+        except BaseException:
+            # Cancelled between the end of the work and its result's write (a shutdown's cancellation arriving
+            # just then left the photo 'processing' until its lease ran out, after a clean exit): handed back
+            # as above. After the write the release changes nothing (its guard wants 'processing').
+            await self._release_shielded(row["id"], token)
+            raise
+
+    async def _release_shielded(self, photo_id: int, token: str) -> None:
+        with trio.CancelScope(shield=True):
+            await self.svc.db.write(claims.release, photo_id, token)
+
+    async def _save(self, row: dict[str, Any], token: str, claim: _Claim,
+                    outcome: dict[str, Any] | str | HandBack | Crashed | None) -> bool:
+        """Write what processing the claimed photo came to: complete, failed, tried again, or handed back."""
+        svc = self.svc
         if outcome is HandBack.DISK_FULL and not claim.lost:
             # Not this photo's fault: hand it back and let the worker pause (_work), so that it is made once
             # space is freed instead of failing for good. Raised here, outside the nursery, as itself.
