@@ -563,19 +563,18 @@ def _record_offset(conn: Connection, tus_id: str, token: str, upload_id: str | N
     return TAKEN if row is not None and row["state"] == tus_q.RECEIVING else GONE
 
 
-class _Chunk:
-    """One request's bytes on their way to the end of the partial file."""
+class _Receiving:
+    """What both kinds of chunk share: the request's bytes counted against ``Upload-Length`` as they come, gathered
+    into batches of :data:`WRITE_BATCH`, under the writer lease, and ``Upload-Checksum`` checked at the end."""
 
-    def __init__(self, svc: Services, path: Path, offset: int, remaining: int,
-                 checksum: tuple[str, bytes] | None, lease: _WriterLease) -> None:
+    def __init__(self, svc: Services, offset: int, remaining: int, checksum: tuple[str, bytes] | None,
+                 lease: _WriterLease) -> None:
         self.storage = svc.storage
         self.lease = lease
-        self.path = path
         self.start = offset
         self.remaining = remaining
         self.checksum = checksum
         self.hasher = CHECKSUMS[checksum[0]]() if checksum else None
-        self.written = 0
         self.received = 0
         self.complete = False  # the body was read to its end and is within Upload-Length
         self.mismatch = False
@@ -585,7 +584,7 @@ class _Chunk:
 
     async def receive(self, body: AsyncIterable[bytes]) -> None:
         await self.lease.ensure()
-        self.file = await trio.to_thread.run_sync(_open_at, self.path, self.start, limiter=io_limiter())
+        await self._begin()
         async for data in body:
             if not await self.lease.keep():  # renewed while bytes flow (a clock check, a write when due)
                 raise TakenOver()
@@ -594,8 +593,38 @@ class _Chunk:
                 raise TooLarge(_("This chunk goes past the upload's Upload-Length; nothing of it was kept."))
             self.pending += data
             if len(self.pending) >= WRITE_BATCH:
-                await self._flush()
+                await self._batch()
         self.complete = True
+
+    async def _begin(self) -> None:
+        """Before the first byte (under the lease)."""
+
+    async def _batch(self) -> None:
+        """:attr:`pending` holds a whole batch."""
+        raise NotImplementedError
+
+    def _checksum_differs(self) -> bool:
+        """The whole body arrived with an ``Upload-Checksum`` that its bytes do not match."""
+        if not self.complete or self.checksum is None:
+            return False
+        assert self.hasher is not None
+        return self.hasher.digest() != self.checksum[1]
+
+
+class _Chunk(_Receiving):
+    """One request's bytes on their way to the end of the partial file."""
+
+    def __init__(self, svc: Services, path: Path, offset: int, remaining: int,
+                 checksum: tuple[str, bytes] | None, lease: _WriterLease) -> None:
+        super().__init__(svc, offset, remaining, checksum, lease)
+        self.path = path
+        self.written = 0
+
+    async def _begin(self) -> None:
+        self.file = await trio.to_thread.run_sync(_open_at, self.path, self.start, limiter=io_limiter())
+
+    async def _batch(self) -> None:
+        await self._flush()
 
     async def _flush(self) -> None:
         data, self.pending = self.pending, bytearray()
@@ -617,11 +646,9 @@ class _Chunk:
                 pass
             except Exception as error:  # a full disk: what was written before it still counts
                 log.warning("tus %s: could not write the end of a chunk (%s)", self.path.name, error)
-        if keep and not too_long and self.complete and self.checksum is not None:
-            assert self.hasher is not None
-            if self.hasher.digest() != self.checksum[1]:
-                keep = False
-                self.mismatch = True
+        if keep and not too_long and self._checksum_differs():
+            keep = False
+            self.mismatch = True
         end = self.start + self.written if keep and not too_long else self.start
         file, self.file = self.file, None
         try:
@@ -675,7 +702,7 @@ def _close_at(f: BinaryIO | None, path: Path, end: int) -> None:
         f.close()
 
 
-class _BucketChunk:
+class _BucketChunk(_Receiving):
     """One request's bytes on their way to the bucket (``tus_bytes``: bucket; ``pipeline/tuspieces.py``).
 
     Received as in local mode, into local temp files (so that ``Upload-Checksum`` and the disk reserve work as
@@ -686,37 +713,16 @@ class _BucketChunk:
 
     def __init__(self, svc: Services, tus_id: str, offset: int, remaining: int,
                  checksum: tuple[str, bytes] | None, lease: _WriterLease) -> None:
-        self.storage = svc.storage
+        super().__init__(svc, offset, remaining, checksum, lease)
         self.tus_id = tus_id
-        self.lease = lease
-        self.start = offset
-        self.remaining = remaining
-        self.checksum = checksum
-        self.hasher = CHECKSUMS[checksum[0]]() if checksum else None
         self.durable = 0  # bytes from the start offset whose pieces are stored
-        self.received = 0
-        self.complete = False
-        self.mismatch = False
-        self.error: AppError | None = None  # the bucket failed while settling: told after the offset is recorded
         self.failed = False  # a PUT failed: no later piece is PUT (it would leave a gap)
-        self.pending = bytearray()
-        self.file: BinaryIO | None = None
         self.file_path: Path | None = None
         self.file_bytes = 0
         self.full: list[tuple[Path, int]] = []  # closed pieces waiting for their PUT, in order
 
-    async def receive(self, body: AsyncIterable[bytes]) -> None:
-        await self.lease.ensure()
-        async for data in body:
-            if not await self.lease.keep():
-                raise TakenOver()
-            self.received += len(data)
-            if self.received > self.remaining:
-                raise TooLarge(_("This chunk goes past the upload's Upload-Length; nothing of it was kept."))
-            self.pending += data
-            if len(self.pending) >= WRITE_BATCH:
-                await self._flush(put=self.checksum is None)
-        self.complete = True
+    async def _batch(self) -> None:
+        await self._flush(put=self.checksum is None)
 
     async def _flush(self, *, put: bool) -> None:
         data, self.pending = self.pending, bytearray()
@@ -775,11 +781,9 @@ class _BucketChunk:
             if keep and not self.failed:
                 await self._flush(put=False)
                 await trio.to_thread.run_sync(self._close_piece, limiter=io_limiter())
-                if self.complete and self.checksum is not None:
-                    assert self.hasher is not None
-                    if self.hasher.digest() != self.checksum[1]:
-                        keep = False
-                        self.mismatch = True
+                if self._checksum_differs():
+                    keep = False
+                    self.mismatch = True
                 if keep:
                     await self._put_full()
         except TakenOver:
