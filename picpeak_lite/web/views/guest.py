@@ -20,6 +20,7 @@ from picpeak_lite.domain import access, admin_settings, email
 from picpeak_lite.errors import BadRequest, Forbidden
 from picpeak_lite.i18n import _
 from picpeak_lite.media import images
+from picpeak_lite.store.db import Connection
 from picpeak_lite.store.queries import favourites as favourite_q
 from picpeak_lite.store.queries import guests as guest_q
 from picpeak_lite.store.queries import listing
@@ -185,21 +186,21 @@ def photo_json(gallery: dict[str, Any], photo: dict[str, Any], position: int | N
     }
 
 
-async def _rows(gallery: dict[str, Any], guest: Guest | None, *, sort: str, after: str | None,
-                favourites_only: bool, limit: int) -> tuple[list[dict[str, Any]], str | None]:
-    """One page of listing rows and the ``next`` cursor (None on the last page)."""
-    cursor = _cursor(sort, after)
-    rows, more = await services().db.read(
-        lambda conn: listing.list_photos(conn, gallery["id"], sort=sort, after=cursor, limit=limit,
-                                         guest_session_id=guest.id if guest else None,
-                                         favourites_only=favourites_only))
+def _page_rows(conn: Connection, gallery_id: int, guest: Guest | None, *, sort: str, cursor: Any,
+               favourites_only: bool, limit: int) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of listing rows and the ``next`` cursor (None on the last page); ``cursor`` is the decoded
+    ``after`` (:func:`_cursor`)."""
+    rows, more = listing.list_photos(conn, gallery_id, sort=sort, after=cursor, limit=limit,
+                                     guest_session_id=guest.id if guest else None, favourites_only=favourites_only)
     return rows, listing.encode_cursor(sort, rows[-1]) if more and rows else None
 
 
 async def _page(gallery: dict[str, Any], guest: Guest | None, *, sort: str, after: str | None,
                 favourites_only: bool, limit: int = listing.PAGE_SIZE) -> dict[str, Any]:
-    rows, next_cursor = await _rows(gallery, guest, sort=sort, after=after, favourites_only=favourites_only,
-                                    limit=limit)
+    cursor = _cursor(sort, after)
+    rows, next_cursor = await services().db.read(
+        lambda conn: _page_rows(conn, gallery["id"], guest, sort=sort, cursor=cursor,
+                                favourites_only=favourites_only, limit=limit))
     urls = PhotoUrls(gallery["slug"])
     return {"photos": [photo_json(gallery, row, urls=urls) for row in rows], "next": next_cursor}
 
@@ -332,12 +333,10 @@ async def photos_page(slug: str) -> Any:
                            limit=limit)
     # The guest, the gallery and the page's rows in one read (load_gallery_with says why).
     row, found = await load_gallery_with(
-        slug, lambda conn, gallery, guest: listing.list_photos(
-            conn, gallery["id"], sort=sort, after=cursor, limit=limit, guest_session_id=guest.id if guest else None,
-            favourites_only=favourites_only))
+        slug, lambda conn, gallery, guest: _page_rows(conn, gallery["id"], guest, sort=sort, cursor=cursor,
+                                                      favourites_only=favourites_only, limit=limit))
     assert found is not None
-    rows, more = found
-    next_cursor = listing.encode_cursor(sort, rows[-1]) if more and rows else None
+    rows, next_cursor = found
     return current_app.response_class(_listing_body(row, rows, next_cursor, provider), mimetype=provider.mimetype)
 
 
