@@ -75,8 +75,16 @@ def quantiles(values: list[float]) -> str:
     return f"p50={statistics.median(ms):.0f}ms p95={p95:.0f}ms max={ms[-1]:.0f}ms n={len(ms)}"
 
 
-async def guests_poll(url: str, slug: str, guests: int, latencies: list[float], thumbnails: list[float],
-                      stop: trio.Event) -> None:
+def make_clients(url: str, guests: int) -> list[httpx.AsyncClient]:
+    """One client per guest, made before the phase that uses them: each builds an SSL context (about 30 ms of
+    this process's CPU), which, made as each guest started, counted in the other guests' first latencies (a max
+    near 500 ms)."""
+    return [httpx.AsyncClient(base_url=url, timeout=60) for _ in range(guests)]
+
+
+async def guests_poll(clients: list[httpx.AsyncClient], slug: str, latencies: list[float],
+                      thumbnails: list[float], stop: trio.Event) -> None:
+    """Each client a guest until ``stop``; the clients are closed when it returns."""
     async def guest(client: httpx.AsyncClient) -> None:
         async with client:
             while not stop.is_set():
@@ -93,67 +101,112 @@ async def guests_poll(url: str, slug: str, guests: int, latencies: list[float], 
                 with trio.move_on_after(POLL_SECONDS):
                     await stop.wait()
 
-    # Made before the first request: each client builds an SSL context (about 30 ms of this process's CPU),
-    # which, made as each guest started, counted in the other guests' first latencies (a max near 500 ms).
-    clients = [httpx.AsyncClient(base_url=url, timeout=60) for _ in range(guests)]
     async with trio.open_nursery() as nursery:
         for client in clients:
             nursery.start_soon(guest, client)
 
 
-async def guests_spread(url: str, slug: str, guests: int, latencies: list[float], thumbnails: list[float],
-                        stop: trio.Event, processes: int) -> None:
-    """:func:`guests_poll`, the guests spread over ``processes`` client processes (``--client-processes``).
+class Guests:
+    """The guests of every phase, spread over ``--client-processes`` client processes started once per server.
 
     Twenty guests are twenty browsers. In one Python event loop their own work (the responses' parsing, JSON, the
     loop) took about a third of a core, and a response that arrived while the loop was busy with the others
-    waited there: that wait counted in the server's latency. Each child runs its share of the guests until its
-    standard input closes, then prints its latencies as JSON."""
-    if processes <= 1:
-        await guests_poll(url, slug, guests, latencies, thumbnails, stop)
-        return
-    shares = [guests // processes + (1 if i < guests % processes else 0) for i in range(processes)]
-    children = [await trio.lowlevel.open_process(
-        [sys.executable, __file__, "--guest-child", url, slug, str(share)], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE) for share in shares if share]
-    outputs: list[bytes] = []
+    waited there: that wait counted in the server's latency. Each child says ``ready`` once it has imported and
+    made its clients, and only when all have does a phase begin (``go``), so no client's start-up (an
+    interpreter, its imports, its SSL contexts: about half a second of CPU each) runs beside the measured
+    requests. At ``stop`` a child prints its latencies as a JSON line and gets ready for the next phase; a closed
+    standard input ends it. With one process the guests run in this one, as before the option."""
 
-    async def collect(child: trio.Process) -> None:
-        assert child.stdout is not None
-        chunks = []
-        while data := await child.stdout.receive_some():
-            chunks.append(data)
-        outputs.append(b"".join(chunks))
+    def __init__(self, url: str, slug: str, guests: int, processes: int) -> None:
+        self.url, self.slug = url, slug
+        self.shares = [guests // processes + (1 if i < guests % processes else 0) for i in range(processes)]
+        self.children: list[tuple[trio.Process, LineReader]] = []
 
-    async with trio.open_nursery() as nursery:
-        for child in children:
-            nursery.start_soon(collect, child)
+    async def start(self) -> None:
+        if len(self.shares) <= 1:
+            return
+        for share in self.shares:
+            if share:
+                child = await trio.lowlevel.open_process(
+                    [sys.executable, __file__, "--guest-child", self.url, self.slug, str(share)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                assert child.stdout is not None
+                self.children.append((child, LineReader(child.stdout)))
+        await self._all_say(b"ready")
+
+    async def run(self, latencies: list[float], thumbnails: list[float], stop: trio.Event) -> None:
+        """One phase: the guests poll until ``stop``; their latencies are added to the lists."""
+        if not self.children:
+            await guests_poll(make_clients(self.url, sum(self.shares)), self.slug, latencies, thumbnails, stop)
+            return
+        await self._tell(b"go\n")
         await stop.wait()
-        for child in children:
+        await self._tell(b"stop\n")
+        for _, lines in self.children:
+            measured = json.loads(await lines.next())
+            latencies += measured["listing"]
+            thumbnails += measured["thumbnail"]
+        await self._all_say(b"ready")
+
+    async def aclose(self) -> None:
+        for child, _ in self.children:
             assert child.stdin is not None
             await child.stdin.aclose()
-    for child in children:
-        assert await child.wait() == 0, "a guest process failed"
-    for output in outputs:
-        measured = json.loads(output)
-        latencies += measured["listing"]
-        thumbnails += measured["thumbnail"]
+        for child, _ in self.children:
+            assert await child.wait() == 0, "a guest process failed"
+
+    async def _tell(self, line: bytes) -> None:
+        for child, _ in self.children:
+            assert child.stdin is not None
+            await child.stdin.send_all(line)
+
+    async def _all_say(self, word: bytes) -> None:
+        for _, lines in self.children:
+            assert await lines.next() == word, f"a guest process did not say {word!r}"
+
+
+class LineReader:
+    """Lines from a child's standard output (trio streams give bytes as they come)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def next(self) -> bytes:
+        while b"\n" not in self.buffer:
+            data = await self.stream.receive_some()
+            assert data, "a guest process ended early"
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line
 
 
 def guest_child(url: str, slug: str, guests: int) -> None:
-    """One client process of :func:`guests_spread`: its guests until standard input closes."""
-    latencies: list[float] = []
-    thumbnails: list[float] = []
+    """One client process of :class:`Guests`: ``ready``, then a phase per ``go`` ... ``stop``, until standard
+    input closes."""
+
+    def say(text: str) -> None:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
 
     async def run() -> None:
-        stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(guests_poll, url, slug, guests, latencies, thumbnails, stop)
-            await trio.to_thread.run_sync(sys.stdin.buffer.read)
-            stop.set()
+        while True:
+            clients = make_clients(url, guests)
+            say("ready")
+            if await trio.to_thread.run_sync(sys.stdin.readline) != "go\n":
+                for client in clients:
+                    await client.aclose()
+                return
+            latencies: list[float] = []
+            thumbnails: list[float] = []
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(guests_poll, clients, slug, latencies, thumbnails, stop)
+                await trio.to_thread.run_sync(sys.stdin.readline)
+                stop.set()
+            say(json.dumps({"listing": latencies, "thumbnail": thumbnails}))
 
     trio.run(run)
-    sys.stdout.write(json.dumps({"listing": latencies, "thumbnail": thumbnails}))
 
 
 async def body(paths: list[Path], sent_at: dict[str, float]) -> AsyncIterator[bytes]:
@@ -174,12 +227,13 @@ async def measure(server: bench.Server, paths: list[Path], guests: int, find_me:
         if find_me:
             answer = await api.post(f"/admin/galleries/{gallery['id']}/findme", data={"find_me": "on"})
             assert answer.status_code in (200, 302, 303), answer.text[:300]
+        guests_ = Guests(server.url, gallery["slug"], guests, clients)
+        await guests_.start()
         idle: list[float] = []
         idle_thumbnails: list[float] = []  # stays empty: the gallery has no photos yet
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(guests_spread, server.url, gallery["slug"], guests, idle, idle_thumbnails, stop,
-                               clients)
+            nursery.start_soon(guests_.run, idle, idle_thumbnails, stop)
             await trio.sleep(IDLE_SECONDS)
             stop.set()
         busy: list[float] = []
@@ -199,8 +253,7 @@ async def measure(server: bench.Server, paths: list[Path], guests: int, find_me:
                 stop.set()
 
             await nursery.start(follow)
-            nursery.start_soon(guests_spread, server.url, gallery["slug"], guests, busy, busy_thumbnails, stop,
-                               clients)
+            nursery.start_soon(guests_.run, busy, busy_thumbnails, stop)
             sent_at: dict[str, float] = {}
             began = time.time()
             answer = await api.post(
@@ -215,10 +268,10 @@ async def measure(server: bench.Server, paths: list[Path], guests: int, find_me:
         settled_thumbnails: list[float] = []
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(guests_spread, server.url, gallery["slug"], guests, settled, settled_thumbnails,
-                               stop, clients)
+            nursery.start_soon(guests_.run, settled, settled_thumbnails, stop)
             await trio.sleep(IDLE_SECONDS)
             stop.set()
+        await guests_.aclose()
     conn = db.connect(server.data_dir / "picpeak.sqlite3")
     try:
         with db.transaction(conn, immediate=False):
