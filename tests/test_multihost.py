@@ -674,10 +674,11 @@ async def test_a_host_cut_off_is_taken_over_and_its_late_writes_are_fenced(
         await trio.sleep(max(0.0, CUT_SECONDS - (time.monotonic() - cut_at)))
         cluster.net.restore(victim)
         restored_at = time.monotonic()
-        # Back: the same process takes uploads and claims photos again.
+        # Back: the same process takes uploads and claims photos again (until it does: how long it took is a
+        # figure; the hang guard is the only bound).
         after: list[int] = []
         claims_after = 0
-        for round_ in range(5):
+        for round_ in itertools.count():
             batch = await upload_retrying(cluster, gallery["id"], camera_photos(6, f"cut-after{round_}"), retries,
                                           hosts=[victim])
             acked.update(batch)
@@ -708,7 +709,6 @@ async def test_a_host_cut_off_is_taken_over_and_its_late_writes_are_fenced(
     assert receiver.duplicate_ids() == 0 and receiver.bad_signatures == 0
     assert cluster.hosts[victim].pid == pid and cluster.hosts[victim].proc is not None
     assert cluster.hosts[victim].proc.poll() is None, cluster.hosts[victim].log_tail()
-    assert claims_after, "the host that was cut off claimed nothing once it was back"
 
 
 ROLLING_PHOTOS = 200

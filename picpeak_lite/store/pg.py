@@ -44,9 +44,22 @@ from picpeak_lite.store import db
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 CONNECT_TIMEOUT_SECONDS = 10
-# A LISTEN connection only reads, so a peer that vanished without a word (a cut network, a host that died) would
-# never be noticed by it: TCP keepalives find it within about idle + interval * count seconds (here 60 s).
-KEEPALIVE_IDLE_SECONDS = 30
+# How a connection notices that the database's host is gone without a word (a cut network, a host that died),
+# so that the call waiting on it fails (DatabaseUnavailable: the request is told 503, a background task starts
+# again) and the next call opens a new connection, instead of waiting on the old one for TCP's retransmissions.
+# After a 30 s cut, a host could stay idle for another 30 s (a call sent during the cut waits for TCP's next
+# retransmission, as does a notification sent to its LISTEN connection), while the others, woken at once, took
+# all the work. Keepalive probes go out after KEEPALIVE_IDLE_SECONDS without a byte received (a query waiting for its
+# answer too: a slow query's server still answers the probes) and end the connection after KEEPALIVE_COUNT
+# unanswered ones, KEEPALIVE_INTERVAL_SECONDS apart; sent data unacknowledged for TCP_USER_TIMEOUT_MS ends it
+# likewise. So a dead peer is found within about 20 s, and a slow one is not mistaken for it.
+KEEPALIVE_IDLE_SECONDS = 5
+KEEPALIVE_INTERVAL_SECONDS = 5
+KEEPALIVE_COUNT = 3
+TCP_USER_TIMEOUT_MS = 20_000
+LIVENESS: dict[str, Any] = {"keepalives": 1, "keepalives_idle": KEEPALIVE_IDLE_SECONDS,
+                            "keepalives_interval": KEEPALIVE_INTERVAL_SECONDS, "keepalives_count": KEEPALIVE_COUNT,
+                            "tcp_user_timeout": TCP_USER_TIMEOUT_MS}
 
 
 def is_url(target: object) -> bool:
@@ -149,7 +162,8 @@ class PgConnection:
     def __init__(self, url: str) -> None:
         self.url = url
         self._conn = psycopg.connect(url, autocommit=True, row_factory=dict_row,
-                                     cursor_factory=psycopg.ClientCursor, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+                                     cursor_factory=psycopg.ClientCursor, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                                     **LIVENESS)
         self._conn.adapters.register_loader("numeric", _NumericLoader)
         self._conn.adapters.register_loader("bool", _BooleanLoader)
         self._conn.adapters.register_dumper(bool, Int8Dumper)  # True is 1, as SQLite stores it
@@ -232,9 +246,7 @@ class Notifications:
 
     def __init__(self, url: str, channels: tuple[str, ...]) -> None:
         try:
-            self._conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                                         keepalives=1, keepalives_idle=KEEPALIVE_IDLE_SECONDS,
-                                         keepalives_interval=10, keepalives_count=3,
+            self._conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **LIVENESS,
                                          application_name="picpeak-lite listener")  # so pg_stat_activity names it
         except psycopg.OperationalError as error:
             raise DatabaseError(f"cannot connect to the database at {redact(url)}: {str(error).strip()}") from None
