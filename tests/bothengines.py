@@ -7,7 +7,8 @@ their sum. Why a child process and not two sessions in one: each pass needs its 
 
 The PostgreSQL pass leaves out the browser tests (pages do not depend on the engine; the SQLite pass runs them)
 and the tests marked ``sqlite``. Its whole output goes to ``test-artifacts/postgresql-pass.log``; when it fails,
-that output is printed after this pass's own, and the run fails with its exit code.
+that output is printed after this pass's own, and the run fails with its exit code; when it passes, its figures
+lines are. It gets this run's other arguments, so ``-n 2`` (pytest-xdist) spreads each pass over two processes.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def finish(session: Any, exitstatus: int) -> None:
         write("=" * 30 + " the PostgreSQL pass " + "=" * 30)
         for line in lines:
             write(line)
+    else:  # its figures lines, where CI shows this run's
+        figures = [line for line in lines if line.endswith(" engine=postgresql")]
+        if figures:
+            write("=" * 30 + " the PostgreSQL pass's figures lines " + "=" * 30)
+            for line in figures:
+                write(line)
     write(f"PostgreSQL pass ({LOG.relative_to(ROOT)}): exit code {code}; {lines[-1] if lines else 'no output'}")
     if code != 0 and session.exitstatus == 0:
         session.exitstatus = code

@@ -21,7 +21,7 @@ from picpeak_lite.store import db
 from picpeak_lite.store.db import Database
 from picpeak_lite.web.app import create_app
 
-from . import bothengines, pgserver
+from . import bothengines, harness, pgserver
 
 ADMIN_PASSWORD = "correct horse battery"
 
@@ -36,12 +36,33 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_configure(config: Any) -> None:
     chosen = config.getoption("--engine")
     pgserver.engine = "sqlite" if chosen == "both" else chosen
-    if chosen == "both":
-        bothengines.start(config)
+    if not _is_worker(config):
+        config.stash[_FIGURES_FROM] = harness.figures_size()
+        if chosen == "both":
+            bothengines.start(config)
+
+
+def _is_worker(config: Any) -> bool:
+    """A process that ``-n`` (pytest-xdist) started to run part of the tests, not the run's own."""
+    return hasattr(config, "workerinput")
+
+
+_FIGURES_FROM = pytest.StashKey[int]()
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     bothengines.finish(session, exitstatus)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
+    """With ``-n``, the figures lines the workers printed are not shown: the run's own process prints them."""
+    if _is_worker(config) or not getattr(config.option, "numprocesses", None):
+        return
+    lines = harness.figures_since(config.stash.get(_FIGURES_FROM, 0), pgserver.engine)
+    if lines:
+        terminalreporter.section(f"figures lines (engine={pgserver.engine})")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

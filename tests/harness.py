@@ -392,19 +392,40 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
+FIGURES = REPO / "test-artifacts" / "figures.txt"
+
+
 def figures(capsys: Any, line: str) -> None:
     """Print a suite's figures line where CI shows it (outside pytest's capture) and keep it in a file. The line
-    ends with the engine the run is on, so that the two passes' lines tell themselves apart."""
+    ends with the engine the run is on, so that the two passes' lines tell themselves apart. In a run over
+    several processes (``-n``), what a worker prints is not shown: the run's own process prints the lines its
+    workers kept in the file at the end (:func:`figures_since`, tests/conftest.py)."""
     line = f"{line} engine={pgserver.engine}"
-    out = REPO / "test-artifacts"
-    out.mkdir(exist_ok=True)
-    with open(out / "figures.txt", "a") as f:
+    FIGURES.parent.mkdir(exist_ok=True)
+    with open(FIGURES, "a") as f:
         f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
     if capsys is None:
         print(line, flush=True)
         return
     with capsys.disabled():
         print("\n" + line, flush=True)
+
+
+def figures_size() -> int:
+    """Where the figures file ends now: :func:`figures_since` reads from here."""
+    return FIGURES.stat().st_size if FIGURES.exists() else 0
+
+
+def figures_since(offset: int, engine: str) -> list[str]:
+    """The figures lines of ``engine`` kept in the file after ``offset`` (without their time stamps). The other
+    engine's pass writes to the same file at the same time, so lines are told apart by the engine they end with."""
+    if not FIGURES.exists():
+        return []
+    with open(FIGURES, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    lines = [line.split(" ", 1)[-1] for line in text.splitlines()]
+    return [line for line in lines if line.endswith(f" engine={engine}")]
 
 
 async def get_idempotent(http: httpx.AsyncClient, url: str, **kwargs: Any) -> httpx.Response:
