@@ -8,7 +8,7 @@ their sum. Why a child process and not two sessions in one: each pass needs its 
 The PostgreSQL pass leaves out the browser tests (pages do not depend on the engine; the SQLite pass runs them)
 and the tests marked ``sqlite``. Its whole output goes to ``test-artifacts/postgresql-pass.log``; when it fails,
 that output is printed after this pass's own, and the run fails with its exit code; when it passes, its figures
-lines are. It gets this run's other arguments, so ``-n 2`` (pytest-xdist) spreads each pass over two processes.
+lines are. It gets this run's other arguments, so ``-n 3`` (pytest-xdist) spreads each pass over three processes.
 """
 
 from __future__ import annotations
