@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 from hypercorn.trio import tcp_server
 from PIL import Image
@@ -16,6 +17,8 @@ from PIL import Image
 from picpeak_lite.web import asgi
 from picpeak_lite.web.asgi import STREAM_BUFFER_BYTES, BoundedBody
 
+from .factories import jpeg
+from .harness import multipart
 from .served import Served, serve
 
 
@@ -167,3 +170,29 @@ async def test_an_upload_slower_than_the_minimum_rate_is_ended_with_408_and_leav
             .fetchall()[0])
         assert (rows["p"], rows["u"]) == (0, 0)
         assert [p for p in (tmp_path / "data" / "tmp").rglob("*") if p.is_file()] == []
+
+
+async def test_an_answer_given_before_the_body_is_read_reaches_a_client_still_sending_it(tmp_path: Path) -> None:
+    """A 16 MB upload answered before any of its body is read (no such gallery: 404; a wrong token: 401), sent by
+    a client that reads the answer only once it has sent everything, as httpx does. The answer reaches it and the
+    connection is closed: before, the reader waited for room the app would never make and the answer's end waited
+    behind it, so the client hung until its own timeout (a 3 MB upload with PostgreSQL stopped got no 503)."""
+    body = (b'--b\r\nContent-Disposition: form-data; name="photos"; filename="a.jpg"\r\n\r\n' + b"\xff" * (16 << 20)
+            + b"\r\n--b--\r\n")
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    async with serve(tmp_path) as served:
+        answers = []
+        for gallery_id, token in ((served.gallery_id + 1000, served.token), (served.gallery_id, "not-a-token")):
+            async with httpx.AsyncClient(base_url=served.url, timeout=None,
+                                         headers={"Authorization": f"Bearer {token}"}) as http:
+                with trio.fail_after(120):  # a hang guard, not a bound
+                    response = await http.post(f"/api/admin/galleries/{gallery_id}/upload", content=body,
+                                               headers=headers)
+            answers.append((response.status_code, response.headers.get("Connection"), "error" in response.json()))
+        assert answers == [(404, "close", True), (401, "close", True)]
+        # The server goes on: the next upload is taken.
+        photo, photo_headers = multipart([("after.jpg", jpeg(1, (320, 240)))])
+        async with served.admin() as http:
+            ok = await http.post(f"/api/admin/galleries/{served.gallery_id}/upload", headers=photo_headers,
+                                 content=photo)
+        assert ok.status_code == 202, ok.text

@@ -362,8 +362,8 @@ async def test_a_killed_hosts_claims_are_taken_over_once(
 class Retries:
     """What an uploader that does not give up met on its way: connections refused (a host stopped) or not made
     (a host cut off), each sent on to the next host; 503 answers, sent again after their Retry-After (to the next
-    host, as a balancer would); requests cut off or timed out before an answer (their outcome unknown: sent
-    again, and never counted as acknowledged until a 202 says so)."""
+    host, as a balancer would); requests cut off before an answer (their outcome unknown: sent again, and never
+    counted as acknowledged until a 202 says so)."""
 
     refused: int = 0
     unavailable: int = 0
@@ -401,7 +401,7 @@ async def upload_retrying(cluster: multihost.Cluster, gallery_id: int, photos: l
                 except (httpx.ConnectError, httpx.ConnectTimeout):
                     retries.refused += 1
                     continue
-                except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.TimeoutException):
+                except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadTimeout):
                     retries.cut_off += 1
                     continue
                 if response.status_code == 503:

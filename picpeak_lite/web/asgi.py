@@ -2,7 +2,7 @@
 
 quart-trio reads the socket as fast as the client sends and appends everything to the request body's buffer,
 whether or not the app is keeping up: 200 guests uploading 3 MB each made the server hold most of 600 MB, and
-the copying showed as event-loop lag. Two rules replace that:
+the copying showed as event-loop lag. Three rules replace that:
 
 * **Bodies not streamed by our own code** (forms, JSON) are limited by ``MAX_CONTENT_LENGTH`` (a sane 16 MiB),
   whether read whole or parsed chunk by chunk, so a guest endpoint cannot be made to take in gigabytes. The
@@ -13,6 +13,14 @@ the copying showed as event-loop lag. Two rules replace that:
   :meth:`BoundedBody.stream` to replace Quart's total limit by their own byte counting) or asks for it whole.
   So a request waiting on its checks holds a chunk or two (64 KiB, or one socket read when that is larger),
   not its whole body, and a fast sender is slowed to the speed of the disk.
+* **Once the app sends the end of its answer, the rest of the body is read and dropped**
+  (:meth:`BackpressureHTTPConnection.handle_request`). An answer given before the body was read (a 404 gallery,
+  a bad token, the database down) would otherwise never reach the client: the reader waited for room the app
+  would never make, hypercorn's queue to the app filled, and sending the answer's end waited behind that queue
+  (hypercorn tells the app of the closed stream through it), so the client, still writing its body, was held
+  until its own timeout (a 3 MB upload with PostgreSQL stopped: no answer at all instead of a 503). Not earlier
+  than the answer's end: from then on hypercorn closes the connection (its request did not end), so little
+  more is read; marked as the app made its answer, a busy server read megabytes it would throw away.
 
 How much one socket read takes follows how many bodies arrive at once (:class:`ReadSize`). Every chunk costs
 the same Python on its way (hypercorn, h11, the body, the multipart decoder, the write batch), so the chunk
@@ -89,13 +97,14 @@ class BoundedBody(TrioBody):
         self._chunks: deque[bytes] = deque()
         self.wanted_whole = False
         self._room = trio.Event()
+        self._answered = False
 
     def stream(self) -> None:
         """The caller reads this body chunk by chunk and enforces its own limits: no whole-body limit."""
         self._whole_limit = None
 
     def append(self, data: bytes) -> None:
-        if not data or self._must_raise is not None:
+        if not data or self._must_raise is not None or self._answered:
             return
         self._received += len(data)
         self._chunks.append(data)
@@ -105,6 +114,13 @@ class BoundedBody(TrioBody):
 
     def clear(self) -> None:
         self._chunks.clear()
+
+    def answered(self) -> None:
+        """The app is sending the end of its answer: it reads no more, so what waits is dropped, the reader no
+        longer waits for room, and what still arrives is dropped as it comes."""
+        self._answered = True
+        self._chunks.clear()
+        self._room.set()
 
     def __await__(self) -> Any:
         # Read whole (JSON, small forms): stop holding the socket back; MAX_CONTENT_LENGTH bounds it instead.
@@ -165,7 +181,7 @@ class BoundedBody(TrioBody):
 
     async def wait_for_room(self) -> None:
         """Block the socket reader while enough is waiting for the app (unless it wants the body whole)."""
-        while not self.wanted_whole and sum(map(len, self._chunks)) >= STREAM_BUFFER_BYTES:
+        while not self._answered and not self.wanted_whole and sum(map(len, self._chunks)) >= STREAM_BUFFER_BYTES:
             await self._room.wait()
 
 
@@ -201,6 +217,16 @@ class BodyRate:
 
 
 class BackpressureHTTPConnection(TrioASGIHTTPConnection):
+    async def handle_request(self, nursery: trio.Nursery, request: Any, send: Any) -> None:  # type: ignore[override]
+        body = request.body
+
+        async def send_answering(message: Any) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                body.answered()  # before the answer's end is sent: see the module's docstring
+            await send(message)
+
+        await super().handle_request(nursery, request, send_answering)
+
     async def handle_messages(self, nursery: trio.Nursery, request: Any, receive: Any) -> None:  # type: ignore[override]
         body = request.body
         read_size, arriving = READ_SIZE.get(), False
