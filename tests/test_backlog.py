@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import trio
 
-from picpeak_lite.runtime.backlog import STALL_SECONDS, Backlog
+from picpeak_lite.runtime.backlog import HOLD_SECONDS, STALL_SECONDS, Backlog
 from picpeak_lite.runtime.broker import Change
 from picpeak_lite.services import Services
 from picpeak_lite.store.queries import claims
@@ -119,3 +119,38 @@ async def test_with_processing_off_a_request_larger_than_the_lead_is_not_held(tm
         rows = query(settings.data_path, "SELECT status FROM photos")
         assert [r["status"] for r in rows] == ["pending"] * 6  # for `picpeak-lite worker`, when it runs
         running.stop()
+
+
+async def test_a_file_is_held_back_for_hold_seconds_at_most(tmp_path: Path, autojump_clock: Any) -> None:
+    """Workers keep taking photos but other uploads keep the lead reached (every claim's room taken by someone
+    else): the file waits ``HOLD_SECONDS``, then is let in, and that is counted."""
+    with own_services(tmp_path) as svc:
+        await _pending_photos(svc, 2)
+        backlog = Backlog(svc.db, lead=1)
+        waited = []
+
+        async def upload() -> None:
+            began = trio.current_time()
+            await backlog.wait_for_room()
+            waited.append(trio.current_time() - began)
+
+        async def parked() -> None:
+            """Until the upload waits on the bell, or is done. Without sleeping: while its count of pending photos
+            runs in a thread, the autojump clock would run ahead."""
+            for _ in range(10_000_000):  # a hang guard in checkpoints: the clock does not move while this runs
+                if backlog.waiting or waited:
+                    return
+                await trio.lowlevel.checkpoint()
+            raise AssertionError("the upload neither waits for room nor has it")
+
+        async with trio.open_nursery() as nursery:
+            backlog.saw(_claimed(0))
+            nursery.start_soon(upload)
+            for n in range(1, 1000):  # a claim every second, the pending count never below the lead
+                await parked()
+                if waited:
+                    break
+                await trio.sleep(1)
+                backlog.saw(_claimed(n))
+        assert HOLD_SECONDS <= waited[0] <= HOLD_SECONDS + STALL_SECONDS
+        assert backlog.let_in_late == 1 and backlog.waiting == 0

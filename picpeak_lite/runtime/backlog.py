@@ -16,6 +16,13 @@ Holding an upload back only helps while workers are taking photos. When none has
 bucket that does not answer, every worker busy with a long video), the gate stays open and uploads are read as
 fast as they come, as if there were no lead.
 
+And no file is held longer than ``HOLD_SECONDS``: after that it is let in even though the lead is reached. Room
+goes to whichever upload asks first once a worker takes a photo, in any process, and nothing orders the waiters:
+with several uploads at once (over several hosts, each with its own backlog), one could lose every race while
+the others went on, its socket unread for as long as that lasted. The lead is a goal for how far uploads run
+ahead, not a promise; a client whose bytes are not read for long is one that a proxy or the client itself gives
+up on (nginx's ``client_body_timeout`` is 60 s), so the wait has a deadline of half that.
+
 The change feed tells the backlog of every change (:meth:`saw`): a claim (``processing``) is a worker taking a
 photo, whether in this process or in ``picpeak-lite worker``; any change away from ``pending`` may have made room.
 """
@@ -33,6 +40,7 @@ from picpeak_lite.store.queries import photos as photo_q
 from picpeak_lite.store.queries.photos import PhotoStatus
 
 STALL_SECONDS = 5.0
+HOLD_SECONDS = 30.0  # the longest one file is held back, whatever the lead
 
 
 class Backlog:
@@ -42,6 +50,7 @@ class Backlog:
         self._moved = Bell()  # rung when a photo left pending: there may be room
         self._last_claim = -math.inf  # trio.current_time() of the last claim seen; none yet: no worker is known
         self.waiting = 0  # uploads held back now (for figures and tests)
+        self.let_in_late = 0  # files let in after HOLD_SECONDS with the lead still reached (for figures and tests)
 
     def saw(self, change: Change) -> None:
         """Called by the change feed for every change it publishes. Sync and non-blocking."""
@@ -56,16 +65,21 @@ class Backlog:
         return trio.current_time() - self._last_claim < STALL_SECONDS
 
     async def wait_for_room(self) -> None:
-        """Return once fewer than ``lead`` photos wait for a worker, or at once if no worker is taking any."""
+        """Return once fewer than ``lead`` photos wait for a worker, at once if no worker is taking any, and after
+        ``HOLD_SECONDS`` at the latest."""
         if self.lead <= 0:
             return
+        deadline = trio.current_time() + HOLD_SECONDS
         while self.workers_taking():
             moved = self._moved.listen()  # before counting, so a claim during the count is not missed
             if await self.db.read(photo_q.count_pending) < self.lead:
                 return
+            if trio.current_time() >= deadline:
+                self.let_in_late += 1
+                return
             self.waiting += 1
             try:
-                with trio.move_on_after(STALL_SECONDS):
+                with trio.move_on_at(min(deadline, trio.current_time() + STALL_SECONDS)):
                     await moved.wait()
             finally:
                 self.waiting -= 1
