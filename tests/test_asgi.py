@@ -177,9 +177,7 @@ async def test_an_answer_given_before_the_body_is_read_reaches_a_client_still_se
     a client that reads the answer only once it has sent everything, as httpx does. The answer reaches it and the
     connection is closed: before, the reader waited for room the app would never make and the answer's end waited
     behind it, so the client hung until its own timeout (a 3 MB upload with PostgreSQL stopped got no 503)."""
-    body = (b'--b\r\nContent-Disposition: form-data; name="photos"; filename="a.jpg"\r\n\r\n' + b"\xff" * (16 << 20)
-            + b"\r\n--b--\r\n")
-    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    body, headers = multipart([("a.jpg", b"\xff" * (16 << 20))])
     async with serve(tmp_path) as served:
         answers = []
         for gallery_id, token in ((served.gallery_id + 1000, served.token), (served.gallery_id, "not-a-token")):
